@@ -1,0 +1,114 @@
+"""Byte accounting per rank, by the libraries' own conventions (DESIGN.md "What is measured").
+
+Rows are (token, destination rank) pairs: a token goes once to each rank that holds at least one of its
+experts. Nodes are groups of `gpus_per_node` consecutive ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from moelab.routing import Routing
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankRows:
+    rank: int
+    recv_rows: int  # rows this rank receives in dispatch, its own included
+    recv_rows_remote: int  # ... from other ranks only
+    send_rows: int  # rows this rank sends in dispatch, to itself included
+    send_rows_remote: int
+    rdma_pairs: int  # unique (token, destination node) pairs of this rank's tokens, own node included
+    rdma_pairs_remote: int  # ... other nodes only
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Definition:
+    name: str
+    rows_field: str
+    text: str
+
+
+DEFINITIONS: dict[str, Definition] = {
+    d.name: d
+    for d in (
+        Definition(
+            name="nvl_recv",
+            rows_field="recv_rows",
+            text="DeepEP 'NVL': rows this rank receives in dispatch (its own included) x bytes/token / time; combine: the same rows sent back",
+        ),
+        Definition(
+            name="nvl_remote",
+            rows_field="recv_rows_remote",
+            text="as nvl_recv but rows from (combine: to) other ranks only: what crosses NVLink or the network",
+        ),
+        Definition(
+            name="rdma_pairs",
+            rows_field="rdma_pairs",
+            text="DeepEP 'RDMA': unique (token, destination node) pairs of this rank, its own node included, x bytes/token / time",
+        ),
+        Definition(
+            name="rdma_remote",
+            rows_field="rdma_pairs_remote",
+            text="as rdma_pairs but other nodes only: what crosses the NIC",
+        ),
+        Definition(
+            name="algbw_send",
+            rows_field="send_rows",
+            text="algorithm bandwidth: rows this rank sends (its own included) x bytes/token / time, as nccl-tests' algbw for an all-to-all of that size",
+        ),
+    )
+}
+
+
+def count_rows(routings: Sequence[Routing], experts_per_rank: int, gpus_per_node: int) -> list[RankRows]:
+    world = len(routings)
+    in_rank = []  # [src] -> bool [T, W]
+    for r in routings:
+        dest = r.topk_idx.cpu() // experts_per_rank
+        mask = torch.zeros(dest.shape[0], world, dtype=torch.bool)
+        mask.scatter_(1, dest, True)
+        in_rank.append(mask)
+    per_src_to_dst = torch.stack([m.sum(dim=0) for m in in_rank])  # [src, dst]
+    node_of = torch.arange(world) // gpus_per_node
+    num_nodes = int(node_of.max().item()) + 1
+    out = []
+    for rank in range(world):
+        mask = in_rank[rank]
+        in_node = torch.zeros(mask.shape[0], num_nodes, dtype=torch.bool)
+        for node in range(num_nodes):
+            in_node[:, node] = mask[:, node_of == node].any(dim=1)
+        own = int(node_of[rank])
+        out.append(
+            RankRows(
+                rank=rank,
+                recv_rows=int(per_src_to_dst[:, rank].sum()),
+                recv_rows_remote=int(per_src_to_dst[:, rank].sum() - per_src_to_dst[rank, rank]),
+                send_rows=int(per_src_to_dst[rank, :].sum()),
+                send_rows_remote=int(per_src_to_dst[rank, :].sum() - per_src_to_dst[rank, rank]),
+                rdma_pairs=int(in_node.sum()),
+                rdma_pairs_remote=int(in_node.sum() - in_node[:, own].sum()),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bandwidth:
+    definition: str
+    bytes_mean: float  # per rank
+    bytes_max: float
+    gbps: float  # bytes_mean / time, GB = 1e9 bytes as DeepEP and nccl-tests print
+
+
+def bandwidths(rows: Sequence[RankRows], bytes_per_row: int, time_us: float) -> list[Bandwidth]:
+    result = []
+    for d in DEFINITIONS.values():
+        per_rank = [getattr(r, d.rows_field) * bytes_per_row for r in rows]
+        mean = sum(per_rank) / len(per_rank)
+        gbps = mean / (time_us * 1e-6) / 1e9 if time_us > 0 else float("nan")
+        result.append(Bandwidth(definition=d.name, bytes_mean=mean, bytes_max=float(max(per_rank)), gbps=gbps))
+    return result

@@ -1,0 +1,145 @@
+"""`nccl-a2a`: dispatch/combine through torch.distributed.all_to_all_single (NCCL on GPU, gloo on CPU).
+
+Dispatch: (1) from topk_idx, which ranks each token goes to (once per rank, however many of its experts
+live there); (2) exchange per-rank counts with one all_to_all_single; (3) one device→host copy of the
+send/receive counts, the only host synchronisation, needed because all_to_all_single takes split sizes
+on the host; (4) gather the rows into rank order (index_select into a reused buffer); (5) one
+all_to_all_single for the routing metadata (local expert ids and weights) and one for the payload.
+Combine: one all_to_all_single back with the splits reversed, then index_add at the source.
+--sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+
+
+@dataclass(slots=True)
+class A2AHandle:
+    send_tok: torch.Tensor  # [S] source token of each sent row, rank-major
+    send_splits: list[int]
+    recv_splits: list[int]
+    num_tokens: int
+
+
+class NcclA2ABackend(Backend):
+    name = "nccl-a2a"
+    description = "torch.distributed all_to_all_single (NCCL on GPU, gloo on CPU)"
+    payload_dtypes = ("bf16",)
+    sm_control = "NCCL communicator per SM count with ncclConfig min_ctas = max_ctas = sms"
+
+    @classmethod
+    def availability(cls) -> str | None:
+        if not dist.is_available():
+            return "torch.distributed is not available in this torch build"
+        return None
+
+    def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
+        super().__init__(ctx, cases)
+        world = ctx.world
+        max_rows = max((c.workload.tokens_per_rank * world for c in cases), default=1)
+        max_hidden = max((c.workload.hidden for c in cases), default=1)
+        max_topk = max((c.workload.topk for c in cases), default=1)
+        dev = ctx.device
+        self._send = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
+        self._recv = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
+        self._back = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
+        self._send_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int32, device=dev)
+        self._recv_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int32, device=dev)
+        self._counts = torch.empty(2 * world, dtype=torch.int64, device=dev)
+        self._groups: dict[int | None, Any] = {None: ctx.group}
+        self._group = ctx.group
+        self._experts_per_rank = 1
+
+    def unsupported_reason(self, case: CaseConfig) -> str | None:
+        if case.sms is not None and self.ctx.comm_backend != "nccl":
+            return f"SM control needs NCCL; {self.ctx.comm_backend} has none (run sms = default)"
+        return super().unsupported_reason(case)
+
+    def prepare(self, case: CaseConfig) -> None:
+        self._experts_per_rank = case.workload.experts_per_rank
+        if case.sms not in self._groups:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.config.min_ctas = case.sms
+            opts.config.max_ctas = case.sms
+            self._groups[case.sms] = dist.new_group(
+                ranks=list(range(self.ctx.world)), backend="nccl", pg_options=opts
+            )
+        self._group = self._groups[case.sms]
+
+    def host_sync_note(self) -> str:
+        return "dispatch: one device-to-host copy of the per-rank send/receive counts (split sizes for all_to_all_single)"
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        world, group = self.ctx.world, self._group
+        num_tokens, hidden = x.shape
+        topk = topk_idx.shape[1]
+        dest = topk_idx // self._experts_per_rank  # [T, K]
+        in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=x.device)
+        in_rank.scatter_(1, dest, True)
+        send_counts = in_rank.sum(dim=0)
+        counts = self._counts
+        counts[:world].copy_(send_counts)
+        dist.all_to_all_single(counts[world:], counts[:world], group=group)
+        both = counts.tolist()  # the one host sync: split sizes
+        send_splits, recv_splits = both[:world], both[world:]
+        num_send, num_recv = sum(send_splits), sum(recv_splits)
+
+        # rows in (destination rank, token) order, without a nonzero() sync
+        flat = in_rank.t().reshape(-1)
+        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices[:num_send]
+        send_tok = order % num_tokens
+        send_rank = order // num_tokens
+
+        send_x = self._send[: num_send * hidden].view(num_send, hidden)
+        torch.index_select(x, 0, send_tok, out=send_x)
+        local = topk_idx.index_select(0, send_tok) - (send_rank * self._experts_per_rank).unsqueeze(1)
+        on_dest = (local >= 0) & (local < self._experts_per_rank)
+        meta = self._send_meta[: num_send * 2 * topk].view(num_send, 2 * topk)
+        meta[:, :topk] = torch.where(on_dest, local, torch.full_like(local, -1)).to(torch.int32)
+        meta[:, topk:] = torch.where(on_dest, topk_weights.index_select(0, send_tok), 0.0).view(torch.int32)
+
+        recv_meta = self._recv_meta[: num_recv * 2 * topk].view(num_recv, 2 * topk)
+        dist.all_to_all_single(
+            recv_meta, meta, [s for s in recv_splits], [s for s in send_splits], group=group
+        )
+        recv_x = self._recv[: num_recv * hidden].view(num_recv, hidden)
+        dist.all_to_all_single(recv_x, send_x, recv_splits, send_splits, group=group)
+        handle = A2AHandle(send_tok, send_splits, recv_splits, num_tokens)
+        return Dispatched(
+            recv_x=recv_x,
+            recv_topk_idx=recv_meta[:, :topk].to(torch.int64),
+            recv_topk_weights=recv_meta[:, topk:].view(torch.float32),
+            handle=handle,
+        )
+
+    def combine(self, expert_out: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        hidden = expert_out.shape[1]
+        num_send = sum(handle.send_splits)
+        back = self._back[: num_send * hidden].view(num_send, hidden)
+        dist.all_to_all_single(back, expert_out, handle.send_splits, handle.recv_splits, group=self._group)
+        out = torch.zeros(handle.num_tokens, hidden, dtype=expert_out.dtype, device=expert_out.device)
+        out.index_add_(0, handle.send_tok, back)
+        return out
+
+    def close(self) -> None:
+        for sms, group in self._groups.items():
+            if sms is not None:
+                dist.destroy_process_group(group)
+        self._groups = {None: self.ctx.group}
+
+    def library_versions(self) -> dict[str, str]:
+        versions = {"torch": torch.__version__}
+        if torch.cuda.is_available() and torch.cuda.nccl.is_available([]):  # type: ignore[no-untyped-call]
+            versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        return versions
+
+    def record(self, case: CaseConfig) -> dict[str, Any]:
+        return {"comm_backend": self.ctx.comm_backend, "nccl_ctas": case.sms}

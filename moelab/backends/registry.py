@@ -1,0 +1,70 @@
+"""Backend names → classes: built-ins by import path (so listing them imports no GPU library),
+plus out-of-tree ones from the entry-point group `moelab.backends`."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+from moelab.backends.base import Backend
+from moelab.errors import BackendUnavailable, MoelabError
+
+ENTRY_POINT_GROUP = "moelab.backends"
+
+BUILTIN: dict[str, str] = {
+    "nccl-a2a": "moelab.backends.nccl_a2a:NcclA2ABackend",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    name: str
+    target: str  # "module:Class"
+    origin: str  # "builtin" or the distribution that registered it
+
+
+def entries() -> dict[str, BackendEntry]:
+    """Every known backend; a plugin that reuses a built-in's name for another class is rejected."""
+    found = {name: BackendEntry(name, target, "builtin") for name, target in BUILTIN.items()}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "unknown"
+        if ep.name in found:
+            if found[ep.name].target != ep.value:
+                raise MoelabError(
+                    f"backend name {ep.name!r} registered twice: {found[ep.name].target} and {ep.value} ({dist})"
+                )
+            continue
+        found[ep.name] = BackendEntry(ep.name, ep.value, dist)
+    return dict(sorted(found.items()))
+
+
+def resolve(name: str) -> BackendEntry:
+    known = entries()
+    if name not in known:
+        raise MoelabError(f"unknown backend {name!r}: known backends are {', '.join(known)}")
+    return known[name]
+
+
+def load(name: str) -> type[Backend]:
+    entry = resolve(name)
+    module_name, _, attr = entry.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"{name}: cannot import {module_name}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise MoelabError(f"backend {name!r} ({entry.target}) is not a moelab Backend class")
+    return cls
+
+
+def availability(name: str) -> str | None:
+    """None when `name` can run here, else why not (one line)."""
+    try:
+        cls = load(name)
+        return cls.availability()
+    except BackendUnavailable as exc:
+        return str(exc)
+    except Exception as exc:  # a broken plugin must not break the listing
+        return f"failed to load: {type(exc).__name__}: {exc}"

@@ -1,0 +1,1 @@
+"""The typer command line: a thin layer over the library."""

@@ -1,0 +1,62 @@
+"""`moelab db query` and `moelab db export`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import typer
+
+from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.errors import MoelabError
+from moelab.store.db import open_db, resolve_db_path
+from moelab.store.export import export_runs
+
+app = typer.Typer(help="Query and export the DuckDB store.", no_args_is_help=True)
+
+
+@app.command("query")
+@user_errors
+def query(
+    sql: str = typer.Argument(..., help="SQL to run"),
+    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    write: bool = typer.Option(False, "--write", help="Open read-write (default read-only, so a query cannot damage stored runs)"),
+) -> None:
+    """Run SQL against the store and print the result as a table.
+
+    Example: moelab db query "SELECT backend, op, median_us FROM results ORDER BY median_us"
+    """
+    path = resolve_db_path(db)
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=not write) as con:
+        try:
+            cur = con.execute(sql)
+        except duckdb.Error as exc:
+            raise MoelabError(f"query failed: {str(exc).splitlines()[0]}") from exc
+        if cur.description is None:
+            console.print("ok")
+            return
+        columns = [d[0] for d in cur.description]
+        print_table(columns, cur.fetchall())
+
+
+@app.command("export")
+@user_errors
+def export(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"),
+    fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
+    run: list[str] = typer.Option([], "--run", help="Run id(s) to export (default: all)"),
+    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+) -> None:
+    """Export runs (every table, filtered by run) to Parquet, CSV or JSON files.
+
+    Example: moelab db export --format parquet --out results/h200x2 --run 20261122T070000Z-abc123
+    """
+    path = resolve_db_path(db)
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=True) as con:
+        written = export_runs(con, out, fmt, run or None)
+    for p in written:
+        console.print(str(p))

@@ -1,0 +1,141 @@
+"""The run directory, the durable unit of a run. Workers and launchers write it; only ingest reads it
+into the database, so a crash or a hang leaves what was measured on disk and the database untouched.
+
+RUN_DIR/spec.json                      the RunSpec every rank reads
+RUN_DIR/run.json                       status (running / complete / failed) and timestamps
+RUN_DIR/<backend>/results.jsonl        one record per case, appended by rank 0 as each case ends
+RUN_DIR/<backend>/env.json             per-rank environment fingerprints
+RUN_DIR/<backend>/rank<R>.log          each rank's stdout and stderr (faulthandler tracebacks land here)
+RUN_DIR/<backend>/job.json             the launcher's outcome: command, exit code or signal, timeout, tails
+RUN_DIR/<backend>/launcher.log         the launcher's (torchrun's) own output
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from moelab.spec import RunSpec
+
+RUNDIR_VERSION = 1
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFiles:
+    run_dir: Path
+    backend: str
+
+    @property
+    def dir(self) -> Path:
+        return self.run_dir / self.backend
+
+    def rank_log(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.log"
+
+    @property
+    def results(self) -> Path:
+        return self.dir / "results.jsonl"
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.dir / "launcher.log"
+
+    def append_result(self, record: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self.results.open("a") as fh:
+            fh.write(json.dumps(record, default=_json_default) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def read_results(self) -> list[dict[str, Any]]:
+        if not self.results.exists():
+            return []
+        out = []
+        for line in self.results.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut by a crash mid-write: everything before it is good
+        return out
+
+    def write_env(self, envs: list[dict[str, Any]]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(self.dir / "env.json", envs)
+
+    def read_env(self) -> list[dict[str, Any]]:
+        p = self.dir / "env.json"
+        return json.loads(p.read_text()) if p.exists() else []
+
+    def write_job(self, job: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(self.dir / "job.json", job)
+
+    def read_job(self) -> dict[str, Any] | None:
+        p = self.dir / "job.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def log_tails(self, lines: int = 20) -> dict[int, str]:
+        tails = {}
+        for log in sorted(self.dir.glob("rank*.log")):
+            try:
+                rank = int(log.stem.removeprefix("rank"))
+            except ValueError:
+                continue
+            with log.open(errors="replace") as fh:
+                tails[rank] = "".join(deque(fh, maxlen=lines))
+        return tails
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "__slots__"):
+        return {k: getattr(obj, k) for k in obj.__slots__}
+    if isinstance(obj, float):
+        return None
+    return str(obj)
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, root: Path, spec: RunSpec) -> RunDir:
+        path = root / spec.run_id
+        path.mkdir(parents=True, exist_ok=False)
+        rd = cls(path)
+        spec.write(path / "spec.json")
+        rd.set_status("running")
+        return rd
+
+    @property
+    def spec(self) -> RunSpec:
+        return RunSpec.read(self.path / "spec.json")
+
+    def job(self, backend: str) -> JobFiles:
+        return JobFiles(self.path, backend)
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        info = self.info()
+        info.update({"rundir_version": RUNDIR_VERSION, "status": status, f"{status}_at": now_iso(), **extra})
+        _write_json_atomic(self.path / "run.json", info)
+
+    def info(self) -> dict[str, Any]:
+        p = self.path / "run.json"
+        return json.loads(p.read_text()) if p.exists() else {}

@@ -1,0 +1,130 @@
+"""The run spec: everything a run needs, built once by the CLI, written to the run directory as
+spec.json, and read back by every rank. Nothing else configures a worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.workload import Workload
+
+SPEC_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingSpec:
+    """Warm-up and iteration counts; the slowest rank of each iteration is that iteration's time."""
+
+    warmup: int = 20
+    iters: int = 100
+    pair_reps: int = 5  # back-to-back dispatch→combine: this many samples of `pair_iters` pairs each
+    pair_iters: int = 10
+    flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
+
+    @classmethod
+    def for_device(cls, device: str) -> TimingSpec:
+        """GPU: DeepEP-like counts. CPU (gloo): fewer, since one reference iteration takes ~0.1 s."""
+        return cls() if device == "cuda" else cls(warmup=2, iters=10, pair_reps=3, pair_iters=2, flush_l2=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchSpec:
+    device: str = "cpu"  # "cuda" or "cpu"
+    nproc_per_node: int = 2
+    nodes: int = 1
+    gpus_per_node: int = 2  # defines node membership for byte accounting
+    launcher: str = "local"
+    job_timeout_s: float = 900.0  # wall clock for one backend job; then its whole process group is killed
+    collective_timeout_s: float = 300.0  # torch.distributed timeout for a hung collective
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseSpec:
+    case_id: str
+    backend: str
+    workload: Workload
+    sms: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    skip_reason: str | None = None  # an invalid combination, stored as skipped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id,
+            "backend": self.backend,
+            "workload": self.workload.to_dict(),
+            "sms": self.sms,
+            "knobs": dict(self.knobs),
+            "skip_reason": self.skip_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaseSpec:
+        return cls(
+            case_id=d["case_id"],
+            backend=d["backend"],
+            workload=Workload.from_dict(d["workload"]),
+            sms=d.get("sms"),
+            knobs=dict(d.get("knobs") or {}),
+            skip_reason=d.get("skip_reason"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    run_id: str
+    created_at: str
+    suite: str
+    backends: tuple[str, ...]
+    cases: tuple[CaseSpec, ...]
+    timing: TimingSpec
+    launch: LaunchSpec
+    label: str | None = None
+    command: tuple[str, ...] = ()
+    spec_version: int = SPEC_VERSION
+
+    def cases_for(self, backend: str) -> list[CaseSpec]:
+        return [c for c in self.cases if c.backend == backend]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec_version": self.spec_version,
+            "run_id": self.run_id,
+            "created_at": self.created_at,
+            "suite": self.suite,
+            "backends": list(self.backends),
+            "cases": [c.to_dict() for c in self.cases],
+            "timing": dataclasses.asdict(self.timing),
+            "launch": dataclasses.asdict(self.launch),
+            "label": self.label,
+            "command": list(self.command),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        if d.get("spec_version") != SPEC_VERSION:
+            raise ValueError(f"spec version {d.get('spec_version')} is not {SPEC_VERSION}")
+        return cls(
+            run_id=d["run_id"],
+            created_at=d["created_at"],
+            suite=d["suite"],
+            backends=tuple(d["backends"]),
+            cases=tuple(CaseSpec.from_dict(c) for c in d["cases"]),
+            timing=TimingSpec(**d["timing"]),
+            launch=LaunchSpec(**d["launch"]),
+            label=d.get("label"),
+            command=tuple(d.get("command") or ()),
+        )
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> RunSpec:
+        return cls.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,60 @@
+"""Export runs to files (one per table, plus a versioned manifest) and read such exports back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from moelab.errors import MoelabError
+from moelab.store.schema import LATEST_VERSION, RUN_TABLES
+
+EXPORT_VERSION = 1
+FORMATS = {"parquet": "(FORMAT PARQUET)", "csv": "(FORMAT CSV, HEADER)", "json": "(FORMAT JSON, ARRAY true)"}
+
+
+def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: list[str] | None) -> list[Path]:
+    if fmt not in FORMATS:
+        raise MoelabError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+    if run_ids:
+        missing = [r for r in run_ids if r not in known]
+        if missing:
+            raise MoelabError(f"no such run(s): {', '.join(missing)}")
+    selected = sorted(run_ids or known)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MoelabError(f"cannot create {out}: {exc}") from exc
+    written = []
+    for table in RUN_TABLES:
+        path = out / f"{table}.{fmt}"
+        # run ids are checked against the table above; the list is bound through a temp table, not formatted in
+        con.execute("CREATE OR REPLACE TEMP TABLE _export_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [selected])
+        con.execute(f"COPY (SELECT t.* FROM {table} t SEMI JOIN _export_ids USING (run_id)) TO '{_quote(path)}' {FORMATS[fmt]}")
+        written.append(path)
+    manifest = {"export_version": EXPORT_VERSION, "schema_version": LATEST_VERSION, "format": fmt, "runs": selected, "tables": list(RUN_TABLES)}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    written.append(out / "manifest.json")
+    return written
+
+
+def _quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+    """Insert an export folder's runs into `con` (e.g. an in-memory database); returns their run ids."""
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.exists():
+        raise MoelabError(f"{folder} is not a moelab export (no manifest.json)")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("export_version") != EXPORT_VERSION:
+        raise MoelabError(f"{folder}: export version {manifest.get('export_version')} is not {EXPORT_VERSION}")
+    fmt = manifest["format"]
+    reader = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}[fmt]
+    for table in manifest["tables"]:
+        path = folder / f"{table}.{fmt}"
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
+    return list(manifest["runs"])

@@ -1,0 +1,1 @@
+"""Suite files: named axes whose cartesian product gives the cases. See moelab/suites/loader.py."""

@@ -1,0 +1,172 @@
+"""Load a suite file (TOML) and expand it into cases.
+
+A suite has a base `[workload]`, `[axes]` whose cartesian product gives the cases, optional
+`[[exclude]]` tables (a case matching every key of one is dropped), and per-backend sections
+`[backend.NAME.workload]` (base overrides, e.g. the low-latency kernels' own defaults) and
+`[backend.NAME.axes]` (extra axes; names that are not workload fields become backend knobs).
+A combination the workload rejects becomes a case with `skip_reason`, stored as skipped, never a gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from moelab.errors import SpecError
+from moelab.spec import CaseSpec
+from moelab.workload import RoutingSpec, Workload
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+WORKLOAD_KEYS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "dtype")
+ROUTING_KEYS = {"routing": "kind", "seed": "seed", "zipf_s": "zipf_s", "hot_experts": "hot_experts", "hot_share": "hot_share"}
+CASE_KEYS = set(WORKLOAD_KEYS) | set(ROUTING_KEYS) | {"sms"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Suite:
+    name: str
+    description: str
+    workload: dict[str, Any]
+    axes: dict[str, list[Any]]
+    exclude: list[dict[str, Any]] = field(default_factory=list)
+    backend_workload: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backend_axes: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    source: str = ""
+
+
+def builtin_suites() -> dict[str, Path]:
+    folder = resources.files("moelab.suites")
+    return {
+        Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".toml")
+    }
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """A built-in suite by name, or a suite file by path."""
+    builtins = builtin_suites()
+    path = builtins.get(name_or_path) or Path(name_or_path)
+    if not path.exists():
+        raise SpecError(f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtins))}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read suite file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"malformed suite file {path}: {exc}") from exc
+    return parse_suite(data, source=str(path))
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SpecError(f"axis {key!r} is empty")
+    return values
+
+
+def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
+    known_top = {"name", "description", "workload", "axes", "exclude", "backend"}
+    unknown = set(data) - known_top
+    if unknown:
+        raise SpecError(f"{source}: unknown suite key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known_top))})")
+    workload = dict(data.get("workload", {}))
+    for key in workload:
+        if key not in CASE_KEYS - {"sms"}:
+            raise SpecError(f"{source}: unknown workload key {key!r}")
+    axes = {k: _as_list(k, v) for k, v in dict(data.get("axes", {})).items()}
+    for key in axes:
+        if key not in CASE_KEYS:
+            raise SpecError(f"{source}: unknown axis {key!r}; axes are {', '.join(sorted(CASE_KEYS))} (backend knobs go under [backend.NAME.axes])")
+    exclude = data.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
+        raise SpecError(f"{source}: 'exclude' must be a list of tables ([[exclude]])")
+    backend_workload: dict[str, dict[str, Any]] = {}
+    backend_axes: dict[str, dict[str, list[Any]]] = {}
+    for bname, section in dict(data.get("backend", {})).items():
+        if not isinstance(section, dict) or set(section) - {"workload", "axes"}:
+            raise SpecError(f"{source}: [backend.{bname}] may hold only 'workload' and 'axes'")
+        backend_workload[bname] = dict(section.get("workload", {}))
+        backend_axes[bname] = {k: _as_list(k, v) for k, v in dict(section.get("axes", {})).items()}
+    return Suite(
+        name=str(data.get("name", Path(source).stem)),
+        description=str(data.get("description", "")),
+        workload=workload,
+        axes=axes,
+        exclude=list(exclude),
+        backend_workload=backend_workload,
+        backend_axes=backend_axes,
+        source=source,
+    )
+
+
+def _parse_sms(value: Any) -> int | None:
+    if value in (None, "default", 0):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise SpecError(f"sms must be a positive integer or 'default', got {value!r}")
+
+
+def _build_workload(values: Mapping[str, Any]) -> Workload:
+    wl = {k: values[k] for k in WORKLOAD_KEYS if k in values}
+    routing = {ROUTING_KEYS[k]: values[k] for k in ROUTING_KEYS if k in values}
+    return Workload(routing=RoutingSpec(**routing), **wl)
+
+
+def case_id_for(workload: Workload, sms: int | None, knobs: Mapping[str, Any]) -> str:
+    parts = [workload.label(), f"sm{sms if sms is not None else 'def'}"]
+    parts += [f"{k}={knobs[k]}" for k in sorted(knobs)]
+    return "-".join(str(p) for p in parts)
+
+
+def expand(
+    suite: Suite,
+    backends: Iterable[str],
+    world: int,
+    overrides: Mapping[str, list[Any]] | None = None,
+    backend_defaults: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[CaseSpec]:
+    """Cases for every backend: suite axes (replaced by CLI `overrides`), per-backend axes as knobs."""
+    overrides = dict(overrides or {})
+    cases: list[CaseSpec] = []
+    for backend in backends:
+        base = dict((backend_defaults or {}).get(backend, {}))
+        base.update(suite.workload)
+        base.update(suite.backend_workload.get(backend, {}))
+        axes: dict[str, list[Any]] = dict(suite.axes)
+        axes.update(suite.backend_axes.get(backend, {}))
+        for key, values in overrides.items():
+            axes[key] = values
+            base.pop(key, None)
+        names = list(axes)
+        seen: set[str] = set()
+        for combo in itertools.product(*(axes[n] for n in names)):
+            values = dict(base)
+            values.update(zip(names, combo, strict=True))
+            if any(all(values.get(k) == v for k, v in ex.items()) for ex in suite.exclude):
+                continue
+            sms = _parse_sms(values.pop("sms", None))
+            knobs = {k: values.pop(k) for k in list(values) if k not in CASE_KEYS}
+            try:
+                workload = _build_workload(values)
+            except TypeError as exc:
+                raise SpecError(f"{suite.source}: bad workload values {values}: {exc}") from exc
+            skip: str | None = None
+            try:
+                workload.validate(world)
+            except SpecError as exc:
+                skip = str(exc)
+            case_id = case_id_for(workload, sms, knobs)
+            if case_id in seen:
+                continue
+            seen.add(case_id)
+            cases.append(CaseSpec(case_id=case_id, backend=backend, workload=workload, sms=sms, knobs=knobs, skip_reason=skip))
+    return cases

@@ -1,0 +1,188 @@
+"""One rank of one backend job: `python -m moelab.worker RUN_DIR BACKEND`, started by a launcher.
+
+For each case: routing → dispatch/combine correctness against the reference → timed dispatch, combine and
+back-to-back pairs → samples gathered on rank 0 → one JSON line in RUN_DIR/BACKEND/results.jsonl,
+flushed at once so a later crash loses nothing measured. The rank's own stdout/stderr go to
+RUN_DIR/BACKEND/rank<R>.log, with faulthandler on, so a segfault leaves a Python traceback there.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moelab import checks, environment
+from moelab.accounting import count_rows
+from moelab.backends import registry
+from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.reference import make_tokens, reference_dispatch
+from moelab.rundir import JobFiles
+from moelab.routing import route_all
+from moelab.spec import CaseSpec, RunSpec
+from moelab.timing import Clock
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world, local rank) from the launcher's process contract (torchrun's variables)."""
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _redirect_output(log_path: Path) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _case_config(case: CaseSpec) -> CaseConfig:
+    return CaseConfig(case_id=case.case_id, workload=case.workload, sms=case.sms, knobs=case.knobs)
+
+
+def _agree(ok: bool, group: Any) -> bool:
+    flags: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, ok, group=group)
+    return all(flags)
+
+
+def run_case(backend: Backend, case: CaseSpec, ctx: BackendContext, spec: RunSpec, clock: Clock) -> dict[str, Any]:
+    """One case on this rank; returns the record (complete on rank 0)."""
+    cfg = _case_config(case)
+    record: dict[str, Any] = {"case_id": case.case_id, "backend": case.backend, "case": case.to_dict(), "world": ctx.world, "gpus_per_node": ctx.gpus_per_node}
+    if case.skip_reason:
+        return record | {"status": "skipped", "reason": case.skip_reason}
+    reason = backend.unsupported_reason(cfg)
+    if reason:
+        return record | {"status": "unsupported", "reason": reason}
+    wl = case.workload
+    backend.prepare(cfg)
+    record["backend_record"] = backend.record(cfg)
+    routings = route_all(wl, ctx.world)
+    routing = routings[ctx.rank].to(ctx.device)
+    x = make_tokens(wl, ctx.rank).to(ctx.device)
+
+    # correctness first; a case that fails is not timed
+    d = backend.dispatch(x, routing.topk_idx, routing.topk_weights)
+    expected = reference_dispatch(routings, ctx.rank, wl.experts_per_rank)
+    dcheck = checks.check_dispatch(d, expected, wl, ctx.world)
+    messages = [] if dcheck.ok else [f"rank {ctx.rank} dispatch: {dcheck.message}"]
+    combine_err = float("nan")
+    expert_out: torch.Tensor | None = None
+    if dcheck.ok and dcheck.ref_rows is not None:
+        expert_out = checks.expert_out_for(d, dcheck.ref_rows, ctx.rank, wl.experts_per_rank).to(ctx.device)
+        out = backend.combine(expert_out, d.handle)
+        cok, combine_err, cmsg = checks.check_combine(out, x, routings[ctx.rank], backend.combine_dtype(cfg))
+        if not cok:
+            messages.append(f"rank {ctx.rank} combine: {cmsg}")
+    else:
+        # keep the collective sequence aligned with the ranks whose dispatch passed
+        out = backend.combine(torch.zeros(d.num_rows, wl.hidden, dtype=torch.bfloat16, device=ctx.device), d.handle)
+    gathered: list[Any] = [None] * ctx.world
+    dist.all_gather_object(gathered, {"dispatch_err": dcheck.error, "combine_err": combine_err, "messages": messages}, group=ctx.group)
+    record["check"] = {
+        "dispatch_err": max(g["dispatch_err"] for g in gathered),
+        "combine_err": max(g["combine_err"] for g in gathered),
+        "messages": [m for g in gathered for m in g["messages"]],
+    }
+    if record["check"]["messages"]:
+        return record | {"status": "incorrect", "reason": "; ".join(record["check"]["messages"])[:2000]}
+    assert expert_out is not None
+    handle = d.handle
+    t = spec.timing
+
+    def do_dispatch() -> object:
+        return backend.dispatch(x, routing.topk_idx, routing.topk_weights)
+
+    def do_combine() -> object:
+        return backend.combine(expert_out, handle)
+
+    def do_pair() -> object:
+        dd = backend.dispatch(x, routing.topk_idx, routing.topk_weights)
+        return backend.combine(expert_out, dd.handle)
+
+    local = {
+        "dispatch": clock.sample(do_dispatch, t.iters, t.warmup),
+        "combine": clock.sample(do_combine, t.iters, t.warmup),
+        "pair": clock.sample(do_pair, t.pair_reps, 1, repeat=t.pair_iters),
+    }
+    all_samples: list[Any] = [None] * ctx.world
+    dist.all_gather_object(all_samples, local, group=ctx.group)
+    rows = count_rows(routings, wl.experts_per_rank, ctx.gpus_per_node)
+    bpt_d, bpt_c = backend.bytes_per_token(cfg, "dispatch"), backend.bytes_per_token(cfg, "combine")
+    record["ops"] = {
+        op: {
+            "samples_us": [s[op] for s in all_samples],
+            "bytes_per_row": {"dispatch": bpt_d, "combine": bpt_c, "pair": bpt_d + bpt_c}[op],
+        }
+        for op in ("dispatch", "combine", "pair")
+    }
+    record["rows"] = [r.__dict__ if hasattr(r, "__dict__") else _slots_dict(r) for r in rows]
+    record["host_sync"] = backend.host_sync_note()
+    return record | {"status": "ok", "reason": None}
+
+
+def _slots_dict(obj: Any) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def main(argv: list[str]) -> int:
+    run_dir, backend_name = Path(argv[0]), argv[1]
+    spec = RunSpec.read(run_dir / "spec.json")
+    rank, world, local_rank = dist_env()
+    files = JobFiles(run_dir, backend_name)
+    _redirect_output(files.rank_log(rank))
+    print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
+    if spec.launch.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        comm = "nccl"
+        dist.init_process_group(comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        comm = "gloo"
+        dist.init_process_group(comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s))
+    group = dist.group.WORLD
+    ctx = BackendContext(rank=rank, world=world, local_rank=local_rank, device=device, group=group, gpus_per_node=spec.launch.gpus_per_node, comm_backend=comm)
+    cases = spec.cases_for(backend_name)
+    cls = registry.load(backend_name)
+    backend = cls(ctx, [_case_config(c) for c in cases if not c.skip_reason])
+    env = environment.fingerprint(device) | {"rank": rank, "local_rank": local_rank, "node": ctx.node, "library_versions": backend.library_versions()}
+    envs: list[Any] = [None] * world
+    dist.all_gather_object(envs, env, group=group)
+    if rank == 0:
+        files.write_env(envs)
+    clock = Clock(device, group, spec.timing.flush_l2)
+    for case in cases:
+        record = run_case(backend, case, ctx, spec, clock)
+        if rank == 0:
+            files.append_result(record)
+        print(f"case {case.case_id}: {record['status']}", flush=True)
+    backend.close()
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # skip interpreter teardown: a wedged process group must not hang the exit
