@@ -4,7 +4,9 @@ Dispatch: (1) from topk_idx, which ranks each token goes to (once per rank, howe
 live there); (2) exchange per-rank counts with one all_to_all_single; (3) one device→host copy of the
 send/receive counts, the only host synchronisation, needed because all_to_all_single takes split sizes
 on the host; (4) gather the rows into rank order (index_select into a reused buffer); (5) one
-all_to_all_single for the routing metadata (local expert ids and weights) and one for the payload.
+all_to_all_single for the routing metadata (local expert ids, and weights widened to 64 bits) and one
+for the payload; the metadata and gather order are enqueued before the host sync so that only three
+launches follow it.
 Combine: one all_to_all_single back with the splits reversed, then index_add at the source.
 --sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -32,7 +34,7 @@ class A2AHandle:
 class NcclA2ABackend(Backend):
     name = "nccl-a2a"
     description = "torch.distributed all_to_all_single (NCCL on GPU, gloo on CPU)"
-    payload_dtypes = ("bf16",)
+    payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "NCCL communicator per SM count with ncclConfig min_ctas = max_ctas = sms"
 
     @classmethod
@@ -51,8 +53,8 @@ class NcclA2ABackend(Backend):
         self._send = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
         self._recv = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
         self._back = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
-        self._send_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int32, device=dev)
-        self._recv_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int32, device=dev)
+        self._send_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int64, device=dev)
+        self._recv_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int64, device=dev)
         self._counts = torch.empty(2 * world, dtype=torch.int64, device=dev)
         self._groups: dict[int | None, Any] = {None: ctx.group}
         self._group = ctx.group
@@ -81,52 +83,78 @@ class NcclA2ABackend(Backend):
         world, group = self.ctx.world, self._group
         num_tokens, hidden = x.shape
         topk = topk_idx.shape[1]
-        dest = topk_idx // self._experts_per_rank  # [T, K]
+        epr = self._experts_per_rank
+        dest = topk_idx // epr  # [T, K]
         in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=x.device)
         in_rank.scatter_(1, dest, True)
-        send_counts = in_rank.sum(dim=0)
         counts = self._counts
-        counts[:world].copy_(send_counts)
+        torch.sum(in_rank, dim=0, out=counts[:world])
         dist.all_to_all_single(counts[world:], counts[:world], group=group)
-        both = counts.tolist()  # the one host sync: split sizes
+
+        # Everything that does not need the counts on the host is enqueued before the sync, so that after
+        # it only the gather and the two collectives are launched (the GPU idles while the host launches).
+        flat = in_rank.t().reshape(-1)  # (destination rank, token) order
+        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices  # selected entries first
+        send_tok_all = order % num_tokens
+        send_rank_all = order // num_tokens
+        local = topk_idx.index_select(0, send_tok_all) - (send_rank_all * epr).unsqueeze(1)
+        on_dest = (local >= 0) & (local < epr)
+        meta_all = self._send_meta[: order.numel() * 2 * topk].view(-1, 2 * topk)
+        meta_all[:, :topk].copy_(torch.where(on_dest, local, -1))
+        meta_all[:, topk:].view(torch.float64).copy_(torch.where(on_dest, topk_weights.index_select(0, send_tok_all), 0.0))
+
+        both = counts.tolist()  # the one host sync: all_to_all_single takes split sizes on the host
         send_splits, recv_splits = both[:world], both[world:]
         num_send, num_recv = sum(send_splits), sum(recv_splits)
-
-        # rows in (destination rank, token) order, without a nonzero() sync
-        flat = in_rank.t().reshape(-1)
-        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices[:num_send]
-        send_tok = order % num_tokens
-        send_rank = order // num_tokens
-
+        send_tok = send_tok_all[:num_send]
         send_x = self._send[: num_send * hidden].view(num_send, hidden)
         torch.index_select(x, 0, send_tok, out=send_x)
-        local = topk_idx.index_select(0, send_tok) - (send_rank * self._experts_per_rank).unsqueeze(1)
-        on_dest = (local >= 0) & (local < self._experts_per_rank)
-        meta = self._send_meta[: num_send * 2 * topk].view(num_send, 2 * topk)
-        meta[:, :topk] = torch.where(on_dest, local, torch.full_like(local, -1)).to(torch.int32)
-        meta[:, topk:] = torch.where(on_dest, topk_weights.index_select(0, send_tok), 0.0).view(torch.int32)
-
         recv_meta = self._recv_meta[: num_recv * 2 * topk].view(num_recv, 2 * topk)
-        dist.all_to_all_single(
-            recv_meta, meta, [s for s in recv_splits], [s for s in send_splits], group=group
-        )
+        dist.all_to_all_single(recv_meta, meta_all[:num_send], recv_splits, send_splits, group=group)
         recv_x = self._recv[: num_recv * hidden].view(num_recv, hidden)
         dist.all_to_all_single(recv_x, send_x, recv_splits, send_splits, group=group)
         handle = A2AHandle(send_tok, send_splits, recv_splits, num_tokens)
         return Dispatched(
             recv_x=recv_x,
-            recv_topk_idx=recv_meta[:, :topk].to(torch.int64),
-            recv_topk_weights=recv_meta[:, topk:].view(torch.float32),
+            recv_topk_idx=recv_meta[:, :topk],
+            recv_topk_weights=recv_meta[:, topk:].view(torch.float64),
             handle=handle,
         )
 
     def combine(self, expert_out: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
-        hidden = expert_out.shape[1]
+        return self._sum_at_source(self._exchange_back(expert_out, handle), handle)
+
+    def _exchange_back(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        """Send each received row back to its source rank (splits reversed); rows may be any 2-byte type."""
         num_send = sum(handle.send_splits)
-        back = self._back[: num_send * hidden].view(num_send, hidden)
-        dist.all_to_all_single(back, expert_out, handle.send_splits, handle.recv_splits, group=self._group)
-        out = torch.zeros(handle.num_tokens, hidden, dtype=expert_out.dtype, device=expert_out.device)
-        out.index_add_(0, handle.send_tok, back)
+        width = rows.shape[1]
+        back = self._back[: num_send * width].view(num_send, width).view(rows.dtype)
+        dist.all_to_all_single(back, rows, handle.send_splits, handle.recv_splits, group=self._group)
+        return back
+
+    def _sum_at_source(self, back: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        """Sum each token's rows. A segment that holds every token (rows are in token order within each
+        destination) is added densely; a partial one goes through index_add_."""
+        hidden = back.shape[1]
+        out = torch.empty(handle.num_tokens, hidden, dtype=back.dtype, device=back.device)
+        initialised = False
+        start = 0
+        for count in handle.send_splits:
+            seg = back[start : start + count]
+            if count == handle.num_tokens:
+                if initialised:
+                    out.add_(seg)
+                else:
+                    out.copy_(seg)
+                    initialised = True
+            elif count:
+                if not initialised:
+                    out.zero_()
+                    initialised = True
+                out.index_add_(0, handle.send_tok[start : start + count], seg)
+            start += count
+        if not initialised:
+            out.zero_()
         return out
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ class JobOutcome:
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"description": self.describe()}
 
 
 def torchrun_argv(run_dir: Path, backend: str, nproc: int) -> list[str]:

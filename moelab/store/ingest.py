@@ -27,7 +27,9 @@ def _job_status(job: dict[str, Any] | None) -> str:
         return "timeout"
     if job.get("returncode") == 0:
         return "ok"
-    return "crashed" if job.get("signal") or any(f.get("signal") for f in job.get("failed_ranks", [])) else "failed"
+    # torchrun stops the surviving ranks with SIGTERM/SIGKILL: only other signals are the backend crashing
+    own_signals = [f.get("signal") for f in job.get("failed_ranks", []) if f.get("signal") not in (None, "SIGTERM", "SIGKILL")]
+    return "crashed" if own_signals else "failed"
 
 
 def _failure_reason(job: dict[str, Any] | None) -> str:

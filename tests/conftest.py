@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+PLUGIN_SRC = Path(__file__).parent / "plugins" / "moelab_testplugins.py"
+
+ENTRY_POINTS = """[moelab.backends]
+test-segv = moelab_testplugins:SegfaultBackend
+test-raise = moelab_testplugins:RaiseBackend
+test-hang = moelab_testplugins:HangBackend
+test-hang-all = moelab_testplugins:HangAllBackend
+"""
+
+
+@pytest.fixture
+def plugin_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder holding the test backends and a dist-info with their entry points, on sys.path and
+    PYTHONPATH (so torchrun's workers find them too)."""
+    root = tmp_path / "plugins"
+    dist = root / "moelab_testplugins-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: moelab-testplugins\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(ENTRY_POINTS)
+    shutil.copy(PLUGIN_SRC, root / "moelab_testplugins.py")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
+
+
+@pytest.fixture
+def db_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "db" / "moelab.duckdb"
+    monkeypatch.setenv("MOELAB_DB", str(path))
+    return path

@@ -1,0 +1,62 @@
+"""Test-only backends that misbehave on one rank, registered through the `moelab.backends` entry point
+by the `plugin_path` fixture. They live in the tests and never stand in for a real backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from moelab.backends.base import Dispatched
+from moelab.backends.nccl_a2a import NcclA2ABackend
+
+
+class _OneBadRank(NcclA2ABackend):
+    bad_rank = 1
+
+    def misbehave(self) -> None:
+        raise NotImplementedError
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        if self.ctx.rank == self.bad_rank:
+            self.misbehave()
+        return super().dispatch(x, topk_idx, topk_weights)
+
+    def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
+        return super().combine(expert_out, handle)
+
+
+class SegfaultBackend(_OneBadRank):
+    name = "test-segv"
+
+    def misbehave(self) -> None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class RaiseBackend(_OneBadRank):
+    name = "test-raise"
+
+    def misbehave(self) -> None:
+        raise RuntimeError("test-raise: deliberate failure on one rank")
+
+
+class HangBackend(_OneBadRank):
+    """One rank never joins the collective: the others time out in it."""
+
+    name = "test-hang"
+
+    def misbehave(self) -> None:
+        time.sleep(3600)
+
+
+class HangAllBackend(_OneBadRank):
+    """Every rank hangs outside any collective: only the launcher's wall-clock timeout ends it."""
+
+    name = "test-hang-all"
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        time.sleep(3600)
+        raise AssertionError("unreachable")
