@@ -1,0 +1,269 @@
+"""Nsight Systems: the per-rank wrapper command, `nsys export --type sqlite`, and the SQLite reader.
+
+Command line (Nsight Systems User Guide, "CLI Profile Command Switch Options",
+https://docs.nvidia.com/nsight-systems/UserGuide/index.html):
+- `--trace=cuda,nvtx[,osrt]`; `--capture-range=cudaProfilerApi`: collection starts at cudaProfilerStart;
+- `--capture-range-end=stop`: "collection will stop at the capture range end. Any subsequent capture
+  ranges will be ignored. The target app will continue running" (`repeat[:N]` makes one report per
+  range instead); so the worker opens ONE cudaProfilerStart/Stop range per job, around its timed regions;
+- `--output=<file>`: "Any `%q{ENV_VAR}` pattern in the filename will be substituted with the value of
+  the environment variable" — `%q{RANK}` under torchrun, `%q{SLURM_PROCID}` under srun,
+  `%q{OMPI_COMM_WORLD_RANK}` under Open MPI's mpirun. nsys must wrap each rank, not the launcher
+  (`nsys profile torchrun …` makes one report, and RANK is not yet set there);
+- `--force-overwrite=true`; `--sample=none --cpuctxsw=none` keep the report small (no CPU sampling).
+Export: `nsys export --type=sqlite --output=<file> --force-overwrite=true <report>.nsys-rep`.
+
+SQLite schema (Nsight Systems "SQLite Export Schema Reference",
+https://docs.nvidia.com/nsight-systems/UserGuide/index.html#exporter-sqlite-schema and
+https://docs.nvidia.com/nsight-systems/2021.5/nsys-exporter/exported_data.html). Tables are created
+lazily, so any of them may be missing; times are nanoseconds:
+- StringIds(id, value);
+- CUPTI_ACTIVITY_KIND_KERNEL(start, end, deviceId, contextId, streamId, correlationId, globalPid,
+  demangledName, shortName, mangledName, …): names are StringIds ids;
+- CUPTI_ACTIVITY_KIND_RUNTIME(start, end, eventClass, globalTid, correlationId, nameId, …): the CUDA API
+  call (runtime and driver launches) whose correlationId matches the kernel's ("Correlate CUDA kernel
+  launches with CUDA API kernel launches" in the export docs' examples);
+- NVTX_EVENTS(start, end, eventType, rangeId, category, color, text, globalTid, endGlobalTid, textId,
+  domainId, …): `text`, or `textId` → StringIds for registered strings; eventType 59 = NvtxPushPopRange,
+  60 = NvtxStartEndRange (34 NvtxMark, 75 NvtxDomainCreate; the names are in ENUM_NSYS_EVENT_TYPE);
+- globalTid / globalPid are serialized ids: PID = id / 0x1000000 % 0x1000000, TID = id % 0x1000000
+  ("Serialized process and thread identifiers" example).
+Attribution, the documented way: a kernel belongs to an NVTX range when the CUDA API call that launched
+it started inside the range on the range's thread (push/pop ranges are per thread) or, for start/end
+ranges, in the range's process. Without a runtime table (CUDA API tracing off) we fall back to GPU-time
+overlap: kernels of the process that started inside the range's span.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from moelab.errors import MoelabError
+from moelab.tracing.nvtx_ranges import PREFIX
+from moelab.tracing.summary import Event, RangeInstance, TraceSummary, summarize_instances
+
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+RANK_VAR_FOR_LAUNCHER = {
+    "local": "RANK",
+    "torchrun": "RANK",
+    "slurm": "SLURM_PROCID",
+    "mpirun": "OMPI_COMM_WORLD_RANK",
+}
+CAPTURE_ENDS = ("stop", "repeat", "none")
+NVTX_PUSH_POP = 59
+NVTX_START_END = 60
+NAME_COLUMNS = ("shortName", "demangledName")
+NS_PER_US = 1e3
+
+
+def nsys_available(nsys: str = "nsys") -> tuple[str | None, str | None]:
+    """(path, None) when `nsys` runs here, else (None, one line saying why).
+
+    A copy of nsys without its QdstrmImporter (the one inside Nsight Compute) records .qdstrm files but
+    cannot turn them into .nsys-rep reports: that is reported as unusable too.
+    """
+    path = shutil.which(nsys)
+    if path is None:
+        return (
+            None,
+            f"{nsys} not found on PATH: install Nsight Systems (or pass its path) to use --trace nsys",
+        )
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{path} --version failed: {exc}"
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        return None, f"{path} --version exited {proc.returncode}: {tail[-1] if tail else 'no output'}"
+    real = Path(path).resolve()
+    # full installs: <root>/target-linux-x64/nsys + <root>/host-linux-x64/QdstrmImporter; CUDA toolkit:
+    # <cuda>/bin/nsys + <cuda>/nsight-systems-<ver>/host-linux-x64/QdstrmImporter
+    roots = [real.parent, real.parent.parent]
+    patterns = ("QdstrmImporter", "*/QdstrmImporter", "*/*/QdstrmImporter")
+    if not any(any(root.glob(p)) for root in roots for p in patterns):
+        return None, (
+            f"{path} has no QdstrmImporter beside it (a partial copy, e.g. the one inside Nsight Compute): "
+            "it records .qdstrm but cannot make .nsys-rep reports; install Nsight Systems"
+        )
+    return path, None
+
+
+def rank_var_for(launcher: str) -> str:
+    try:
+        return RANK_VAR_FOR_LAUNCHER[launcher]
+    except KeyError:
+        raise MoelabError(
+            f"no rank variable known for launcher {launcher!r}; known: {', '.join(RANK_VAR_FOR_LAUNCHER)}"
+        ) from None
+
+
+def nsys_profile_argv(
+    trace: str = "cuda,nvtx", osrt: bool = False, nsys: str = "nsys", capture_end: str = "stop"
+) -> list[str]:
+    """`nsys profile` and its flags, without the output name (for launch code that appends its own
+    `-o <name>_rank%q{VAR}`)."""
+    if capture_end not in CAPTURE_ENDS:
+        raise MoelabError(f"capture end must be one of {', '.join(CAPTURE_ENDS)}, got {capture_end!r}")
+    kinds = [k for k in trace.split(",") if k]
+    if osrt and "osrt" not in kinds:
+        kinds.append("osrt")
+    return [
+        nsys, "profile",
+        f"--trace={','.join(kinds)}",
+        "--capture-range=cudaProfilerApi",
+        f"--capture-range-end={capture_end}",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--force-overwrite=true",
+    ]  # fmt: skip
+
+
+def nsys_prefix_argv(
+    out_dir: Path | str,
+    name: str,
+    rank_var: str = "RANK",
+    trace: str = "cuda,nvtx",
+    osrt: bool = False,
+    nsys: str = "nsys",
+    capture_end: str = "stop",
+) -> list[str]:
+    """The argv that goes before each rank's `python -m moelab.worker …`: one report per rank,
+    `<out_dir>/<name>_rank<R>.nsys-rep`, limited to the cudaProfilerStart/Stop range."""
+    if rank_var not in RANK_VARS:
+        raise MoelabError(f"rank variable must be one of {', '.join(RANK_VARS)}, got {rank_var!r}")
+    if not re.fullmatch(r"[A-Za-z0-9._=+-]+", name):
+        raise MoelabError(f"report name {name!r} may hold only letters, digits and . _ = + -")
+    return [
+        *nsys_profile_argv(trace, osrt, nsys, capture_end),
+        f"--output={Path(out_dir) / name}_rank%q{{{rank_var}}}",
+    ]
+
+
+def export_sqlite(rep_path: Path, nsys: str = "nsys", timeout_s: float = 600.0) -> Path:
+    """`nsys export --type=sqlite` next to the report; returns the .sqlite path."""
+    rep_path = Path(rep_path)
+    if not rep_path.exists():
+        raise MoelabError(f"no report at {rep_path}")
+    path, reason = nsys_available(nsys)
+    if path is None:
+        raise MoelabError(reason or "nsys is unavailable")
+    out = rep_path.with_suffix(".sqlite")
+    argv = [path, "export", "--type=sqlite", f"--output={out}", "--force-overwrite=true", str(rep_path)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise MoelabError(f"nsys export of {rep_path} took more than {timeout_s:.0f} s") from None
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise MoelabError(
+            f"nsys export of {rep_path} failed ({proc.returncode}): {tail[-1] if tail else 'no output'}"
+        )
+    return out
+
+
+def _tables(con: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+
+
+def _pid(global_id: int | None) -> int | None:
+    return None if global_id is None else (int(global_id) // 0x1000000) % 0x1000000
+
+
+def read_nsys_sqlite(path: Path, prefix: str = PREFIX, name_column: str = "shortName") -> TraceSummary:
+    """Per NVTX range whose name starts with `prefix`: API time (the range's span), kernel-only time and
+    kernel shares, from an `nsys export --type sqlite` database."""
+    if name_column not in NAME_COLUMNS:
+        raise MoelabError(f"kernel name column must be one of {', '.join(NAME_COLUMNS)}")
+    path = Path(path)
+    if not path.exists():
+        raise MoelabError(f"no SQLite export at {path}")
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        tables = _tables(con)
+    except sqlite3.DatabaseError as exc:
+        raise MoelabError(f"{path} is not an SQLite database: {exc}") from exc
+    try:
+        if "NVTX_EVENTS" not in tables:
+            raise MoelabError(f"{path} has no NVTX_EVENTS table: profile with --trace including nvtx")
+        strings = dict(con.execute("SELECT id, value FROM StringIds")) if "StringIds" in tables else {}
+        text_id = "textId" if "textId" in _columns(con, "NVTX_EVENTS") else "NULL"
+        nvtx_rows = con.execute(
+            f'SELECT start, "end", eventType, text, {text_id}, globalTid FROM NVTX_EVENTS '
+            f'WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND "end" IS NOT NULL ORDER BY start'
+        ).fetchall()
+        kernels: dict[tuple[int | None, int], list[tuple[int, int, str]]] = {}
+        kernel_rows: list[tuple[int, int, int | None, str]] = []
+        has_kernels = "CUPTI_ACTIVITY_KIND_KERNEL" in tables
+        if has_kernels:
+            for start, end, corr, gpid, name_id in con.execute(
+                f'SELECT start, "end", correlationId, globalPid, {name_column} FROM CUPTI_ACTIVITY_KIND_KERNEL'
+            ):
+                name = strings.get(name_id, str(name_id))
+                kernels.setdefault((_pid(gpid), corr), []).append((start, end, name))
+                kernel_rows.append((start, end, _pid(gpid), name))
+        launches: list[tuple[int, int | None, int | None, int]] = []
+        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+            launches = [
+                (start, gtid, _pid(gtid), corr)
+                for start, gtid, corr in con.execute(
+                    "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start"
+                )
+            ]
+    except sqlite3.DatabaseError as exc:
+        raise MoelabError(f"cannot read {path} as an nsys export: {exc}") from exc
+    finally:
+        con.close()
+
+    by_correlation = bool(launches)
+    launch_starts = [x[0] for x in launches]
+    instances: list[RangeInstance] = []
+    for start, end, event_type, text, tid, gtid in nvtx_rows:
+        name = text if text is not None else strings.get(tid)
+        if name is None or not str(name).startswith(prefix):
+            continue
+        inst = RangeInstance(name=str(name), start_us=start / NS_PER_US, end_us=end / NS_PER_US)
+        pid = _pid(gtid)
+        if by_correlation:
+            lo, hi = bisect.bisect_left(launch_starts, start), bisect.bisect_right(launch_starts, end)
+            for _, l_gtid, l_pid, corr in launches[lo:hi]:
+                same = l_gtid == gtid if event_type == NVTX_PUSH_POP else l_pid == pid
+                if not same:
+                    continue
+                for ks, ke, kname in kernels.get((l_pid, corr), []):
+                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
+        else:
+            for ks, ke, kpid, kname in kernel_rows:
+                if kpid == pid and start <= ks <= end:
+                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
+        instances.append(inst)
+
+    m = re.search(r"_rank(\d+)", path.name)
+    return TraceSummary(
+        source=str(path),
+        format="nsys-sqlite",
+        attribution="correlation" if by_correlation else "gpu-overlap",
+        rank=int(m.group(1)) if m else None,
+        world_size=None,
+        ranges=summarize_instances(instances, "kernel"),
+        metadata={"kernel_table": has_kernels, "name_column": name_column},
+    )
+
+
+def report_paths(out_dir: Path, name: str) -> Sequence[Path]:
+    """The per-rank reports `nsys_prefix_argv(out_dir, name, …)` produced, in rank order."""
+    found = []
+    for p in Path(out_dir).glob(f"{name}_rank*.nsys-rep"):
+        m = re.fullmatch(rf"{re.escape(name)}_rank(\d+)\.nsys-rep", p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
