@@ -14,6 +14,10 @@ ENTRY_POINT_GROUP = "moelab.backends"
 
 BUILTIN: dict[str, str] = {
     "nccl-a2a": "moelab.backends.nccl_a2a:NcclA2ABackend",
+    "mxfp8-a2a": "moelab.backends.mxfp8_a2a:Mxfp8A2ABackend",
+    "deepep": "moelab.backends.deepep:DeepEPBackend",
+    "deepep-ll": "moelab.backends.deepep_ll:DeepEPLowLatencyBackend",
+    "hybrid-ep": "moelab.backends.hybrid_ep:HybridEPBackend",
 }
 
 

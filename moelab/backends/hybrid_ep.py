@@ -1,0 +1,344 @@
+"""`hybrid-ep`: NVIDIA Hybrid-EP (`deep_ep.HybridEPBuffer`, branch hybrid-ep of DeepEP).
+
+Paths (knobs): plain `dispatch` / `combine` (default); `permute = true`: `dispatch_with_permute` /
+`combine_with_unpermute` (expert-major rows, padded to `pad_multiple`); `fused = true`: the same with
+`fuse_permute_dispatch` / `fuse_unpermute_combine` (one kernel each way).
+`handle = "fresh"` (default) runs the metadata preprocessing in every dispatch; `"cached"` passes back the
+handle of the first dispatch of the same routing, as Hybrid-EP's own benchmark does (tests/test_hybrid_ep.py
+`dispatch_args['handle']`). Either way `dispatch` synchronizes the stream on the host (the number of
+received tokens comes through pinned memory) because no `num_dispatched_tokens` is passed: host_sync_note.
+
+The contract wants one row per (token, this rank) with local expert ids: the plain path delivers exactly
+those rows; the local ids and weights are taken from the handle's `local_expert_routing_map` and the
+dispatched probs (a few element-wise kernels in the timed dispatch). The permute paths deliver one row per
+(token, local expert): one copy per token is exposed, and combine puts each row in that copy with zeros in
+the others (an adapter, made once per (expert_out, handle) and reused by the timed combine).
+
+fp8: cast once per input tensor with DeepEP's per_token_cast_to_fp8 (1x128 blocks, float32 scales), passed
+as uint8 bytes plus `scaling_factor`, outside the timed region as Hybrid-EP's test prepares its inputs.
+SMs: `num_sms_dispatch_api` / `num_sms_combine_api` are HybridEPBuffer constructor arguments, so one buffer
+is made per (SM count, payload type, experts per rank) present in the job, all in __init__.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from moelab.backends import deepep_common as common
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.deepep_rules import hybrid_ep_reason
+from moelab.errors import BackendUnavailable, SpecError
+
+KNOBS = ("fused", "permute", "handle", "pad_multiple", "combine_sms")
+HANDLE_MODES = ("fresh", "cached")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HybridSettings:
+    fused: bool
+    permute: bool  # True for both permute paths (fused or not)
+    handle: str
+    pad_multiple: int | None
+    combine_sms: int | None
+
+    @property
+    def path(self) -> str:
+        return "fused" if self.fused else ("permute" if self.permute else "plain")
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> HybridSettings:
+        unknown = sorted(set(knobs) - set(KNOBS))
+        if unknown:
+            raise SpecError(f"hybrid-ep: unknown knob(s) {', '.join(unknown)} (knobs: {', '.join(KNOBS)})")
+        for name in ("fused", "permute"):
+            if name in knobs and not isinstance(knobs[name], bool):
+                raise SpecError(f"hybrid-ep: {name} must be true or false, got {knobs[name]!r}")
+        handle = str(knobs.get("handle", "fresh"))
+        if handle not in HANDLE_MODES:
+            raise SpecError(f"hybrid-ep: handle must be one of {', '.join(HANDLE_MODES)}, got {handle!r}")
+        for name in ("pad_multiple", "combine_sms"):
+            value = knobs.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise SpecError(f"hybrid-ep: {name} must be a positive integer, got {value!r}")
+        fused = bool(knobs.get("fused", False))
+        return cls(
+            fused=fused,
+            permute=fused or bool(knobs.get("permute", False)),
+            handle=handle,
+            pad_multiple=knobs.get("pad_multiple"),
+            combine_sms=knobs.get("combine_sms"),
+        )
+
+
+@dataclass(slots=True)
+class HybridHandle:
+    lib: tuple[Any, ...]  # the library's handle tuple
+    rows_pos: torch.Tensor | None  # permute paths: the permuted row that carries each exposed row
+    num_permuted: int
+
+
+def local_topk(
+    local_map: torch.Tensor, local_weights: torch.Tensor, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, E_local] bool map and weights → [R, topk] local ids (-1 where none) and weights (0 there).
+
+    A token has at most min(topk, E_local) experts on one rank, so the ids fit `topk` columns."""
+    rows, epr = local_map.shape
+    ar = torch.arange(epr, device=local_map.device).expand(rows, epr)
+    if epr > topk:  # compact: routed experts first, in id order
+        order = torch.sort(torch.where(local_map, ar, ar + epr), dim=1).indices[:, :topk]
+        local_map, local_weights, ar = local_map.gather(1, order), local_weights.gather(1, order), order
+    ids = torch.where(local_map, ar, -1)
+    weights = torch.where(local_map, local_weights.float(), 0.0)
+    if ids.shape[1] < topk:
+        pad = topk - ids.shape[1]
+        ids = torch.cat([ids, ids.new_full((rows, pad), -1)], dim=1)
+        weights = torch.cat([weights, weights.new_zeros((rows, pad))], dim=1)
+    return ids, weights
+
+
+class HybridEPBackend(Backend):
+    name = "hybrid-ep"
+    description = (
+        "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
+    )
+    payload_dtypes = ("bf16", "fp8")
+    sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
+
+    @classmethod
+    def availability(cls) -> str | None:
+        if common.find_spec_origin("deep_ep") is None:
+            return f"deep_ep not installed (Hybrid-EP: {common.BUILD_HINT.replace('tag v1.2.1 or branch hybrid-ep', 'branch hybrid-ep')})"
+        if common.find_spec_origin("hybrid_ep_cpp") is None:
+            return "deep_ep has no HybridEPBuffer (no hybrid_ep_cpp extension: this build is not the hybrid-ep branch of DeepEP)"
+        reason = common.cuda_reason()
+        if reason:
+            return reason
+        deep_ep, reason = common.import_deep_ep()
+        if deep_ep is None:
+            return reason
+        if not hasattr(deep_ep, "HybridEPBuffer"):
+            return (
+                "deep_ep has no HybridEPBuffer (this build is V1 or V2; Hybrid-EP lives on branch hybrid-ep)"
+            )
+        return None
+
+    @staticmethod
+    def diagnostics() -> list[str]:
+        """Lines for `moelab backends`: what to check when the extension crashes in its constructor."""
+        out = []
+        for name, path in common.extension_paths(("hybrid_ep_cpp", "deep_ep_cpp")).items():
+            warning = common.libstdcxx_diagnosis(path)
+            if warning:
+                out.append(f"{name}: {warning}")
+        return out
+
+    def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
+        super().__init__(ctx, cases)
+        deep_ep, reason = common.import_deep_ep()
+        if deep_ep is None or not hasattr(deep_ep, "HybridEPBuffer"):
+            raise BackendUnavailable(reason or "deep_ep has no HybridEPBuffer")
+        self._ep = deep_ep
+        runnable = [c for c in cases if self.unsupported_reason(c) is None]
+        self.max_tokens = max((c.workload.tokens_per_rank for c in runnable), default=16)
+        self.max_hidden = max((c.workload.hidden for c in runnable), default=512)
+        self._buffers: dict[tuple[Any, ...], Any] = {}
+        for case in runnable:
+            key = self._key(case)
+            if key not in self._buffers:
+                sms, use_fp8, epr, combine_sms = key
+                self._buffers[key] = deep_ep.HybridEPBuffer(
+                    group=ctx.group, hidden_dim=self.max_hidden, max_num_of_tokens_per_rank=self.max_tokens,
+                    num_local_experts=epr, use_fp8=use_fp8, num_sms_dispatch_api=sms, num_sms_combine_api=combine_sms,
+                )  # fmt: skip
+        self._buf: Any = None
+        self._case: CaseConfig | None = None
+        self._settings = HybridSettings.from_knobs({})
+        self._cast_cache = common.InputCache()
+        self._handle_cache = common.InputCache()
+        self._combine_cache = common.InputCache()
+
+    @staticmethod
+    def _key(case: CaseConfig) -> tuple[Any, ...]:
+        s = HybridSettings.from_knobs(case.knobs)
+        return (
+            case.sms,
+            case.workload.dtype == "fp8",
+            case.workload.experts_per_rank,
+            s.combine_sms or case.sms,
+        )
+
+    def unsupported_reason(self, case: CaseConfig) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason:
+            return reason
+        try:
+            s = HybridSettings.from_knobs(case.knobs)
+        except SpecError as exc:
+            return str(exc)
+        return hybrid_ep_reason(common.shape_of(self.ctx, case), fused=s.fused)
+
+    def prepare(self, case: CaseConfig) -> None:
+        self._case = case
+        self._settings = HybridSettings.from_knobs(case.knobs)
+        self._buf = self._buffers[self._key(case)]
+        for cache in (self._cast_cache, self._handle_cache, self._combine_cache):
+            cache.clear()
+
+    def _payload(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert self._case is not None
+        if self._case.workload.dtype != "fp8":
+            return x, None
+
+        def cast() -> tuple[torch.Tensor, torch.Tensor]:
+            x_fp8, scales = common.per_token_cast_to_fp8(x)
+            return x_fp8.view(torch.uint8), scales.contiguous()  # Hybrid-EP takes fp8 bytes as uint8
+
+        return self._cast_cache.get([x], cast)  # type: ignore[no-any-return]
+
+    def _lib_dispatch(
+        self,
+        hidden: torch.Tensor,
+        scales: torch.Tensor | None,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: Any,
+    ) -> tuple[Any, ...]:
+        assert self._case is not None
+        wl, s = self._case.workload, self._settings
+        num_experts = wl.num_experts(self.ctx.world)
+        if not s.permute:
+            if handle is not None:
+                # as Hybrid-EP's benchmark: routing and the cached handle both passed
+                return self._buf.dispatch(
+                    hidden=hidden,
+                    scaling_factor=scales,
+                    topk_idx=topk_idx,
+                    topk_weights=topk_weights,
+                    num_of_experts=num_experts,
+                    handle=handle,
+                )  # type: ignore[no-any-return]
+            return self._buf.dispatch(
+                hidden=hidden,
+                scaling_factor=scales,
+                topk_idx=topk_idx,
+                topk_weights=topk_weights,
+                num_of_experts=num_experts,
+            )  # type: ignore[no-any-return]
+        kwargs: dict[str, Any] = {
+            "hidden": hidden, "scaling_factor": scales, "topk_idx": topk_idx, "topk_weights": topk_weights,
+            "num_of_experts_per_rank": wl.experts_per_rank, "num_of_experts": num_experts, "use_fp8": wl.dtype == "fp8",
+            "pad_multiple": s.pad_multiple, "fuse_permute_dispatch": s.fused,
+        }  # fmt: skip
+        if handle is not None:
+            kwargs["handle"] = handle
+        return self._buf.dispatch_with_permute(**kwargs)  # type: ignore[no-any-return]
+
+    def _to_contract(self, out: tuple[Any, ...]) -> Dispatched:
+        assert self._case is not None
+        wl, s = self._case.workload, self._settings
+        epr, lr = wl.experts_per_rank, self._buf.local_rank
+        if not s.permute:
+            token, probs, scales, handle = out
+            rows = int(token.shape[0])
+            local_map = handle[4][:rows]
+            local_w = probs[:, lr * epr : (lr + 1) * epr]
+            ids, weights = local_topk(local_map, local_w, wl.topk)
+            lib_handle = HybridHandle(lib=handle, rows_pos=None, num_permuted=rows)
+        else:
+            token, probs, scales, _, handle = out
+            rows = int(
+                handle[3].reshape(-1)[0].item()
+            )  # num_dispatched_tokens: pinned host memory after dispatch's sync
+            dense_to_expert = handle[6][
+                :rows
+            ].long()  # [rows, epr]: permuted row of each (token, local expert), -1 if none
+            pos = dense_to_expert.max(dim=1).values
+            local_map = dense_to_expert >= 0
+            safe = dense_to_expert.clamp(min=0)
+            local_w = (
+                probs[safe]
+                if probs.dim() == 1
+                else probs[safe, lr * epr + torch.arange(epr, device=probs.device)]
+            )
+            ids, weights = local_topk(local_map, local_w, wl.topk)
+            lib_handle = HybridHandle(lib=handle, rows_pos=pos, num_permuted=int(token.shape[0]))
+            token = token[pos]
+            scales = None if scales is None else scales[pos]
+        recv_x = token.view(torch.float8_e4m3fn) if wl.dtype == "fp8" else token
+        return Dispatched(
+            recv_x=recv_x, recv_topk_idx=ids, recv_topk_weights=weights, handle=lib_handle, recv_scales=scales
+        )
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        hidden, scales = self._payload(x)
+        if self._settings.handle == "cached":
+            misses = self._handle_cache.misses
+            first: Dispatched = self._handle_cache.get(
+                [topk_idx, topk_weights],
+                lambda: self._to_contract(self._lib_dispatch(hidden, scales, topk_idx, topk_weights, None)),
+            )
+            if self._handle_cache.misses == misses:
+                self._lib_dispatch(
+                    hidden, scales, topk_idx, topk_weights, first.handle.lib
+                )  # same routing: rows land where they did
+            return first
+        return self._to_contract(self._lib_dispatch(hidden, scales, topk_idx, topk_weights, None))
+
+    def combine(self, expert_out: torch.Tensor, handle: HybridHandle) -> torch.Tensor:
+        s = self._settings
+        if not s.permute:
+            combined, _ = self._buf.combine(hidden=expert_out, probs=None, handle=handle.lib)
+            return combined  # type: ignore[no-any-return]
+        assert handle.rows_pos is not None
+
+        def permuted() -> torch.Tensor:
+            buf = torch.zeros(
+                handle.num_permuted, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device
+            )
+            buf[handle.rows_pos] = expert_out
+            return buf
+
+        x = self._combine_cache.get([expert_out, handle.rows_pos], permuted)
+        combined, _ = self._buf.combine_with_unpermute(
+            hidden=x,
+            probs=None,
+            handle=handle.lib,
+            pad_multiple=s.pad_multiple,
+            fuse_unpermute_combine=s.fused,
+        )
+        return combined  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._buffers.clear()
+        self._buf = None
+
+    def host_sync_note(self) -> str:
+        return "dispatch: HybridEPBuffer synchronizes the stream on the host (num_dispatched_tokens read from pinned memory)"
+
+    def library_versions(self) -> dict[str, str]:
+        out = common.deep_ep_versions(self._ep, common.api_of(self._ep))
+        out["torch"] = torch.__version__
+        for line in self.diagnostics():
+            out.setdefault("diagnostics", line)
+        return out
+
+    def record(self, case: CaseConfig) -> dict[str, Any]:
+        s = HybridSettings.from_knobs(case.knobs)
+        return {
+            "api": "HybridEPBuffer",
+            "path": s.path,
+            "fused": s.fused,
+            "handle": s.handle,
+            "pad_multiple": s.pad_multiple,
+            "sms_dispatch": case.sms if case.sms is not None else "default",
+            "sms_combine": s.combine_sms or (case.sms if case.sms is not None else "default"),
+            "buffer_max_tokens": self.max_tokens,
+            "buffer_hidden": self.max_hidden,
+            "fp8_cast": "outside (once per input)" if case.workload.dtype == "fp8" else None,
+            "library_figure": "hybrid_ep_rank0_bytes_over_mean_time (tests/test_hybrid_ep.py _report_bw)",
+        }
