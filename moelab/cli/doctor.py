@@ -1,0 +1,108 @@
+"""`moelab doctor`: is this node (or are these nodes) fit to benchmark on? A table per node, pass/warn/fail and why.
+
+Exit code 0 when nothing fails, 1 when something does (or warns, with --strict), 2 on a usage error.
+Many nodes: run `moelab doctor --save NODE.json` on each (the launchers will fan this out), then
+`moelab doctor --from a.json --from b.json` anywhere to compare them and name the outliers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from moelab.cli.common import console, print_table, user_errors
+from moelab.errors import MoelabError
+from moelab.health.model import STATUS_RANK, HealthSnapshot, worst_status
+from moelab.health.snapshot import load_snapshots, merge, take_snapshot
+
+SnapshotFn = Callable[..., HealthSnapshot]
+
+
+def _read_snapshots(paths: list[Path]) -> list[HealthSnapshot]:
+    snaps: list[HealthSnapshot] = []
+    for path in paths:
+        try:
+            snaps += load_snapshots(json.loads(path.read_text()))
+        except OSError as exc:
+            raise MoelabError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MoelabError(f"{path} is not a health snapshot or doctor report: {exc}") from None
+    return snaps
+
+
+def _print_report(report: dict) -> None:
+    findings = report["findings"]
+    hosts = [n["host"] for n in report["nodes"]]
+    for host in hosts:
+        rows = [(f["status"], f["subject"], f["check"], f["reason"]) for f in findings if f["host"] == host]
+        print_table(
+            ["status", "subject", "check", "why"], rows, title=f"{host}: {worst_status(r[0] for r in rows)}"
+        )
+    cluster = report["cluster"]
+    if cluster:
+        cluster_rows = [(f["status"], f["host"], f["subject"], f["check"], f["reason"]) for f in cluster]
+        print_table(
+            ["status", "host", "subject", "check", "why"],
+            cluster_rows,
+            title=f"across GPUs and nodes: {worst_status(r[0] for r in cluster_rows)}",
+        )
+    every = findings + cluster
+    counts = {s: sum(1 for f in every if f["status"] == s) for s in ("fail", "warn")}
+    console.print(
+        f"worst: {report['worst']} ({counts['fail']} fail, {counts['warn']} warn) over {len(hosts)} node(s)"
+    )
+
+
+def build_doctor(take: SnapshotFn = take_snapshot) -> Callable[..., None]:
+    """The `doctor` command, probing through `take` (tests pass a snapshot function over fake devices)."""
+
+    @user_errors
+    def doctor(
+        json_out: bool = typer.Option(False, "--json", help="Print the snapshots and findings as JSON"),
+        load_ms: float = typer.Option(
+            300.0,
+            "--load-ms",
+            help="Milliseconds of matmul load per GPU to read clocks under load (0: idle only)",
+        ),
+        from_files: list[Path] | None = typer.Option(
+            None,
+            "--from",
+            help="Judge saved snapshots or doctor --json reports (repeat for each node) instead of probing this host",
+        ),
+        save: Path | None = typer.Option(
+            None, "--save", help="Also write this host's snapshot to this JSON file"
+        ),
+        strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too"),
+        sysfs_root: Path = typer.Option(
+            Path("/"), "--sysfs-root", hidden=True, help="Root of the sysfs tree to read (tests)"
+        ),
+    ) -> None:
+        """Check GPUs (throttling, clocks under load, ECC, NVLink, PCIe), GPU paths, NICs (ports, PCIe AtomicOps,
+        NUMA) and CPU affinity; name the slowest GPUs across nodes.
+
+        Example: moelab doctor --json > node.json
+        """
+        if from_files:
+            snaps = _read_snapshots(from_files)
+        else:
+            if load_ms < 0:
+                raise MoelabError("--load-ms must be 0 or more")
+            snaps = [take(load_ms=load_ms, sysfs_root=sysfs_root)]
+            if save is not None:
+                save.write_text(json.dumps(snaps[0].to_dict(), indent=2, sort_keys=True) + "\n")
+        report = merge(snaps)
+        if json_out:
+            print(json.dumps(report, indent=2, sort_keys=True))
+        else:
+            _print_report(report)
+        threshold = 1 if strict else 2
+        if STATUS_RANK[report["worst"]] >= threshold:
+            raise typer.Exit(1)
+
+    return doctor
+
+
+doctor = build_doctor()
