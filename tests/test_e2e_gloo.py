@@ -1,0 +1,242 @@
+"""Real multi-process gloo runs of the e2e MoE layer: serial and overlapped, forward and forward+backward,
+against the single-process float32 reference on the gathered tokens and weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
+from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
+from moelab.e2e.bench import backend_case_config, run_e2e_case
+from moelab.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
+from moelab.e2e.overlap import Streams, forward_overlapped
+from moelab.e2e.reference import layer_tolerance, reference_layer
+from moelab.reference import relative_error
+from moelab.routing import Routing, route_all
+from moelab.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.timing import Clock
+from moelab.workload import RoutingSpec, Workload
+from tests.distributed_helpers import run_ranks
+
+INTER = 16
+SCHEDULES = (("serial", 1, "loop"), ("overlap", 3, "loop"), ("overlap", 2, "grouped"))
+
+
+def _ctx(rank: int, world: int) -> BackendContext:
+    return BackendContext(
+        rank=rank,
+        world=world,
+        local_rank=rank,
+        device=torch.device("cpu"),
+        group=dist.group.WORLD,
+        gpus_per_node=world,
+        comm_backend="gloo",
+    )
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().numpy().copy()
+
+
+def _layer_rank(
+    rank: int, world: int, wl: Workload, routings: list[Routing] | None = None
+) -> list[dict[str, np.ndarray]]:
+    """Each schedule: the forward output, then forward+backward's input and local weight gradients."""
+    case = CaseConfig(case_id="t", workload=wl)
+    backend = NcclA2ABackend(_ctx(rank, world), [case])
+    backend.prepare(case)
+    seed = wl.routing.seed
+    r = (routings or route_all(wl, world))[rank]
+    x = layer_tokens(seed, rank, wl.tokens_per_rank, wl.hidden, "cpu")
+    gout = output_grad(seed, rank, wl.tokens_per_rank, wl.hidden, "cpu")
+    results = []
+    for mode, chunks, gemm in SCHEDULES:
+        if gemm == "grouped" and not hasattr(torch, "_grouped_mm"):
+            gemm = "loop"
+        weights = local_expert_weights(
+            seed, rank, wl.experts_per_rank, wl.hidden, INTER, torch.device("cpu"), requires_grad=True
+        )
+        layer = MoELayer(backend, weights, wl.experts_per_rank, gemm)
+
+        def forward(
+            xx: torch.Tensor, layer: MoELayer = layer, mode: str = mode, chunks: int = chunks
+        ) -> torch.Tensor:
+            if mode == "overlap":
+                return forward_overlapped(
+                    layer, xx, r.topk_idx, r.topk_weights, chunks, Streams(torch.device("cpu"))
+                )
+            return layer.forward(xx, r.topk_idx, r.topk_weights)
+
+        with torch.no_grad():
+            out = forward(x)
+        xg = x.detach().requires_grad_(True)
+        forward(xg).backward(gout)
+        assert xg.grad is not None and weights.w13.grad is not None and weights.w2.grad is not None
+        results.append(
+            {
+                "out": _np(out),
+                "grad_x": _np(xg.grad),
+                "grad_w13": _np(weights.w13.grad),
+                "grad_w2": _np(weights.w2.grad),
+            }
+        )
+    return results
+
+
+def _check_against_reference(wl: Workload, world: int, routings: list[Routing], per_rank: list[Any]) -> None:
+    seed = wl.routing.seed
+    x_all = torch.cat([layer_tokens(seed, r, wl.tokens_per_rank, wl.hidden, "cpu") for r in range(world)])
+    g_all = torch.cat([output_grad(seed, r, wl.tokens_per_rank, wl.hidden, "cpu") for r in range(world)])
+    ref = reference_layer(
+        x_all, torch.cat([r.topk_idx for r in routings]), torch.cat([r.topk_weights for r in routings]),
+        seed=seed, intermediate=INTER, grad_out=g_all, experts=range(wl.num_experts(world)),
+    )  # fmt: skip
+    assert ref.grad_x is not None
+    tol = layer_tolerance("bf16", "bf16")
+    for s in range(len(SCHEDULES)):
+
+        def cat(key: str, s: int = s) -> torch.Tensor:
+            return torch.cat([torch.from_numpy(per_rank[r][s][key]) for r in range(world)])
+
+        errs = (
+            relative_error(cat("out"), ref.out),
+            relative_error(cat("grad_x"), ref.grad_x),
+            relative_error(
+                cat("grad_w13"), torch.stack([ref.grad_w13[e] for e in range(wl.num_experts(world))])
+            ),
+            relative_error(
+                cat("grad_w2"), torch.stack([ref.grad_w2[e] for e in range(wl.num_experts(world))])
+            ),
+        )
+        assert errs[0] < tol and all(e < 2 * tol for e in errs[1:]), (SCHEDULES[s], errs)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_layer_equals_single_process_reference(world: int) -> None:
+    wl = Workload(hidden=64, tokens_per_rank=24, topk=4, experts_per_rank=2, routing=RoutingSpec(seed=3))
+    routings = route_all(wl, world)
+    _check_against_reference(wl, world, routings, run_ranks(world, _layer_rank, wl))
+
+
+def test_layer_with_ranks_that_receive_nothing() -> None:
+    """Every token picks experts 0 and 1 (rank 0's): rank 1 receives no rows and its experts get zero gradients."""
+    wl = Workload(hidden=64, tokens_per_rank=10, topk=2, experts_per_rank=2)
+    t = wl.tokens_per_rank
+    routings = [Routing(torch.tensor([[0, 1]] * t), torch.full((t, 2), 0.5)) for _ in range(2)]
+    per_rank = run_ranks(2, _layer_rank, wl, routings)
+    _check_against_reference(wl, 2, routings, per_rank)
+    assert all(not per_rank[1][s]["grad_w13"].any() for s in range(len(SCHEDULES)))
+
+
+class HalvedCombine(NcclA2ABackend):
+    """A broken backend: combine loses half of every row. The e2e check must call it incorrect."""
+
+    def combine(self, expert_out: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        return super().combine(expert_out, handle) * 0.5
+
+
+BACKENDS = {"nccl-a2a": NcclA2ABackend, "mxfp8-a2a": Mxfp8A2ABackend, "halved": HalvedCombine}
+
+
+def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[dict[str, Any]]:
+    ctx = _ctx(rank, world)
+    backend = BACKENDS[backend_name](ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
+    spec = RunSpec(
+        run_id="t", created_at="2026-01-01T00:00:00+00:00", suite="e2e", backends=(backend_name,), cases=tuple(cases),
+        timing=TimingSpec(warmup=1, iters=3, pair_reps=1, pair_iters=1, flush_l2=False), launch=LaunchSpec(nproc_per_node=world, gpus_per_node=world),
+    )  # fmt: skip
+    clock = Clock(ctx.device, ctx.group, False)
+    records = [run_e2e_case(backend, c, ctx, spec, clock) for c in cases]
+    backend.close()
+    return records
+
+
+def _case(
+    backend: str, wl: Workload, sms: int | None = None, skip: str | None = None, **knobs: Any
+) -> CaseSpec:
+    knobs = {"bench": "e2e", **knobs}
+    case_id = "-".join([wl.label(), str(sms)] + [f"{k}={v}" for k, v in sorted(knobs.items())])
+    return CaseSpec(case_id=case_id, backend=backend, workload=wl, sms=sms, knobs=knobs, skip_reason=skip)
+
+
+def test_run_e2e_case_records_nccl_a2a() -> None:
+    world = 2
+    wl = Workload(
+        hidden=64, tokens_per_rank=32, topk=4, experts_per_rank=3, routing=RoutingSpec(kind="zipf", seed=1)
+    )
+    cases = [
+        _case("nccl-a2a", wl, mode="serial", intermediate=INTER),
+        _case("nccl-a2a", wl, mode="overlap", chunks=3, backward=True, intermediate=INTER),
+        _case("nccl-a2a", wl, sms=16, mode="serial"),
+        _case("nccl-a2a", wl, skip="topk 4 > total experts", mode="serial"),
+        _case("nccl-a2a", wl, mode="serial", chunks=2),
+    ]
+    records = run_ranks(world, _bench_rank, "nccl-a2a", cases)[0]
+    serial, overlap, sms, skipped, bad_knob = records
+    assert [r["status"] for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
+    assert "SM control needs NCCL" in sms["reason"] and "needs mode = overlap" in bad_knob["reason"]
+    assert set(serial["ops"]) == {"layer", "compute_only", "gemm", "dispatch", "combine"}
+    assert set(overlap["ops"]) == {
+        "layer",
+        "layer_serial",
+        "compute_only",
+        "compute_only_chunked",
+        "gemm",
+        "dispatch",
+        "combine",
+        "layer_fwd_bwd",
+    }
+    for rec in (serial, overlap):
+        for op, data in rec["ops"].items():
+            samples = data["samples_us"]
+            assert len(samples) == world and all(len(s) == 3 and all(v > 0 for v in s) for s in samples), op
+            assert data["bytes_per_row"] == {"dispatch": 128, "combine": 128}.get(op, 0)
+        assert rec["check"]["layer_err"] < rec["check"]["tolerance"] and not rec["check"]["messages"]
+        assert (
+            len(rec["rows"]) == world and sum(rec["pairs_per_rank"]) == world * wl.tokens_per_rank * wl.topk
+        )
+        assert rec["backend_record"]["e2e"]["intermediate"] == INTER
+        names = {m["name"] for m in rec["metrics"]}
+        assert {
+            "layer_us",
+            "tokens_per_s_per_rank",
+            "exposed_comm_us",
+            "gemm_tflops_per_rank",
+            "layer_rel_err",
+        } <= names
+        assert all(m["value"] is None or np.isfinite(m["value"]) for m in rec["metrics"])
+    by_name = {m["name"]: m for m in overlap["metrics"]}
+    assert {"overlap_efficiency", "chunking_overhead_us", "tokens_per_s_per_rank_fwd_bwd"} <= set(by_name)
+    assert by_name["grad_x_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
+    assert by_name["grad_w_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
+    assert "overlap_efficiency" not in {m["name"] for m in serial["metrics"]}
+    assert (
+        serial["backend_record"]["e2e"]["mode"] == "serial"
+        and overlap["backend_record"]["e2e"]["chunks"] == 3
+    )
+
+
+def test_run_e2e_case_mxfp8_both_ways_and_backward() -> None:
+    wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2, dtype="mxfp8")
+    cases = [
+        _case("mxfp8-a2a", wl, mode="overlap", chunks=2, backward=True, intermediate=INTER, quantizer="torch")
+    ]
+    (rec,) = run_ranks(2, _bench_rank, "mxfp8-a2a", cases)[0]
+    assert rec["status"] == "ok", rec.get("reason")
+    assert rec["backend_record"]["combine_impl"] == "mxfp8" and rec["backend_record"]["quantizer"] == "torch"
+    assert rec["check"]["tolerance"] == pytest.approx(layer_tolerance("mxfp8", "mxfp8"))
+    assert 0 < rec["check"]["layer_err"] < rec["check"]["tolerance"]
+    assert rec["ops"]["dispatch"]["bytes_per_row"] == 64 + 2
+
+
+def test_broken_combine_is_incorrect_and_not_timed() -> None:
+    wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2)
+    (rec,) = run_ranks(2, _bench_rank, "halved", [_case("halved", wl, mode="overlap", intermediate=INTER)])[0]
+    assert rec["status"] == "incorrect" and "layer output error" in rec["reason"]
+    assert "ops" not in rec and rec["check"]["layer_err"] > 0.3
