@@ -1,9 +1,11 @@
-"""`moelab report`: one self-contained HTML file (or Markdown) for one or more runs."""
+"""`moelab report`: one self-contained HTML file (or Markdown for pull requests) for one or more runs.
+
+Every string from the database goes through jinja2's autoescape; the page carries a Content-Security-Policy
+that allows no script at all, so a hostile hostname, label or version string is shown, never run.
+"""
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,12 @@ import duckdb
 import jinja2
 
 from moelab.errors import MoelabError
-from moelab.reports import charts
+from moelab.reports import compare, query, sections
+from moelab.reports.peaks import PeakTable, load_peaks
 from moelab.store.db import open_db
 
 OPS = ("dispatch", "combine", "pair")
+latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
 
 @dataclass(kw_only=True, slots=True)
@@ -26,98 +30,83 @@ class ReportData:
     not_measured: list[dict[str, Any]]
     jobs: list[dict[str, Any]]
     definitions: list[dict[str, Any]]
-    charts: list[dict[str, str]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    charts: list[dict[str, Any]] = field(default_factory=list)
+    knees: list[dict[str, Any]] = field(default_factory=list)
+    fits: list[dict[str, Any]] = field(default_factory=list)
+    flags: list[sections.Flag] = field(default_factory=list)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    health: list[dict[str, Any]] = field(default_factory=list)
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    case_metrics: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[compare.CompareTable] = field(default_factory=list)
+    peaks_source: str = "built-in"
+    above_peak_note: str = sections.ABOVE_PEAK_NOTE
+
+    @property
+    def bad_jobs(self) -> list[dict[str, Any]]:
+        return [j for j in self.jobs if j["status"] != "ok"]
+
+    @property
+    def bad_cases(self) -> list[dict[str, Any]]:
+        return [c for c in self.not_measured if c["status"] in ("failed", "incorrect", "crashed", "timeout")]
+
+    @property
+    def bad_health(self) -> list[dict[str, Any]]:
+        return [h for h in self.health if h["worst"] in ("warn", "fail")]
 
 
-def _dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    cols = [d[0] for d in cur.description or []]
-    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
-
-
-def latest_run_ids(con: duckdb.DuckDBPyConnection, n: int = 1) -> list[str]:
-    return [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT ?", [n]).fetchall()]
-
-
-def load(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> ReportData:
-    known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
-    missing = [r for r in run_ids if r not in known]
-    if missing:
-        raise MoelabError(f"no such run(s): {', '.join(missing)}")
-    con.execute("CREATE OR REPLACE TEMP TABLE _report_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [run_ids])
-    runs = _dicts(con.execute("SELECT run_id, created_at, label, suite, status, backends, device, world, gpus_per_node, command, moelab_version, git_sha FROM runs SEMI JOIN _report_ids USING (run_id) ORDER BY created_at"))
-    env = _dicts(con.execute(
-        """SELECT DISTINCT run_id, backend, node, host, gpu_name, gpu_count, sm_count, driver, cuda, nccl, torch, python,
-                  moelab_version, git_sha, CAST(library_versions AS VARCHAR) AS library_versions
-           FROM environment SEMI JOIN _report_ids USING (run_id) ORDER BY run_id, backend, node"""))
-    results = _dicts(con.execute(
-        """WITH bw AS (
-               SELECT run_id, backend, case_id, op,
-                      max(CASE WHEN definition = 'nvl_recv' THEN gbps END) AS nvl_gbps,
-                      max(CASE WHEN definition = 'nvl_remote' THEN gbps END) AS remote_gbps,
-                      max(CASE WHEN definition = 'rdma_pairs' THEN gbps END) AS rdma_gbps,
-                      max(CASE WHEN definition = 'nvl_recv' THEN bytes_mean END) AS nvl_bytes
-               FROM bandwidths GROUP BY ALL)
-           SELECT c.run_id, c.backend, c.case_id, c.hidden, c.tokens_per_rank, c.topk, c.experts_per_rank, c.routing,
-                  c.dtype, c.sms, c.world, CAST(c.knobs AS VARCHAR) AS knobs, c.dispatch_err, c.combine_err,
-                  r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us,
-                  bw.nvl_gbps, bw.remote_gbps, bw.rdma_gbps, bw.nvl_bytes,
-                  bw.nvl_bytes / r.p90_us / 1e3 AS nvl_gbps_p90t, bw.nvl_bytes / r.p10_us / 1e3 AS nvl_gbps_p10t
-           FROM cases c JOIN results r USING (run_id, backend, case_id)
-           LEFT JOIN bw USING (run_id, backend, case_id, op)
-           WHERE c.run_id IN (SELECT run_id FROM _report_ids)
-           ORDER BY c.backend, c.hidden, c.dtype, c.sms NULLS FIRST, r.op"""))
-    not_measured = _dicts(con.execute("SELECT run_id, backend, case_id, status, reason FROM cases SEMI JOIN _report_ids USING (run_id) WHERE status <> 'ok' ORDER BY backend, case_id"))
-    jobs = _dicts(con.execute("SELECT run_id, backend, status, description, duration_s FROM jobs SEMI JOIN _report_ids USING (run_id) ORDER BY run_id, backend"))
-    definitions = _dicts(con.execute("SELECT name, text FROM definitions ORDER BY name"))
-    data = ReportData(runs=runs, environment=env, results=results, not_measured=not_measured, jobs=jobs, definitions=definitions)
-    data.charts = build_charts(results)
+def load(
+    con: duckdb.DuckDBPyConnection,
+    run_ids: list[str],
+    peaks: PeakTable | None = None,
+    trace_base: Path | None = None,
+    draw: bool = True,
+) -> ReportData:
+    peaks = peaks or PeakTable()
+    query.select_runs(con, run_ids)
+    env = query.environment(con)
+    results = query.results(con)
+    data = ReportData(
+        runs=query.runs(con), environment=env, results=results, not_measured=query.not_measured(con),
+        jobs=query.jobs(con), definitions=query.definitions(con), suspects=query.suspects(con),
+        health=query.health(con), traces=sections.trace_links(query.traces(con), trace_base),
+        case_metrics=query.case_metrics(con), peaks_source=peaks.source,
+    )  # fmt: skip
+    data.nodes = sections.nodes_panel(env, peaks)
+    data.flags = sections.annotate_results(results, env, peaks)
+    ids: list[int] = []
+    sm_charts, data.knees = sections.sm_sweeps(results, ids, draw)
+    tok_charts, data.fits = sections.token_sweeps(results, ids, draw)
+    data.charts = sm_charts + tok_charts or sections.fallback_bars(results, ids, draw)
+    data.comparisons = _comparisons(results, env, data.runs, peaks)
     return data
 
 
-def _series_key(r: dict[str, Any]) -> str:
-    knobs = json.loads(r["knobs"] or "{}")
-    extra = "".join(f" {k}={v}" for k, v in sorted(knobs.items()))
-    return f"{r['backend']} {r['dtype']}{extra}"
-
-
-def build_charts(results: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """SM-vs-bandwidth per op and workload where SMs vary; else bandwidth per case."""
+def _comparisons(
+    results: list[dict[str, Any]], env: list[dict[str, Any]], runs: list[dict[str, Any]], peaks: PeakTable
+) -> list[compare.CompareTable]:
+    """Backends side by side when there are several; GPU models side by side when runs span several."""
     out = []
-    for op in OPS:
-        rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
-        if not rows:
-            continue
-        by_workload: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
-            by_workload[(r["hidden"], r["tokens_per_rank"], r["topk"], r["experts_per_rank"], r["routing"], r["world"])].append(r)
-        for wl, wrows in by_workload.items():
-            swept = [r for r in wrows if r["sms"] is not None]
-            label = f"hidden {wl[0]}, {wl[1]} tokens/rank, topk {wl[2]}, {wl[3]} experts/rank, {wl[4]}, {wl[5]} ranks"
-            if len({r["sms"] for r in swept}) > 1:
-                series: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
-                for r in sorted(swept, key=lambda r: r["sms"]):
-                    xs, ys, lo, hi = series.setdefault(_series_key(r), ([], [], [], []))
-                    xs.append(r["sms"])
-                    ys.append(r["nvl_gbps"])
-                    lo.append(r["nvl_gbps_p90t"])
-                    hi.append(r["nvl_gbps_p10t"])
-                svg = charts.line_chart(series, f"{op}: bandwidth vs SMs", "SMs", "NVL GB/s (band: p10–p90 time)")  # type: ignore[arg-type]
-                out.append({"title": f"{op} — SMs vs bandwidth — {label}", "svg": svg})
-            else:
-                labels = [f"{_series_key(r)} sm={r['sms'] or 'default'}" for r in wrows]
-                svg = charts.bar_chart(labels, [r["nvl_gbps"] for r in wrows], f"{op}: bandwidth per case", "NVL GB/s")
-                out.append({"title": f"{op} — bandwidth per case — {label}", "svg": svg})
+    for by in ("backend", "gpu"):
+        table = compare.build(results, env, runs, peaks, by=by)
+        if len(table.groups) > 1 and table.rows:
+            out.append(table)
     return out
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("moelab.reports", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"], default_for_string=True, default=True),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["md"] = _md_cell
+    env.filters["pct"] = _pct
+    env.globals["fmtnum"] = _fmtnum
+    return env
 
 
 def render(data: ReportData, fmt: str = "html") -> str:
@@ -127,7 +116,12 @@ def render(data: ReportData, fmt: str = "html") -> str:
     if fmt == "md":
         env.autoescape = False
     template = env.get_template("report.html.j2" if fmt == "html" else "report.md.j2")
-    return template.render(d=data, fmtnum=_fmtnum)
+    return template.render(d=data)
+
+
+def render_compare(table: compare.CompareTable, title: str) -> str:
+    """A standalone HTML page holding one comparison (`moelab compare --html`)."""
+    return _env().get_template("compare.html.j2").render(t=table, title=title)
 
 
 def _fmtnum(v: Any, digits: int = 4) -> str:
@@ -138,14 +132,34 @@ def _fmtnum(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-def write_report(db_path: Path, run_ids: list[str] | None, out: Path, fmt: str = "html") -> Path:
+def _pct(v: Any) -> str:
+    return "—" if v is None else f"{100 * v:.0f}%"
+
+
+def _md_cell(v: Any) -> str:
+    """Markdown table cells: no pipes or newlines that would break the row, no raw HTML."""
+    text = "" if v is None else str(v)
+    return (
+        text.replace("\\", "\\\\")
+        .replace("|", "\\|")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+        .replace("\r", " ")
+        .replace("\n", " ")
+    )
+
+
+def write_report(
+    db_path: Path, run_ids: list[str] | None, out: Path, fmt: str = "html", peaks_file: Path | None = None
+) -> Path:
     if not db_path.exists():
         raise MoelabError(f"no database at {db_path}")
+    peaks = load_peaks(peaks_file)
     with open_db(db_path, read_only=True) as con:
-        ids = run_ids or latest_run_ids(con)
+        ids = run_ids or query.latest_run_ids(con)
         if not ids:
             raise MoelabError(f"no runs in {db_path}")
-        data = load(con, ids)
+        data = load(con, ids, peaks, trace_base=out.resolve().parent, draw=fmt == "html")
     text = render(data, fmt)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,85 @@
+"""`moelab check`: the CI regression gate (exit 0 clean, 1 regression, 2 usage error)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.errors import MoelabError
+from moelab.gate import outputs
+from moelab.gate.baseline import candidate_run, load_baseline
+from moelab.gate.decision import Policy, decide, matched
+from moelab.gate.samples import load_side
+from moelab.store.db import open_db, resolve_db_path
+
+
+def _write(path: Path, text: str, append: bool = False) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a" if append else "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise MoelabError(f"cannot write {path}: {exc}") from exc
+
+
+@user_errors
+def check(
+    baseline: str = typer.Option(
+        ..., "--baseline", "-B", help="Baseline: a label, a run id, or an export folder (moelab db export)"
+    ),
+    run: str | None = typer.Option(
+        None, "--run", help="Run to check, a label or run id (default: the newest run)"
+    ),
+    threshold: float = typer.Option(
+        5.0, "--threshold", help="Smallest slowdown of the median time that counts, in percent"
+    ),
+    fail_on_missing: bool = typer.Option(
+        False, "--fail-on-missing", help="Also fail when a baseline case is missing from the run"
+    ),
+    summary: Path | None = typer.Option(
+        None,
+        "--summary",
+        help="Write a Markdown summary here (default: append to $GITHUB_STEP_SUMMARY when set)",
+    ),
+    junit: Path | None = typer.Option(
+        None, "--junit", help="Write JUnit XML here (one test per compared case and op)"
+    ),
+    show_all: bool = typer.Option(False, "--all", help="List unchanged ops too"),
+    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+) -> None:
+    """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
+
+    Example: moelab check --baseline results/baseline-h200x2 --junit check.xml
+    """
+    if not 0 < threshold < 1000:
+        raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
+    policy = Policy(threshold=threshold / 100, fail_on_missing=fail_on_missing)
+    path = resolve_db_path(db)
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=True) as con:
+        base, described = load_baseline(con, baseline)
+        cand_id = candidate_run(con, run, exclude=base.run_id if base.where == "database" else None)
+        if cand_id == base.run_id and base.where == "database":
+            raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
+        cand = load_side(con, cand_id)
+    result = decide(base, cand, policy, described)
+    if matched(result) == 0 and not result.failing:
+        raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
+    console.print(f"baseline: {described}; run: {cand_id}")
+    table = outputs.rows(result, include_unchanged=show_all)
+    if table:
+        print_table(outputs.COLUMNS, table)
+    console.print(outputs.headline(result))
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary is not None:
+        _write(summary, outputs.markdown(result))
+    elif step_summary:
+        _write(Path(step_summary), outputs.markdown(result), append=True)
+    if junit is not None:
+        _write(junit, outputs.junit(result))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,1 @@
+"""The CI regression gate (`moelab check`): statistics, the per-case decision, and its outputs."""

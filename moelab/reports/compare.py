@@ -1,0 +1,169 @@
+"""Side-by-side comparison of measured cases grouped by one key (backend, GPU model, a software version,
+label or run), matched on the workload and SM count.
+
+Bandwidth is also given as a fraction of each group's own link peak (peaks.py, by the GPU name each run
+recorded), so hardware generations compare by how much of their link they use, not only by GB/s.
+When several runs give the same group the same case, the newest run's number is used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moelab.errors import MoelabError
+from moelab.reports.analysis import fraction_of_peak
+from moelab.reports.peaks import PeakTable
+
+BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
+METRICS = {"nvl_recv": "nvl_gbps", "nvl_remote": "remote_gbps"}
+WORKLOAD_FIELDS = (
+    "hidden",
+    "tokens_per_rank",
+    "topk",
+    "experts_per_rank",
+    "routing",
+    "routing_seed",
+    "dtype",
+    "world",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cell:
+    run_id: str
+    median_us: float
+    gbps: float | None
+    frac_peak: float | None
+    gpu_name: str | None
+
+
+@dataclass(kw_only=True, slots=True)
+class CompareRow:
+    label: str  # the matched case, without the grouping key
+    op: str
+    sms: int | None
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True, slots=True)
+class CompareTable:
+    by: str
+    metric: str
+    groups: list[str]
+    reference: str
+    rows: list[CompareRow]
+
+    def ratio(self, row: CompareRow, group: str) -> float | None:
+        """Bandwidth of `group` over the reference group's, for the same case."""
+        ref, other = row.cells.get(self.reference), row.cells.get(group)
+        if ref is None or other is None or ref.gbps is None or other.gbps is None or ref.gbps <= 0:
+            return None
+        return other.gbps / ref.gbps
+
+    def header(self) -> list[str]:
+        cols = ["case", "op", "SMs"]
+        for g in self.groups:
+            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak"]
+            if g != self.reference:
+                cols.append(f"{g} / {self.reference}")
+        return cols
+
+    def table_rows(self) -> list[list[Any]]:
+        out = []
+        for row in self.rows:
+            line: list[Any] = [row.label, row.op, row.sms if row.sms is not None else "default"]
+            for g in self.groups:
+                c = row.cells.get(g)
+                line += [
+                    c.median_us if c else None,
+                    c.gbps if c else None,
+                    None if c is None or c.frac_peak is None else 100 * c.frac_peak,
+                ]
+                if g != self.reference:
+                    line.append(self.ratio(row, g))
+            out.append(line)
+        return out
+
+
+def _env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(run, backend) -> the lowest rank's fingerprint."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in sorted(environment, key=lambda e: (e["rank"] is None, e["rank"])):
+        out.setdefault((e["run_id"], e["backend"]), e)
+    return out
+
+
+def _knobs_text(knobs: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in sorted(knobs.items()))
+
+
+def group_value(by: str, row: dict[str, Any], env: dict[str, Any] | None, run: dict[str, Any]) -> str:
+    if by == "backend":
+        knobs = _knobs_text(row["knobs"])
+        return f"{row['backend']} {knobs}" if knobs else row["backend"]
+    if by == "gpu":
+        return (env or {}).get("gpu_name") or "CPU"
+    if by in ("nccl", "driver", "torch"):
+        return str((env or {}).get(by) or "none")
+    if by == "label":
+        return ", ".join(run.get("labels") or []) or run["run_id"]
+    return str(row["run_id"])
+
+
+def case_label(row: dict[str, Any], with_backend: bool) -> str:
+    text = (
+        f"h{row['hidden']} t{row['tokens_per_rank']} k{row['topk']} e{row['experts_per_rank']} "
+        f"{row['routing']} s{row['routing_seed']} {row['dtype']} w{row['world']}"
+    )
+    if with_backend:
+        knobs = _knobs_text(row["knobs"])
+        text = f"{row['backend']} {text}" + (f" {knobs}" if knobs else "")
+    return text
+
+
+def build(
+    results: Sequence[dict[str, Any]],
+    environment: Sequence[dict[str, Any]],
+    runs: Sequence[dict[str, Any]],
+    peaks: PeakTable,
+    by: str,
+    metric: str = "nvl_recv",
+    reference: str | None = None,
+) -> CompareTable:
+    if by not in BY_KEYS:
+        raise MoelabError(f"cannot compare by {by!r}: choose one of {', '.join(BY_KEYS)}")
+    if metric not in METRICS:
+        raise MoelabError(f"unknown metric {metric!r}: choose one of {', '.join(METRICS)}")
+    envs = _env_index(environment)
+    run_by_id = {r["run_id"]: r for r in runs}
+    order = {r["run_id"]: i for i, r in enumerate(runs)}  # runs come oldest first
+    rows: dict[tuple[Any, ...], CompareRow] = {}
+    groups: list[str] = []
+    for r in sorted(results, key=lambda r: order.get(r["run_id"], -1)):
+        env = envs.get((r["run_id"], r["backend"]))
+        g = group_value(by, r, env, run_by_id.get(r["run_id"], {"run_id": r["run_id"]}))
+        if g not in groups:
+            groups.append(g)
+        label = case_label(r, with_backend=by != "backend")
+        key = (label, r["op"], r["sms"])
+        row = rows.setdefault(key, CompareRow(label=label, op=r["op"], sms=r["sms"]))
+        gpu = (env or {}).get("gpu_name")
+        peak = peaks.gpu(gpu)
+        gbps = r[METRICS[metric]]
+        frac = fraction_of_peak(gbps, peak.gbps if peak else None) if r["op"] != "pair" else None
+        row.cells[g] = Cell(
+            run_id=r["run_id"], median_us=r["median_us"], gbps=gbps, frac_peak=frac, gpu_name=gpu
+        )
+    groups.sort()
+    if reference is not None and reference not in groups:
+        raise MoelabError(
+            f"reference {reference!r} is not among the {by} values: {', '.join(groups) or 'none'}"
+        )
+    ref = reference or (groups[0] if groups else "")
+    groups = [ref] + [g for g in groups if g != ref] if groups else []
+    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
+    matched.sort(key=lambda row: (row.label, row.op, row.sms is not None, row.sms or 0))
+    return CompareTable(by=by, metric=metric, groups=groups, reference=ref, rows=matched)

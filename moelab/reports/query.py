@@ -1,0 +1,151 @@
+"""Reading runs out of the store for reports and comparisons: plain dict rows, one query per table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+
+from moelab.errors import MoelabError
+
+BANDWIDTH_PIVOT = """
+    SELECT run_id, backend, case_id, op,
+           max(CASE WHEN definition = 'nvl_recv' THEN gbps END) AS nvl_gbps,
+           max(CASE WHEN definition = 'nvl_remote' THEN gbps END) AS remote_gbps,
+           max(CASE WHEN definition = 'rdma_pairs' THEN gbps END) AS rdma_gbps,
+           max(CASE WHEN definition = 'rdma_remote' THEN gbps END) AS rdma_remote_gbps,
+           max(CASE WHEN definition = 'nvl_recv' THEN bytes_mean END) AS nvl_bytes
+    FROM bandwidths GROUP BY ALL"""
+
+
+def dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    cols = [d[0] for d in cur.description or []]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+
+
+def latest_run_ids(con: duckdb.DuckDBPyConnection, n: int = 1) -> list[str]:
+    return [
+        r[0]
+        for r in con.execute(
+            "SELECT run_id FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?", [n]
+        ).fetchall()
+    ]
+
+
+def select_runs(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
+    """Bind the run ids to a temp table `_sel` (never formatted into SQL); unknown ids are a user error."""
+    known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+    missing = [r for r in run_ids if r not in known]
+    if missing:
+        raise MoelabError(f"no such run(s): {', '.join(missing)}")
+    con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [run_ids])
+
+
+def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    rows = dicts(con.execute(
+        """SELECT r.run_id, r.created_at, r.label, r.suite, r.status, r.backends, r.device, r.world, r.nodes,
+                  r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir,
+                  (SELECT list(l.label ORDER BY l.label) FROM labels l WHERE l.run_id = r.run_id) AS labels
+           FROM runs r SEMI JOIN _sel USING (run_id) ORDER BY r.created_at, r.run_id"""))  # fmt: skip
+    for r in rows:
+        names = list(r["labels"] or [])
+        if r["label"] and r["label"] not in names:
+            names.insert(0, r["label"])
+        r["labels"] = names
+    return rows
+
+
+def environment(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """One row per (run, backend, rank): the fingerprint each rank recorded."""
+    rows = dicts(con.execute(
+        """SELECT run_id, backend, rank, node, host, gpu_name, gpu_count, sm_count, driver, cuda, nccl, torch, python,
+                  moelab_version, git_sha, CAST(library_versions AS VARCHAR) AS library_versions
+           FROM environment SEMI JOIN _sel USING (run_id) ORDER BY run_id, node, backend, rank"""))  # fmt: skip
+    for r in rows:
+        r["library_versions"] = _json_obj(r["library_versions"])
+    return rows
+
+
+def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Measured (case, op) rows with their workload, times, bandwidths and flags."""
+    rows = dicts(con.execute(
+        f"""WITH bw AS ({BANDWIDTH_PIVOT})
+           SELECT c.run_id, c.backend, c.case_id, c.status, c.hidden, c.tokens_per_rank, c.topk, c.experts_per_rank,
+                  c.routing, c.routing_seed, c.dtype, c.sms, c.world, CAST(c.knobs AS VARCHAR) AS knobs,
+                  c.dispatch_err, c.combine_err, c.suspect, c.suspect_reason,
+                  r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us, r.rel_iqr, r.kernel_us,
+                  bw.nvl_gbps, bw.remote_gbps, bw.rdma_gbps, bw.rdma_remote_gbps, bw.nvl_bytes,
+                  bw.nvl_bytes / r.p90_us / 1e3 AS nvl_gbps_p90t, bw.nvl_bytes / r.p10_us / 1e3 AS nvl_gbps_p10t
+           FROM cases c JOIN results r USING (run_id, backend, case_id)
+           LEFT JOIN bw USING (run_id, backend, case_id, op)
+           WHERE c.run_id IN (SELECT run_id FROM _sel)
+           ORDER BY c.backend, c.hidden, c.tokens_per_rank, c.dtype, c.sms NULLS FIRST, r.op, c.run_id"""))  # fmt: skip
+    for r in rows:
+        r["knobs"] = _json_obj(r["knobs"])
+    return rows
+
+
+def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute(
+        "SELECT run_id, backend, case_id, status, reason FROM cases SEMI JOIN _sel USING (run_id) "
+        "WHERE status <> 'ok' ORDER BY run_id, backend, case_id"))  # fmt: skip
+
+
+def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute(
+        "SELECT run_id, backend, case_id, suspect_reason FROM cases SEMI JOIN _sel USING (run_id) "
+        "WHERE suspect ORDER BY run_id, backend, case_id"))  # fmt: skip
+
+
+def jobs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute(
+        "SELECT run_id, backend, status, description, returncode, signal, timed_out, duration_s FROM jobs "
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend"))  # fmt: skip
+
+
+def health(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Health snapshots whose worst finding is not a pass, with those findings."""
+    rows = dicts(con.execute(
+        "SELECT run_id, backend, phase, host, node, worst, CAST(findings AS VARCHAR) AS findings FROM health "
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, phase, node"))  # fmt: skip
+    out = []
+    for r in rows:
+        findings = _json_list(r.pop("findings"))
+        r["findings"] = [f for f in findings if isinstance(f, dict) and f.get("status") in ("warn", "fail")]
+        r["num_findings"] = len(findings)
+        out.append(r)
+    return out
+
+
+def traces(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute(
+        """SELECT t.run_id, t.backend, t.case_id, t.rank, t.kind, t.path, t.size_bytes, r.run_dir
+           FROM traces t JOIN runs r USING (run_id) WHERE t.run_id IN (SELECT run_id FROM _sel)
+           ORDER BY t.run_id, t.backend, t.case_id, t.rank"""))  # fmt: skip
+
+
+def case_metrics(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute(
+        "SELECT run_id, backend, case_id, name, value, unit, definition FROM case_metrics "
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, case_id, name"))  # fmt: skip
+
+
+def definitions(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    return dicts(con.execute("SELECT name, text FROM definitions ORDER BY name"))
+
+
+def _json_obj(text: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _json_list(text: Any) -> list[Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return []
+    return value if isinstance(value, list) else []

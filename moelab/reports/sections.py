@@ -1,0 +1,321 @@
+"""The report's sections, built from plain query rows: hardware panel, link-peak flags, SM sweeps with
+knees, token sweeps with alpha/beta fits. No SQL and no HTML here."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moelab.reports import charts
+from moelab.reports.analysis import fit_alpha_beta, fraction_of_peak, knee
+from moelab.reports.peaks import PeakTable
+
+ABOVE_PEAK_NOTE = (
+    "nvl_recv counts the rows a rank sends to itself, which never cross NVLink, so it can exceed the link "
+    "peak (DeepEP#633); nvl_remote counts only rows from other ranks and is the figure to hold against the peak."
+)
+FLAGGED_OPS = ("dispatch", "combine")  # pair moves both directions: a per-direction peak does not bound it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Flag:
+    severity: str  # "warn" | "fail"
+    where: str
+    text: str
+
+
+def env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in sorted(environment, key=lambda e: (e["rank"] is None, e["rank"])):
+        out.setdefault((e["run_id"], e["backend"]), e)
+    return out
+
+
+def nodes_panel(environment: Sequence[dict[str, Any]], peaks: PeakTable) -> list[dict[str, Any]]:
+    """One row per (run, node): what the ranks there recorded, library versions merged over backends."""
+    grouped: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
+    for e in environment:
+        grouped[(e["run_id"], e["node"])].append(e)
+    out = []
+    for (run_id, node), rows in grouped.items():
+        first = rows[0]
+        libs: dict[str, set[str]] = defaultdict(set)
+        for r in rows:
+            for k, v in (r["library_versions"] or {}).items():
+                libs[str(k)].add(str(v))
+        peak = peaks.gpu(first["gpu_name"])
+
+        def distinct(key: str, rows: list[dict[str, Any]] = rows) -> str:
+            return ", ".join(sorted({str(r[key]) for r in rows if r[key] is not None})) or ""
+
+        out.append({
+            "run_id": run_id, "node": node, "hosts": distinct("host"), "gpu_name": distinct("gpu_name") or "CPU",
+            "gpu_count": first["gpu_count"], "sm_count": first["sm_count"], "driver": distinct("driver"),
+            "cuda": distinct("cuda"), "nccl": distinct("nccl"), "torch": distinct("torch"), "python": distinct("python"),
+            "backends": distinct("backend"), "ranks": len({r["rank"] for r in rows}), "libraries": sorted((k, " / ".join(sorted(v))) for k, v in libs.items()),
+            "peak_link": peak.link if peak else None, "peak_gbps": peak.gbps if peak else None,
+        })  # fmt: skip
+    return out
+
+
+def annotate_results(
+    results: list[dict[str, Any]], environment: Sequence[dict[str, Any]], peaks: PeakTable
+) -> list[Flag]:
+    """Add peak, fraction-of-peak and flag fields to each result row; return the flags raised."""
+    envs = env_index(environment)
+    flags = []
+    suspect_seen: set[tuple[str, str, str]] = set()
+    for r in results:
+        env = envs.get((r["run_id"], r["backend"])) or {}
+        peak = peaks.gpu(env.get("gpu_name"))
+        r["gpu_name"] = env.get("gpu_name")
+        r["peak_gbps"] = peak.gbps if peak else None
+        r["peak_link"] = peak.link if peak else None
+        bounded = r["op"] in FLAGGED_OPS
+        r["frac_recv"] = fraction_of_peak(r["nvl_gbps"], r["peak_gbps"]) if bounded else None
+        r["frac_remote"] = fraction_of_peak(r["remote_gbps"], r["peak_gbps"]) if bounded else None
+        r["above_peak"] = None
+        where = f"{r['backend']} {r['case_id']} {r['op']}"
+        if r["frac_remote"] is not None and r["frac_remote"] > 1:
+            r["above_peak"] = "remote above peak"
+            flags.append(Flag(severity="fail", where=where, text=(
+                f"nvl_remote {r['remote_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s: "
+                "remote bytes cannot cross faster than the link; check the timing (is the slowest rank timed?)")))  # fmt: skip
+        elif r["frac_recv"] is not None and r["frac_recv"] > 1:
+            r["above_peak"] = "local traffic counted"
+            flags.append(Flag(severity="warn", where=where, text=(
+                f"nvl_recv {r['nvl_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s: "
+                + ABOVE_PEAK_NOTE)))  # fmt: skip
+        if r.get("suspect") and (r["run_id"], r["backend"], r["case_id"]) not in suspect_seen:
+            suspect_seen.add((r["run_id"], r["backend"], r["case_id"]))
+            where = f"{r['backend']} {r['case_id']}"
+            flags.append(
+                Flag(
+                    severity="warn",
+                    where=where,
+                    text=f"suspect: {r.get('suspect_reason') or 'no reason recorded'}",
+                )
+            )
+    return flags
+
+
+def series_name(r: dict[str, Any]) -> str:
+    knobs = r["knobs"] or {}
+    extra = "".join(f" {k}={v}" for k, v in sorted(knobs.items()))
+    return f"{r['backend']} {r['dtype']}{extra}"
+
+
+def _workload_text(r: dict[str, Any], with_tokens: bool = True) -> str:
+    tokens = f", {r['tokens_per_rank']} tokens/rank" if with_tokens else ""
+    return f"hidden {r['hidden']}{tokens}, topk {r['topk']}, {r['experts_per_rank']} experts/rank, {r['routing']} s{r['routing_seed']}, {r['world']} ranks"
+
+
+def _common_peak(rows: Sequence[dict[str, Any]]) -> tuple[float, str] | None:
+    found = {(r["peak_gbps"], r["peak_link"]) for r in rows if r["peak_gbps"] is not None}
+    if len(found) != 1:
+        return None
+    gbps, link = found.pop()
+    return gbps, f"link peak {gbps:.0f} GB/s ({link})"
+
+
+def sm_sweeps(
+    results: Sequence[dict[str, Any]], chart_ids: list[int], draw: bool = True
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per op and workload with two or more SM counts: a chart (one line per backend variant, band p10-p90)
+    and the knee of each line. Returns (charts, knees)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r["sms"] is not None and r["nvl_gbps"] is not None:
+            groups[
+                (
+                    r["op"],
+                    r["run_id"],
+                    r["hidden"],
+                    r["tokens_per_rank"],
+                    r["topk"],
+                    r["experts_per_rank"],
+                    r["routing"],
+                    r["routing_seed"],
+                    r["world"],
+                )
+            ].append(r)
+    out_charts, knees = [], []
+    for key, rows in groups.items():
+        op = key[0]
+        by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_series[series_name(r)].append(r)
+        series = {}
+        for name, srows in sorted(by_series.items()):
+            srows.sort(key=lambda r: r["sms"])
+            if len({r["sms"] for r in srows}) < 2:
+                continue
+            k = knee([(r["sms"], r["nvl_gbps"]) for r in srows])
+            marks: tuple[tuple[float, float, str], ...] = ()
+            if k is not None:
+                peak = srows[0]["peak_gbps"]
+                knees.append({
+                    "op": op, "run_id": key[1], "series": name, "workload": _workload_text(srows[0]), "sms": k.sms,
+                    "gbps": k.gbps, "best_sms": k.best_sms, "best_gbps": k.best_gbps,
+                    "frac_peak": fraction_of_peak(k.best_gbps, peak) if op in FLAGGED_OPS else None,
+                })  # fmt: skip
+                marks = ((k.sms, k.gbps, f"knee {k.sms} SMs"),)
+            series[name] = charts.Series(
+                xs=[r["sms"] for r in srows], ys=[r["nvl_gbps"] for r in srows],
+                lo=[r["nvl_gbps_p90t"] for r in srows], hi=[r["nvl_gbps_p10t"] for r in srows], marks=marks,
+            )  # fmt: skip
+        if not series:
+            continue
+        hline = _common_peak(rows) if op in FLAGGED_OPS else None
+        svg = (
+            ""
+            if not draw
+            else charts.line_chart(
+                series, f"{op}: bandwidth vs SMs", "SMs", "nvl_recv GB/s (band: p10-p90 time)", hline=hline
+            )
+        )
+        chart_ids.append(len(chart_ids) + 1)
+        out_charts.append(
+            {
+                "id": f"chart-{chart_ids[-1]}",
+                "kind": "sm",
+                "op": op,
+                "title": f"{op}: SMs vs bandwidth, {_workload_text(rows[0])}",
+                "svg": svg,
+            }
+        )
+    return out_charts, knees
+
+
+def token_sweeps(
+    results: Sequence[dict[str, Any]], chart_ids: list[int], draw: bool = True
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per op and workload-without-tokens with two or more token counts: the alpha/beta fit of each backend
+    variant at each SM count, and one chart (bandwidth and latency against tokens per rank) at the SM
+    setting measured most (the library default first). Returns (charts, fits)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r["nvl_bytes"] is not None:
+            groups[
+                (
+                    r["op"],
+                    r["run_id"],
+                    r["hidden"],
+                    r["topk"],
+                    r["experts_per_rank"],
+                    r["routing"],
+                    r["routing_seed"],
+                    r["world"],
+                )
+            ].append(r)
+    out_charts, fits = [], []
+    for key, rows in groups.items():
+        op = key[0]
+        by_series: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_series[(series_name(r), r["sms"])].append(r)
+        swept = {k: v for k, v in by_series.items() if len({r["tokens_per_rank"] for r in v}) >= 2}
+        if not swept:
+            continue
+        chart_sms = max(
+            {k[1] for k in swept},
+            key=lambda s: (s is None, sum(len(v) for k, v in swept.items() if k[1] == s), s or 0),
+        )
+        bw_series, lat_series = {}, {}
+        for (name, sms), srows in sorted(
+            swept.items(), key=lambda kv: (kv[0][0], kv[0][1] is not None, kv[0][1] or 0)
+        ):
+            srows.sort(key=lambda r: r["tokens_per_rank"])
+            bytes_ = [r["nvl_bytes"] for r in srows]
+            fit = fit_alpha_beta(bytes_, [r["median_us"] for r in srows])
+            fits.append({"op": op, "run_id": key[1], "series": name, "sms": "default" if sms is None else sms,
+                         "workload": _workload_text(srows[0], with_tokens=False), "n": fit.n, "alpha_us": fit.alpha_us,
+                         "beta_gbps": fit.beta_gbps, "r2": fit.r2, "withheld": fit.withheld})  # fmt: skip
+            if sms != chart_sms:
+                continue
+            xs = [r["tokens_per_rank"] for r in srows]
+            fit_ys = (
+                [fit.alpha_us + b / (fit.beta_gbps * 1e3) for b in bytes_]
+                if fit.alpha_us is not None and fit.beta_gbps
+                else None
+            )
+            bw_series[name] = charts.Series(
+                xs=xs,
+                ys=[r["nvl_gbps"] for r in srows],
+                lo=[r["nvl_gbps_p90t"] for r in srows],
+                hi=[r["nvl_gbps_p10t"] for r in srows],
+            )
+            lat_series[name] = charts.Series(
+                xs=xs,
+                ys=[r["median_us"] for r in srows],
+                lo=[r["p10_us"] for r in srows],
+                hi=[r["p90_us"] for r in srows],
+                fit_ys=fit_ys,
+            )
+        text = f"{_workload_text(rows[0], with_tokens=False)}, SMs {'default' if chart_sms is None else chart_sms}"
+        hline = _common_peak(rows) if op in FLAGGED_OPS else None
+        svg = "" if not draw else charts.pair_chart(bw_series, lat_series, f"{op} vs tokens per rank", "tokens per rank",
+                                ("nvl_recv GB/s (band: p10-p90 time)", "median µs (dashed: alpha/beta fit)"), hline=hline, logx=True)  # fmt: skip
+        chart_ids.append(len(chart_ids) + 1)
+        out_charts.append(
+            {
+                "id": f"chart-{chart_ids[-1]}",
+                "kind": "tokens",
+                "op": op,
+                "title": f"{op}: bandwidth and latency vs tokens per rank, {text}",
+                "svg": svg,
+            }
+        )
+    return out_charts, fits
+
+
+def fallback_bars(
+    results: Sequence[dict[str, Any]], chart_ids: list[int], draw: bool = True
+) -> list[dict[str, Any]]:
+    """Without any sweep, one bar per case and op so that every run still has a picture."""
+    out = []
+    for op in ("dispatch", "combine", "pair"):
+        rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
+        if not rows:
+            continue
+        labels = [
+            f"{series_name(r)} h{r['hidden']} t{r['tokens_per_rank']} sm={r['sms'] or 'default'}"
+            for r in rows
+        ]
+        vline = _common_peak(rows) if op in FLAGGED_OPS else None
+        svg = (
+            ""
+            if not draw
+            else charts.bar_chart(
+                labels,
+                [r["nvl_gbps"] for r in rows],
+                f"{op}: bandwidth per case",
+                "nvl_recv GB/s",
+                vline=vline,
+            )
+        )
+        chart_ids.append(len(chart_ids) + 1)
+        out.append(
+            {
+                "id": f"chart-{chart_ids[-1]}",
+                "kind": "bars",
+                "op": op,
+                "title": f"{op}: bandwidth per case",
+                "svg": svg,
+            }
+        )
+    return out
+
+
+def trace_links(traces: Sequence[dict[str, Any]], base: Path | None) -> list[dict[str, Any]]:
+    """Trace paths are stored relative to their run directory; links are made relative to the report."""
+    out = []
+    for t in traces:
+        target = Path(t["run_dir"] or ".") / t["path"]
+        href = os.path.relpath(target, base) if base is not None else str(target)
+        out.append(t | {"href": Path(href).as_posix()})
+    return out

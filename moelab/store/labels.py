@@ -1,0 +1,63 @@
+"""Names for runs. A label names one run at a time (`moelab label RUN NAME` moves it); the run's own
+`runs.label` (from `moelab run --label`) is what it was called when it ran. A name resolves through the
+labels table first, then runs.label (the newest run so called), then as a run id."""
+
+from __future__ import annotations
+
+import duckdb
+
+from moelab.errors import MoelabError
+
+
+def _check_name(label: str) -> str:
+    name = label.strip()
+    if not name:
+        raise MoelabError("a label cannot be empty")
+    if len(name) > 200 or any(ord(c) < 32 for c in name):
+        raise MoelabError(f"label {name[:40]!r} is too long or holds control characters")
+    return name
+
+
+def set_label(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> str | None:
+    """Point `label` at `run_id`; returns the run it named before (None if it is new)."""
+    name = _check_name(label)
+    if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
+        raise MoelabError(f"no such run: {run_id}")
+    row = con.execute("SELECT run_id FROM labels WHERE label = ?", [name]).fetchone()
+    con.execute(
+        "INSERT OR REPLACE INTO labels (label, run_id, created_at) VALUES (?, ?, now())", [name, run_id]
+    )
+    return str(row[0]) if row else None
+
+
+def remove_label(con: duckdb.DuckDBPyConnection, label: str) -> str:
+    row = con.execute("SELECT run_id FROM labels WHERE label = ?", [label]).fetchone()
+    if not row:
+        raise MoelabError(f"no such label: {label}")
+    con.execute("DELETE FROM labels WHERE label = ?", [label])
+    return str(row[0])
+
+
+def list_labels(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, object]]:
+    return [
+        tuple(r)
+        for r in con.execute("SELECT label, run_id, created_at FROM labels ORDER BY label").fetchall()
+    ]  # type: ignore[misc]
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
+    """A label (labels table), else a run's own label (newest such run), else a run id."""
+    row = con.execute("SELECT run_id FROM labels WHERE label = ?", [ref]).fetchone()
+    if row:
+        return str(row[0])
+    row = con.execute(
+        "SELECT run_id FROM runs WHERE label = ? ORDER BY created_at DESC, run_id DESC LIMIT 1", [ref]
+    ).fetchone()
+    if row:
+        return str(row[0])
+    row = con.execute("SELECT run_id FROM runs WHERE run_id = ?", [ref]).fetchone()
+    if row:
+        return str(row[0])
+    names = [r[0] for r in con.execute("SELECT label FROM labels ORDER BY label LIMIT 20").fetchall()]
+    known = f" (labels: {', '.join(names)})" if names else ""
+    raise MoelabError(f"{ref!r} is neither a label nor a run id{known}")

@@ -1,0 +1,96 @@
+"""`moelab label`: naming runs, moving names, and how names resolve (labels table, runs.label, run id)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from moelab.cli.label_cmd import label
+from moelab.errors import MoelabError
+from moelab.store import labels
+from moelab.store.db import connect
+from tests.synthetic_runs import RunModel, build_db
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "l.duckdb"
+    build_db(path, tmp_path / "runs", [
+        RunModel(run_id="r1", created_at="2026-11-20T07:00:00+00:00", label="nightly", iters=5),
+        RunModel(run_id="r2", created_at="2026-11-21T07:00:00+00:00", label="nightly", iters=5),
+        RunModel(run_id="r3", created_at="2026-11-22T07:00:00+00:00", iters=5),
+    ])  # fmt: skip
+    return path
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("label")(label)
+    app.command("noop")(lambda: None)
+    return app
+
+
+def _resolve(db: Path, ref: str) -> str:
+    con = connect(db, read_only=True)
+    try:
+        return labels.resolve_run(con, ref)
+    finally:
+        con.close()
+
+
+def test_resolution_order(db: Path) -> None:
+    assert _resolve(db, "nightly") == "r2"  # newest run with that runs.label
+    assert _resolve(db, "r1") == "r1"
+    con = connect(db)
+    try:
+        assert labels.set_label(con, "r1", "nightly") is None
+    finally:
+        con.close()
+    assert _resolve(db, "nightly") == "r1"  # the labels table wins over runs.label
+    with pytest.raises(MoelabError, match="neither a label nor a run id"):
+        _resolve(db, "weekly")
+
+
+def test_label_moves_and_lists(db: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(_app(), ["label", "r1", "main", "--db", str(db)])
+    assert r.exit_code == 0 and "label main -> run r1" in r.output
+    r = runner.invoke(_app(), ["label", "latest", "main", "--db", str(db)])
+    assert r.exit_code == 0 and "moved from run r1" in r.output and "run r3" in r.output
+    assert _resolve(db, "main") == "r3"
+    r = runner.invoke(_app(), ["label", "--list", "--db", str(db)])
+    assert r.exit_code == 0 and "main" in r.output and "r3" in r.output
+    r = runner.invoke(_app(), ["label", "--remove", "main", "--db", str(db)])
+    assert r.exit_code == 0
+    with pytest.raises(MoelabError):
+        _resolve(db, "main")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["nope", "x"], "neither a label"),
+        (["r1", "  "], "cannot be empty"),
+        (["r1"], "give RUN and NAME"),
+        (["--remove", "zzz"], "no such label"),
+        (["r1", "a\tb"], "control characters"),
+    ],
+)
+def test_usage_errors(db: Path, argv: list[str], message: str) -> None:
+    r = CliRunner().invoke(_app(), ["label", *argv, "--db", str(db)])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_label_lands_in_report(db: Path, tmp_path: Path) -> None:
+    from moelab.reports.html import write_report
+
+    con = connect(db)
+    try:
+        labels.set_label(con, "r3", "release-1.0")
+    finally:
+        con.close()
+    text = write_report(db, ["r3"], tmp_path / "r.html").read_text()
+    assert "release-1.0" in text
