@@ -40,7 +40,9 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
-    wl = Workload(hidden=a.hidden, tokens_per_rank=a.tokens_per_rank, topk=a.topk, experts_per_rank=a.experts_per_rank)
+    wl = Workload(
+        hidden=a.hidden, tokens_per_rank=a.tokens_per_rank, topk=a.topk, experts_per_rank=a.experts_per_rank
+    )
     routings = route_all(wl, world)
     per_src_dst = []
     for r in routings:
@@ -60,8 +62,14 @@ def main() -> None:
         med = statistics.median(per_iter)
         rows = count_rows(routings, wl.experts_per_rank, world)
         recv_bytes = sum(r.recv_rows for r in rows) / world * wl.hidden * 2
-        out = {"median_us": med, "recv_rows_mean": recv_bytes / (wl.hidden * 2), "nvl_gbps": recv_bytes / med / 1e3,
-               "send_rows": per_src_dst, "hidden": wl.hidden, "world": world}
+        out = {
+            "median_us": med,
+            "recv_rows_mean": recv_bytes / (wl.hidden * 2),
+            "nvl_gbps": recv_bytes / med / 1e3,
+            "send_rows": per_src_dst,
+            "hidden": wl.hidden,
+            "world": world,
+        }
         print(json.dumps(out))
         if a.json:
             with open(a.json, "w") as fh:

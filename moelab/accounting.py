@@ -56,6 +56,26 @@ DEFINITIONS: dict[str, Definition] = {
             text="as rdma_pairs but other nodes only: what crosses the NIC",
         ),
         Definition(
+            name="nvl_recv_kernel",
+            rows_field="recv_rows",
+            text="as nvl_recv, over the kernel-only time from a profiler trace (the union of the op's GPU kernels) instead of the event-timed API time",
+        ),
+        Definition(
+            name="nvl_remote_kernel",
+            rows_field="recv_rows_remote",
+            text="as nvl_remote, over the kernel-only time from a profiler trace",
+        ),
+        Definition(
+            name="nccl_algbw",
+            rows_field="send_rows",
+            text="nccl-tests alltoall_perf algbw (out-of-place): size / time, size = the per-rank send buffer over all peers",
+        ),
+        Definition(
+            name="nccl_busbw",
+            rows_field="send_rows",
+            text="nccl-tests alltoall_perf busbw (out-of-place): algbw x (n-1)/n",
+        ),
+        Definition(
             name="algbw_send",
             rows_field="send_rows",
             text="algorithm bandwidth: rows this rank sends (its own included) x bytes/token / time, as nccl-tests' algbw for an all-to-all of that size",
@@ -107,8 +127,12 @@ class Bandwidth:
 def bandwidths(rows: Sequence[RankRows], bytes_per_row: int, time_us: float) -> list[Bandwidth]:
     result = []
     for d in DEFINITIONS.values():
+        if d.name.endswith("_kernel") or d.name.startswith("nccl_"):
+            continue  # derived from other inputs (trace time, alltoall_perf's own figures)
         per_rank = [getattr(r, d.rows_field) * bytes_per_row for r in rows]
         mean = sum(per_rank) / len(per_rank)
         gbps = mean / (time_us * 1e-6) / 1e9 if time_us > 0 else float("nan")
-        result.append(Bandwidth(definition=d.name, bytes_mean=mean, bytes_max=float(max(per_rank)), gbps=gbps))
+        result.append(
+            Bandwidth(definition=d.name, bytes_mean=mean, bytes_max=float(max(per_rank)), gbps=gbps)
+        )
     return result

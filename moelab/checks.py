@@ -38,20 +38,40 @@ def _dense_weights(idx: torch.Tensor, weights: torch.Tensor, experts_per_rank: i
     return dense
 
 
-def check_dispatch(d: Dispatched, expected: ExpectedDispatch, workload: Workload, world: int) -> DispatchCheck:
+def check_dispatch(
+    d: Dispatched, expected: ExpectedDispatch, workload: Workload, world: int
+) -> DispatchCheck:
     if d.num_rows != expected.num_rows:
-        return DispatchCheck(ok=False, error=float("inf"), message=f"received {d.num_rows} rows, expected {expected.num_rows}", order=None, ref_rows=None)
+        return DispatchCheck(
+            ok=False,
+            error=float("inf"),
+            message=f"received {d.num_rows} rows, expected {expected.num_rows}",
+            order=None,
+            ref_rows=None,
+        )
     recv = d.recv_x_float().cpu()
     src, tok, exact = decode_identity(recv)
     if not exact:
-        return DispatchCheck(ok=False, error=float("inf"), message="received rows carry no valid token identity (payload corrupted)", order=None, ref_rows=None)
+        return DispatchCheck(
+            ok=False,
+            error=float("inf"),
+            message="received rows carry no valid token identity (payload corrupted)",
+            order=None,
+            ref_rows=None,
+        )
     num_tokens = workload.tokens_per_rank
     keys = src * num_tokens + tok
     expected_keys = expected.src_rank * num_tokens + expected.src_token
     order = torch.argsort(keys)
     if not torch.equal(keys[order], expected_keys):
         missing = len(set(expected_keys.tolist()) - set(keys.tolist()))
-        return DispatchCheck(ok=False, error=float("inf"), message=f"wrong set of received tokens ({missing} expected tokens missing or duplicated)", order=None, ref_rows=None)
+        return DispatchCheck(
+            ok=False,
+            error=float("inf"),
+            message=f"wrong set of received tokens ({missing} expected tokens missing or duplicated)",
+            order=None,
+            ref_rows=None,
+        )
     ref_sorted = torch.empty(expected.num_rows, workload.hidden, dtype=torch.bfloat16)
     for s in range(world):
         sel = torch.nonzero(expected.src_rank == s).squeeze(1)
@@ -60,11 +80,23 @@ def check_dispatch(d: Dispatched, expected: ExpectedDispatch, workload: Workload
     err = relative_error(recv[order], ref_sorted)
     tol = DISPATCH_TOL.get(workload.dtype, 0.0)
     if not err <= tol:
-        return DispatchCheck(ok=False, error=err, message=f"payload error {err:.3g} > {tol:g}", order=None, ref_rows=None)
-    got_w = _dense_weights(d.recv_topk_idx[order.to(d.recv_topk_idx.device)], d.recv_topk_weights[order.to(d.recv_topk_weights.device)], workload.experts_per_rank)
+        return DispatchCheck(
+            ok=False, error=err, message=f"payload error {err:.3g} > {tol:g}", order=None, ref_rows=None
+        )
+    got_w = _dense_weights(
+        d.recv_topk_idx[order.to(d.recv_topk_idx.device)],
+        d.recv_topk_weights[order.to(d.recv_topk_weights.device)],
+        workload.experts_per_rank,
+    )
     want_w = _dense_weights(expected.topk_idx_local, expected.topk_weights, workload.experts_per_rank)
     if not torch.allclose(got_w, want_w, rtol=1e-6, atol=1e-7):
-        return DispatchCheck(ok=False, error=err, message="received expert ids or weights differ from the routing", order=None, ref_rows=None)
+        return DispatchCheck(
+            ok=False,
+            error=err,
+            message="received expert ids or weights differ from the routing",
+            order=None,
+            ref_rows=None,
+        )
     ref_in_recv_order = torch.empty_like(ref_sorted)
     ref_in_recv_order[order] = ref_sorted
     return DispatchCheck(ok=True, error=err, message="ok", order=order, ref_rows=ref_in_recv_order)
@@ -78,7 +110,9 @@ def expert_out_for(d: Dispatched, ref_rows: torch.Tensor, rank: int, experts_per
     return expert_output(ref_rows, d.recv_topk_idx.cpu(), d.recv_topk_weights.cpu(), rank, experts_per_rank)
 
 
-def check_combine(out: torch.Tensor, x_own: torch.Tensor, routing: Routing, combine_dtype: str) -> tuple[bool, float, str]:
+def check_combine(
+    out: torch.Tensor, x_own: torch.Tensor, routing: Routing, combine_dtype: str
+) -> tuple[bool, float, str]:
     ref = reference_combine(x_own, routing)
     if tuple(out.shape) != tuple(ref.shape):
         return False, float("inf"), f"combine returned shape {tuple(out.shape)}, expected {tuple(ref.shape)}"

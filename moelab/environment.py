@@ -14,7 +14,15 @@ import torch
 
 import moelab
 
-RECORDED_ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_NCCL_", "TORCH_SYMM", "CUDA_VISIBLE_DEVICES", "EP_", "UCX_")
+RECORDED_ENV_PREFIXES = (
+    "NCCL_",
+    "NVSHMEM_",
+    "TORCH_NCCL_",
+    "TORCH_SYMM",
+    "CUDA_VISIBLE_DEVICES",
+    "EP_",
+    "UCX_",
+)
 
 
 def git_sha() -> str | None:
@@ -23,12 +31,19 @@ def git_sha() -> str | None:
     if not (root / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
@@ -46,13 +61,20 @@ def driver_version() -> str | None:
         pass
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.TimeoutExpired):
         pass
     return None
+
+
+def fingerprint_host() -> str:
+    return socket.gethostname()
 
 
 def fingerprint(local_device: torch.device | None = None) -> dict[str, Any]:
@@ -77,7 +99,11 @@ def fingerprint(local_device: torch.device | None = None) -> dict[str, Any]:
         "argv0": sys.argv[0] if sys.argv else None,
     }
     if torch.cuda.is_available():
-        dev = local_device if local_device is not None and local_device.type == "cuda" else torch.device("cuda", 0)
+        dev = (
+            local_device
+            if local_device is not None and local_device.type == "cuda"
+            else torch.device("cuda", 0)
+        )
         props = torch.cuda.get_device_properties(dev)
         env.update(
             gpu_name=props.name,

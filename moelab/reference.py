@@ -36,7 +36,9 @@ COMBINE_TOL = {"bf16": 0.02, "mxfp8": 0.08}
 
 
 def _seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") & ((1 << 63) - 1)
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "little") & (
+        (1 << 63) - 1
+    )
 
 
 def make_tokens(workload: Workload, rank: int) -> torch.Tensor:
@@ -93,8 +95,12 @@ def reference_dispatch(routings: list[Routing], dest: int, experts_per_rank: int
         topk_idx = r.topk_idx.cpu()
         on_dest = (topk_idx // experts_per_rank) == dest
         rows = torch.nonzero(on_dest.any(dim=1)).squeeze(1)
-        local = torch.where(on_dest[rows], topk_idx[rows] - dest * experts_per_rank, torch.full_like(topk_idx[rows], -1))
-        w = torch.where(on_dest[rows], r.topk_weights.cpu()[rows], torch.zeros_like(r.topk_weights.cpu()[rows]))
+        local = torch.where(
+            on_dest[rows], topk_idx[rows] - dest * experts_per_rank, torch.full_like(topk_idx[rows], -1)
+        )
+        w = torch.where(
+            on_dest[rows], r.topk_weights.cpu()[rows], torch.zeros_like(r.topk_weights.cpu()[rows])
+        )
         ranks.append(torch.full_like(rows, src))
         tokens.append(rows)
         idx.append(local)
@@ -103,18 +109,26 @@ def reference_dispatch(routings: list[Routing], dest: int, experts_per_rank: int
 
 
 def expert_output(
-    x_rows: torch.Tensor, topk_idx_local: torch.Tensor, topk_weights: torch.Tensor, rank: int, experts_per_rank: int
+    x_rows: torch.Tensor,
+    topk_idx_local: torch.Tensor,
+    topk_weights: torch.Tensor,
+    rank: int,
+    experts_per_rank: int,
 ) -> torch.Tensor:
     """What rank `rank`'s local experts return for received rows: sum over local experts of w * scale * x, in bf16."""
     valid = topk_idx_local >= 0
-    global_ids = torch.where(valid, topk_idx_local + rank * experts_per_rank, torch.zeros_like(topk_idx_local))
+    global_ids = torch.where(
+        valid, topk_idx_local + rank * experts_per_rank, torch.zeros_like(topk_idx_local)
+    )
     coef = (topk_weights.float() * expert_scale(global_ids) * valid).sum(dim=1, keepdim=True)
     return (x_rows.float() * coef).to(torch.bfloat16)
 
 
 def reference_combine(x: torch.Tensor, routing: Routing) -> torch.Tensor:
     """out[t] = sum_k w[t,k] * scale(e[t,k]) * x[t], in float32."""
-    coef = (routing.topk_weights.float().cpu() * expert_scale(routing.topk_idx.cpu())).sum(dim=1, keepdim=True)
+    coef = (routing.topk_weights.float().cpu() * expert_scale(routing.topk_idx.cpu())).sum(
+        dim=1, keepdim=True
+    )
     return x.float().cpu() * coef
 
 

@@ -1,18 +1,27 @@
-"""A run from the launching host: run directory → one launched job per backend → ingest in one transaction."""
+"""A run from the launching host: run directory → one launched job per backend (with a health snapshot
+before and after) → ingest in one transaction."""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from moelab.launch.local import JobOutcome, launch_local
-from moelab.rundir import RunDir
+import moelab
+from moelab.errors import MoelabError
+from moelab.launch import commands
+from moelab.launch.local import JobOutcome, run_job
+from moelab.rundir import JobFiles, RunDir
 from moelab.spec import RunSpec
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
+
+EMULATED_INTERNODE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket"}
 
 
 def new_run_id() -> str:
@@ -24,21 +33,133 @@ class RunOutcome:
     run_id: str
     run_dir: Path
     jobs: dict[str, JobOutcome]
+    ingested: bool
 
     @property
     def all_jobs_ok(self) -> bool:
         return all(j.ok for j in self.jobs.values())
 
 
-def execute(spec: RunSpec, runs_root: Path, db_path: Path, progress: Callable[[str], None] = print) -> RunOutcome:
+def job_env(spec: RunSpec, backend: str) -> dict[str, str]:
+    """The environment of one backend job: this process's, plus moelab on PYTHONPATH, the backend's own
+    library path (--backend-path), and, in emulated inter-node mode, NCCL forced onto its network transport
+    (no peer-to-peer over NVLink or PCIe, no shared memory: every pair goes through the socket transport as
+    between nodes; it models the host-staged path and proxy threads, not an RDMA NIC's bandwidth)."""
+    env = dict(os.environ)
+    paths = [str(Path(moelab.__file__).resolve().parent.parent)]
+    if backend in spec.launch.backend_paths:
+        paths.insert(0, str(Path(spec.launch.backend_paths[backend]).resolve()))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    env["PYTHONFAULTHANDLER"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if spec.launch.emulate_internode:
+        env.update(EMULATED_INTERNODE_ENV)
+    return env
+
+
+def launch_plan(spec: RunSpec, run_dir: Path, backend: str) -> commands.LaunchPlan:
+    nsys = None
+    if spec.trace.mode == "nsys":
+        from moelab.tracing.nsys import nsys_profile_argv
+
+        nsys = commands.NsysWrap(
+            argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)),
+            output=str(run_dir / backend / "traces" / backend),
+        )
+    return commands.LaunchPlan(
+        launcher=spec.launch.launcher, nodes=spec.launch.nodes, gpus_per_node=spec.launch.nproc_per_node,
+        device=spec.launch.device, python=sys.executable, worker_args=(str(run_dir), backend),
+        rdzv_endpoint=spec.launch.rdzv_endpoint, rdzv_id=spec.run_id, node_rank=spec.launch.node_rank, nsys=nsys,
+    )  # fmt: skip
+
+
+def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
+    """The command this host runs for one backend job (one node's share under torchrun multi-node)."""
+    plan = launch_plan(spec, run_dir, backend)
+    plan.validate()
+    if spec.launch.launcher == "local":
+        argv = commands.torchrun_local_argv(plan)
+    elif spec.launch.launcher == "torchrun":
+        argv = commands.torchrun_multinode_argv(plan)
+    elif spec.launch.launcher == "slurm":
+        argv = commands.srun_argv(plan)
+    elif spec.launch.launcher == "mpirun":
+        argv = commands.mpirun_argv(plan)
+    else:
+        raise MoelabError(f"unknown launcher {spec.launch.launcher!r}")
+    if spec.trace.wrap:
+        from moelab.tracing.nsys import rank_var_for
+        from moelab.tracing.wrap import splice_rank_wrapper, wrap_prefix_argv
+
+        prefix = wrap_prefix_argv(
+            spec.trace.wrap, run_dir / backend / "traces", backend, rank_var_for(spec.launch.launcher)
+        )
+        argv = splice_rank_wrapper(argv, prefix)
+    return argv
+
+
+def _health(spec: RunSpec, files: JobFiles, phase: str) -> object | None:
+    if not spec.health.snapshots:
+        return None
+    from moelab.health.snapshot import dumps, take_snapshot_subprocess
+
+    snap = take_snapshot_subprocess(load_ms=spec.health.load_ms if spec.launch.device == "cuda" else 0.0)
+    files.dir.mkdir(parents=True, exist_ok=True)
+    (files.dir / f"health_{phase}.json").write_text(dumps(snap))
+    return snap
+
+
+def run_backend(spec: RunSpec, rd: RunDir, backend: str) -> JobOutcome:
+    files = rd.job(backend)
+    before = _health(spec, files, "before")
+    if before is not None and spec.health.require_healthy:
+        from moelab.health.snapshot import require_healthy
+
+        require_healthy(before)  # type: ignore[arg-type]
+    outcome = run_job(
+        files, job_argv(spec, rd.path, backend), spec.launch.job_timeout_s, env=job_env(spec, backend)
+    )
+    after = _health(spec, files, "after")
+    if before is not None and after is not None:
+        from moelab.health.snapshot import diff, is_suspect
+
+        found = diff(before, after)  # type: ignore[arg-type]
+        (files.dir / "health_diff.json").write_text(
+            json.dumps({"suspect": is_suspect(found), "findings": [f.to_dict() for f in found]}, indent=2)
+        )
+    return outcome
+
+
+def is_launching_host(spec: RunSpec) -> bool:
+    """Only one host writes the database: the single host, node 0 under torchrun, task 0's host under SLURM."""
+    if spec.launch.launcher == "torchrun":
+        return (spec.launch.node_rank or 0) == 0
+    return True
+
+
+def execute(
+    spec: RunSpec, runs_root: Path, db_path: Path, progress: Callable[[str], None] = print
+) -> RunOutcome:
     rd = RunDir.create(runs_root, spec)
     jobs: dict[str, JobOutcome] = {}
     for backend in spec.backends:
-        progress(f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …")
-        outcome = launch_local(rd.job(backend), spec.launch.nproc_per_node, spec.launch.job_timeout_s)
+        progress(
+            f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
+        )
+        if backend == "nccl-tests":
+            from moelab.nccl_tests_job import run_nccl_tests_job
+
+            outcome = run_nccl_tests_job(spec, rd.job(backend))
+        else:
+            outcome = run_backend(spec, rd, backend)
         jobs[backend] = outcome
         progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
     rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
-    with open_db(db_path) as con:
-        ingest(con, rd.path)
-    return RunOutcome(spec.run_id, rd.path, jobs)
+    ingested = is_launching_host(spec)
+    if ingested:
+        with open_db(db_path) as con:
+            ingest(con, rd.path)
+    return RunOutcome(spec.run_id, rd.path, jobs, ingested)

@@ -27,7 +27,9 @@ class TimingSpec:
     @classmethod
     def for_device(cls, device: str) -> TimingSpec:
         """GPU: DeepEP-like counts. CPU (gloo): fewer, since one reference iteration takes ~0.1 s."""
-        return cls() if device == "cuda" else cls(warmup=2, iters=10, pair_reps=3, pair_iters=2, flush_l2=False)
+        return (
+            cls() if device == "cuda" else cls(warmup=2, iters=10, pair_reps=3, pair_iters=2, flush_l2=False)
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,13 +38,36 @@ class LaunchSpec:
     nproc_per_node: int = 2
     nodes: int = 1
     gpus_per_node: int = 2  # defines node membership for byte accounting
-    launcher: str = "local"
+    launcher: str = "local"  # local | torchrun | slurm | mpirun
     job_timeout_s: float = 900.0  # wall clock for one backend job; then its whole process group is killed
     collective_timeout_s: float = 300.0  # torch.distributed timeout for a hung collective
+    rdzv_endpoint: str | None = None  # torchrun multi-node: HOST:PORT of the c10d store
+    node_rank: int | None = None  # torchrun multi-node: 0 hosts the rendezvous and stores the run
+    backend_paths: dict[str, str] = field(
+        default_factory=dict
+    )  # backend -> extra PYTHONPATH (its deep_ep build)
+    bind: str | None = None  # "numa": pin each rank to its GPU's NUMA node
+    emulate_internode: bool = False  # NCCL's network transport between every pair (see runner.job_env)
+    nccl_tests_bin: str | None = None  # alltoall_perf, or the folder holding it (--backend nccl-tests)
 
     @property
     def world(self) -> int:
         return self.nodes * self.nproc_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceSpec:
+    mode: str = "none"  # none | torch | nsys
+    iters: int = 5  # profiled iterations per op (torch)
+    nsys_osrt: bool = False
+    wrap: str | None = None  # an external tool around each rank, e.g. "ncu --profile-from-start off -o {out}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HealthSpec:
+    snapshots: bool = True  # a health snapshot before and after each backend job
+    require_healthy: bool = False  # refuse to start on a failing node
+    load_ms: float = 300.0  # clocks under a short matmul load in each snapshot (GPU only)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +112,8 @@ class RunSpec:
     launch: LaunchSpec
     label: str | None = None
     command: tuple[str, ...] = ()
+    trace: TraceSpec = field(default_factory=TraceSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
     spec_version: int = SPEC_VERSION
 
     def cases_for(self, backend: str) -> list[CaseSpec]:
@@ -104,6 +131,8 @@ class RunSpec:
             "launch": dataclasses.asdict(self.launch),
             "label": self.label,
             "command": list(self.command),
+            "trace": dataclasses.asdict(self.trace),
+            "health": dataclasses.asdict(self.health),
         }
 
     @classmethod
@@ -120,6 +149,8 @@ class RunSpec:
             launch=LaunchSpec(**d["launch"]),
             label=d.get("label"),
             command=tuple(d.get("command") or ()),
+            trace=TraceSpec(**d.get("trace", {})),
+            health=HealthSpec(**d.get("health", {})),
         )
 
     def write(self, path: Path) -> None:

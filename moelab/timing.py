@@ -22,7 +22,11 @@ class Clock:
         self.group = group
         self.cuda = device.type == "cuda"
         self._token = torch.zeros(1, device=device)
-        self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if (self.cuda and flush_l2) else None
+        self._flush = (
+            torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+            if (self.cuda and flush_l2)
+            else None
+        )
 
     def _barrier(self) -> None:
         if self.cuda:

@@ -66,9 +66,15 @@ class Workload:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SpecError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.dtype not in PAYLOAD_DTYPES:
-            raise SpecError(f"unknown payload dtype {self.dtype!r}: choose one of {', '.join(PAYLOAD_DTYPES)}")
+            raise SpecError(
+                f"unknown payload dtype {self.dtype!r}: choose one of {', '.join(PAYLOAD_DTYPES)}"
+            )
         self.routing.validate()
-        if self.routing.kind == "hot" and world is not None and self.routing.hot_experts > self.num_experts(world):
+        if (
+            self.routing.kind == "hot"
+            and world is not None
+            and self.routing.hot_experts > self.num_experts(world)
+        ):
             raise SpecError(
                 f"hot_experts {self.routing.hot_experts} > total experts {self.num_experts(world)}"
             )

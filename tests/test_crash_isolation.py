@@ -14,7 +14,22 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 
-SMALL = ["--hidden", "128", "--tokens-per-rank", "16", "--topk", "2", "--experts-per-rank", "2", "--iters", "2", "--warmup", "0", "--sms", "default"]
+SMALL = [
+    "--hidden",
+    "128",
+    "--tokens-per-rank",
+    "16",
+    "--topk",
+    "2",
+    "--experts-per-rank",
+    "2",
+    "--iters",
+    "2",
+    "--warmup",
+    "0",
+    "--sms",
+    "default",
+]
 
 
 def _pids_from_logs(run_dir: Path, backend: str) -> list[int]:
@@ -45,9 +60,23 @@ def _alive(pid: int) -> bool:
         ("test-hang-all", "timeout", "timed out"),
     ],
 )
-def test_bad_backend_is_recorded_and_next_backend_runs(plugin_path: Path, db_path: Path, tmp_path: Path, bad: str, expect_status: str, expect_text: str) -> None:
+def test_bad_backend_is_recorded_and_next_backend_runs(
+    plugin_path: Path, db_path: Path, tmp_path: Path, bad: str, expect_status: str, expect_text: str
+) -> None:
     runs = tmp_path / "runs"
-    args = ["run", "--backend", f"{bad},nccl-a2a", "--cpu", "--out", str(runs), "--timeout", "40", "--collective-timeout", "8", *SMALL]
+    args = [
+        "run",
+        "--backend",
+        f"{bad},nccl-a2a",
+        "--cpu",
+        "--out",
+        str(runs),
+        "--timeout",
+        "40",
+        "--collective-timeout",
+        "8",
+        *SMALL,
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output
     run_dir = next(runs.iterdir())
@@ -57,7 +86,9 @@ def test_bad_backend_is_recorded_and_next_backend_runs(plugin_path: Path, db_pat
     for pid in _pids_from_logs(run_dir, bad):
         assert not _alive(pid), f"rank process {pid} of {bad} survived"
     con = duckdb.connect(str(db_path), read_only=True)
-    status, desc, tails = con.execute("SELECT status, description, CAST(stderr_tails AS VARCHAR) FROM jobs WHERE backend = ?", [bad]).fetchone()
+    status, desc, tails = con.execute(
+        "SELECT status, description, CAST(stderr_tails AS VARCHAR) FROM jobs WHERE backend = ?", [bad]
+    ).fetchone()
     assert status == expect_status
     assert expect_text.lower() in (desc + tails).lower()
     case_status = con.execute("SELECT DISTINCT status FROM cases WHERE backend = ?", [bad]).fetchall()

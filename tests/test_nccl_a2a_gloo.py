@@ -15,9 +15,19 @@ from moelab.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
 
-def _check_rank(rank: int, world: int, workload: Workload, routings: list[Routing] | None) -> dict[str, object]:
-    ctx = BackendContext(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"), group=dist.group.WORLD, gpus_per_node=world, comm_backend="gloo")
-    case = CaseConfig(case_id="t", workload=workload)
+def _check_rank(
+    rank: int, world: int, workload: Workload, routings: list[Routing] | None, layout: str = "fresh"
+) -> dict[str, object]:
+    ctx = BackendContext(
+        rank=rank,
+        world=world,
+        local_rank=rank,
+        device=torch.device("cpu"),
+        group=dist.group.WORLD,
+        gpus_per_node=world,
+        comm_backend="gloo",
+    )
+    case = CaseConfig(case_id="t", workload=workload, knobs={"layout": layout})
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
     routings = routings if routings is not None else route_all(workload, world)
@@ -40,22 +50,35 @@ def _check_rank(rank: int, world: int, workload: Workload, routings: list[Routin
 
 
 def _check_many(rank: int, world: int, workloads: list[Workload]) -> list[dict[str, object]]:
-    return [_check_rank(rank, world, wl, None) for wl in workloads]
+    return [_check_rank(rank, world, wl, None, layout) for wl in workloads for layout in ("fresh", "cached")]
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_dispatch_combine_equal_reference(world: int) -> None:
     """Several seeds and routings, one set of spawned ranks per world size (spawning costs seconds)."""
     workloads = [
-        Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=2, routing=RoutingSpec(kind=kind, seed=seed))
+        Workload(
+            hidden=256,
+            tokens_per_rank=64,
+            topk=4,
+            experts_per_rank=2,
+            routing=RoutingSpec(kind=kind, seed=seed),
+        )
         for kind, seed in (("uniform", 0), ("uniform", 7), ("zipf", 1), ("hot", 3))
     ]
     results = run_ranks(world, _check_many, workloads)
-    assert all(sum(r[i]["rows"] for r in results) > 0 for i in range(len(workloads)))
+    assert all(sum(r[i]["rows"] for r in results) > 0 for i in range(2 * len(workloads)))
 
 
 def test_topk_one_and_tokens_per_rank_one() -> None:
-    run_ranks(2, _check_many, [Workload(hidden=128, tokens_per_rank=1, topk=1, experts_per_rank=1), Workload(hidden=128, tokens_per_rank=33, topk=1, experts_per_rank=3)])
+    run_ranks(
+        2,
+        _check_many,
+        [
+            Workload(hidden=128, tokens_per_rank=1, topk=1, experts_per_rank=1),
+            Workload(hidden=128, tokens_per_rank=33, topk=1, experts_per_rank=3),
+        ],
+    )
 
 
 def _all_to_expert_zero(workload: Workload, world: int) -> list[Routing]:
@@ -72,7 +95,15 @@ def test_every_token_to_one_expert_and_empty_ranks() -> None:
 
 def _broken_rank(rank: int, world: int, workload: Workload) -> str:
     """A dispatch that drops a row must be caught by the check (the check can fail)."""
-    ctx = BackendContext(rank=rank, world=world, local_rank=rank, device=torch.device("cpu"), group=dist.group.WORLD, gpus_per_node=world, comm_backend="gloo")
+    ctx = BackendContext(
+        rank=rank,
+        world=world,
+        local_rank=rank,
+        device=torch.device("cpu"),
+        group=dist.group.WORLD,
+        gpus_per_node=world,
+        comm_backend="gloo",
+    )
     case = CaseConfig(case_id="t", workload=workload)
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
@@ -80,7 +111,9 @@ def _broken_rank(rank: int, world: int, workload: Workload) -> str:
     d = backend.dispatch(make_tokens(workload, rank), routings[rank].topk_idx, routings[rank].topk_weights)
     d.recv_x = d.recv_x.clone()
     d.recv_x[0, 200] += 1.0  # corrupt one payload element
-    dc = checks.check_dispatch(d, reference_dispatch(routings, rank, workload.experts_per_rank), workload, world)
+    dc = checks.check_dispatch(
+        d, reference_dispatch(routings, rank, workload.experts_per_rank), workload, world
+    )
     return dc.message
 
 

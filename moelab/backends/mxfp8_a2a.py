@@ -33,7 +33,7 @@ from moelab.quant import mxfp8
 from moelab.workload import payload_bytes_per_token
 
 PAYLOADS = ("bf16", "mxfp8")
-KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer")
+KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer", "layout")  # layout: nccl-a2a's
 DEFAULT_COMBINE_IMPL = "mxfp8"
 
 

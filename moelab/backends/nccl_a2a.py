@@ -8,6 +8,9 @@ all_to_all_single for the routing metadata (local expert ids, and weights widene
 for the payload; the metadata and gather order are enqueued before the host sync so that only three
 launches follow it.
 Combine: one all_to_all_single back with the splits reversed, then index_add at the source.
+Knob `layout = "cached"` reuses the layout (steps 1-3 and the metadata exchange) of the first dispatch of
+the same routing tensor, as DeepEP's cached-handle mode and a backward pass do: dispatch is then the gather
+and one payload all_to_all_single, with no host sync. The default, "fresh", computes it every call.
 --sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
 """
 
@@ -21,6 +24,9 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.deepep_common import InputCache
+
+LAYOUTS = ("fresh", "cached")
 
 
 @dataclass(slots=True)
@@ -59,14 +65,25 @@ class NcclA2ABackend(Backend):
         self._groups: dict[int | None, Any] = {None: ctx.group}
         self._group = ctx.group
         self._experts_per_rank = 1
+        self._cached_layout = False
+        self._layout_cache = InputCache()
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:
+        layout = case.knobs.get("layout", "fresh")
+        if layout not in LAYOUTS:
+            return f"{self.name}: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"
+        if self.name == "nccl-a2a" and set(case.knobs) - {"layout"}:
+            return (
+                f"nccl-a2a: unknown knob(s) {', '.join(sorted(set(case.knobs) - {'layout'}))} (knobs: layout)"
+            )
         if case.sms is not None and self.ctx.comm_backend != "nccl":
             return f"SM control needs NCCL; {self.ctx.comm_backend} has none (run sms = default)"
         return super().unsupported_reason(case)
 
     def prepare(self, case: CaseConfig) -> None:
         self._experts_per_rank = case.workload.experts_per_rank
+        self._cached_layout = case.knobs.get("layout", "fresh") == "cached"
+        self._layout_cache.clear()
         if case.sms not in self._groups:
             opts = dist.ProcessGroupNCCL.Options()
             opts.config.min_ctas = case.sms
@@ -77,9 +94,46 @@ class NcclA2ABackend(Backend):
         self._group = self._groups[case.sms]
 
     def host_sync_note(self) -> str:
+        if self._cached_layout:
+            return "none (layout cached from the first dispatch of the routing)"
         return "dispatch: one device-to-host copy of the per-rank send/receive counts (split sizes for all_to_all_single)"
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        if self._cached_layout:
+            return self._dispatch_cached(x, topk_idx, topk_weights)
+        return self._dispatch_fresh(x, topk_idx, topk_weights)
+
+    def _dispatch_cached(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Dispatched:
+        def first() -> Dispatched:
+            d = self._dispatch_fresh(x, topk_idx, topk_weights)
+            # keep the layout and metadata out of the reused buffers
+            return Dispatched(
+                recv_x=d.recv_x,
+                recv_topk_idx=d.recv_topk_idx.clone(),
+                recv_topk_weights=d.recv_topk_weights.clone(),
+                handle=d.handle,
+            )
+
+        cached: Dispatched = self._layout_cache.get([topk_idx, topk_weights], first)
+        handle: A2AHandle = cached.handle
+        hidden = x.shape[1]
+        num_send, num_recv = sum(handle.send_splits), sum(handle.recv_splits)
+        send_x = self._send[: num_send * hidden].view(num_send, hidden)
+        torch.index_select(x, 0, handle.send_tok, out=send_x)
+        recv_x = self._recv[: num_recv * hidden].view(num_recv, hidden)
+        dist.all_to_all_single(recv_x, send_x, handle.recv_splits, handle.send_splits, group=self._group)
+        return Dispatched(
+            recv_x=recv_x,
+            recv_topk_idx=cached.recv_topk_idx,
+            recv_topk_weights=cached.recv_topk_weights,
+            handle=handle,
+        )
+
+    def _dispatch_fresh(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Dispatched:
         world, group = self.ctx.world, self._group
         num_tokens, hidden = x.shape
         topk = topk_idx.shape[1]
@@ -101,7 +155,9 @@ class NcclA2ABackend(Backend):
         on_dest = (local >= 0) & (local < epr)
         meta_all = self._send_meta[: order.numel() * 2 * topk].view(-1, 2 * topk)
         meta_all[:, :topk].copy_(torch.where(on_dest, local, -1))
-        meta_all[:, topk:].view(torch.float64).copy_(torch.where(on_dest, topk_weights.index_select(0, send_tok_all), 0.0))
+        meta_all[:, topk:].view(torch.float64).copy_(
+            torch.where(on_dest, topk_weights.index_select(0, send_tok_all), 0.0)
+        )
 
         both = counts.tolist()  # the one host sync: all_to_all_single takes split sizes on the host
         send_splits, recv_splits = both[:world], both[world:]
@@ -170,4 +226,20 @@ class NcclA2ABackend(Backend):
         return versions
 
     def record(self, case: CaseConfig) -> dict[str, Any]:
-        return {"comm_backend": self.ctx.comm_backend, "nccl_ctas": case.sms}
+        return {
+            "comm_backend": self.ctx.comm_backend,
+            "nccl_ctas": case.sms,
+            "layout": case.knobs.get("layout", "fresh"),
+        }
+
+    def dispatch_with_handle(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        """Send one row per source token (`rows` [T, H], e.g. the gradient of combine's output) to where an
+        earlier dispatch sent that token, along its `handle`: [R, H] in that dispatch's received order.
+
+        The backward of combine (moelab.e2e). The rows cross as they are (no quantization), into fresh
+        tensors rather than the reused buffers, so the result outlives the next dispatch.
+        """
+        send = rows.index_select(0, handle.send_tok)
+        recv = torch.empty(sum(handle.recv_splits), rows.shape[1], dtype=rows.dtype, device=rows.device)
+        dist.all_to_all_single(recv, send, handle.recv_splits, handle.send_splits, group=self._group)
+        return recv

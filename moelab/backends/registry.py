@@ -63,8 +63,11 @@ def load(name: str) -> type[Backend]:
     return cls
 
 
-def availability(name: str) -> str | None:
-    """None when `name` can run here, else why not (one line)."""
+def availability(name: str, extra_path: str | None = None) -> str | None:
+    """None when `name` can run here, else why not (one line). With `extra_path` (the backend's own library
+    build, --backend-path) the check runs in a child process with that path first, as the backend's job will."""
+    if extra_path is not None:
+        return _availability_in_child(name, extra_path)
     try:
         cls = load(name)
         return cls.availability()
@@ -72,3 +75,26 @@ def availability(name: str) -> str | None:
         return str(exc)
     except Exception as exc:  # a broken plugin must not break the listing
         return f"failed to load: {type(exc).__name__}: {exc}"
+
+
+def _availability_in_child(name: str, extra_path: str) -> str | None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = "import json,sys; from moelab.backends import registry; print(json.dumps(registry.availability(sys.argv[1])))"
+    env = dict(os.environ)
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, pkg_root, env.get("PYTHONPATH", "")) if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, name], capture_output=True, text=True, env=env, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        return f"availability check with {extra_path} timed out"
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"availability check with {extra_path} failed: {tail}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return None if result is None else str(result)

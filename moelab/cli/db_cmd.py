@@ -20,7 +20,9 @@ app = typer.Typer(help="Query and export the DuckDB store.", no_args_is_help=Tru
 def query(
     sql: str = typer.Argument(..., help="SQL to run"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
-    write: bool = typer.Option(False, "--write", help="Open read-write (default read-only, so a query cannot damage stored runs)"),
+    write: bool = typer.Option(
+        False, "--write", help="Open read-write (default read-only, so a query cannot damage stored runs)"
+    ),
 ) -> None:
     """Run SQL against the store and print the result as a table.
 
@@ -44,7 +46,9 @@ def query(
 @app.command("export")
 @user_errors
 def export(
-    out: Path = typer.Option(..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"
+    ),
     fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
     run: list[str] = typer.Option([], "--run", help="Run id(s) to export (default: all)"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),

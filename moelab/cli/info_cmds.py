@@ -46,4 +46,7 @@ def runs(
             """,
             [limit],
         ).fetchall()
-    print_table(["run", "created (UTC)", "label", "suite", "status", "backends", "device", "ranks", "ok", "cases"], rows)
+    print_table(
+        ["run", "created (UTC)", "label", "suite", "status", "backends", "device", "ranks", "ok", "cases"],
+        rows,
+    )

@@ -5,8 +5,12 @@ from __future__ import annotations
 import typer
 
 from moelab import __version__
-from moelab.cli import db_cmd
+from moelab.cli import db_cmd, trace
+from moelab.cli.check_cmd import check
+from moelab.cli.compare_cmd import compare
+from moelab.cli.doctor import doctor
 from moelab.cli.info_cmds import backends, runs
+from moelab.cli.label_cmd import label
 from moelab.cli.report_cmd import report
 from moelab.cli.run_cmd import run
 
@@ -26,7 +30,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version")) -> None:
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version"
+    ),
+) -> None:
     """moelab: benchmark, store, report and guard MoE expert-parallel dispatch/combine across backends."""
 
 
@@ -34,7 +42,12 @@ app.command("run")(run)
 app.command("backends")(backends)
 app.command("runs")(runs)
 app.command("report")(report)
+app.command("compare")(compare)
+app.command("check")(check)
+app.command("label")(label)
+app.command("doctor")(doctor)
 app.add_typer(db_cmd.app, name="db")
+app.add_typer(trace.app, name="trace")
 
 if __name__ == "__main__":
     app()

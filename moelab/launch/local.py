@@ -12,6 +12,7 @@ What we rely on:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -118,18 +119,25 @@ def _pids_in_session(sid: int) -> list[int]:
 
 def _kill_session(sid: int, sig: int) -> None:
     for pid in _pids_in_session(sid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
-def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> JobOutcome:
+def run_job(
+    files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> JobOutcome:
     """Start `argv` in its own session, wait up to `timeout_s`, reap every process of the session."""
     files.dir.mkdir(parents=True, exist_ok=True)
     started, t0 = now_iso(), time.monotonic()
     with files.launcher_log.open("w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env or _children_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env or _children_env(),
+            start_new_session=True,
+        )
         sid = proc.pid  # a new session's id is its leader's pid
         timed_out = False
         try:
@@ -137,14 +145,14 @@ def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, s
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_session(sid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
         # torchrun's agent may leave ranks behind if it was itself killed: reap the whole session
         deadline = time.monotonic() + KILL_GRACE_S
         while _pids_in_session(sid) and time.monotonic() < deadline:
-            _kill_session(sid, signal.SIGTERM if time.monotonic() < deadline - KILL_GRACE_S / 2 else signal.SIGKILL)
+            _kill_session(
+                sid, signal.SIGTERM if time.monotonic() < deadline - KILL_GRACE_S / 2 else signal.SIGKILL
+            )
             time.sleep(0.2)
         _kill_session(sid, signal.SIGKILL)
         if proc.poll() is None:

@@ -40,7 +40,9 @@ def _connect_once(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(str(path), read_only=read_only)
 
 
-def connect(path: Path, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_S) -> duckdb.DuckDBPyConnection:
+def connect(
+    path: Path, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_S
+) -> duckdb.DuckDBPyConnection:
     """Open (and, read-write, create and migrate) the database; waits while another moelab holds the lock."""
     deadline = time.monotonic() + lock_wait_s
     while True:
@@ -61,7 +63,9 @@ def connect(path: Path, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_
         version = current_version(con)
         if version > LATEST_VERSION:
             con.close()
-            raise MoelabError(f"database {path} has schema version {version}, newer than this moelab ({LATEST_VERSION}): upgrade moelab")
+            raise MoelabError(
+                f"database {path} has schema version {version}, newer than this moelab ({LATEST_VERSION}): upgrade moelab"
+            )
     return con
 
 
@@ -91,7 +95,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     )
     version = current_version(con)
     if version > LATEST_VERSION:
-        raise MoelabError(f"database schema version {version} is newer than this moelab ({LATEST_VERSION}): upgrade moelab")
+        raise MoelabError(
+            f"database schema version {version} is newer than this moelab ({LATEST_VERSION}): upgrade moelab"
+        )
     for m in MIGRATIONS:
         if m.version <= version:
             continue
@@ -99,13 +105,19 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         try:
             for stmt in m.statements:
                 con.execute(stmt)
-            con.execute("INSERT INTO schema_version (version, description) VALUES (?, ?)", [m.version, m.description])
+            con.execute(
+                "INSERT INTO schema_version (version, description) VALUES (?, ?)", [m.version, m.description]
+            )
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
             raise
-    con.execute("INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES " + ", ".join(["(?, ?)"] * len(DEFINITIONS)) + ")",
-                [v for d in DEFINITIONS.values() for v in (d.name, d.text)])
+    con.execute(
+        "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
+        + ", ".join(["(?, ?)"] * len(DEFINITIONS))
+        + ")",
+        [v for d in DEFINITIONS.values() for v in (d.name, d.text)],
+    )
     return current_version(con)
 
 

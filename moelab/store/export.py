@@ -31,10 +31,20 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
     for table in RUN_TABLES:
         path = out / f"{table}.{fmt}"
         # run ids are checked against the table above; the list is bound through a temp table, not formatted in
-        con.execute("CREATE OR REPLACE TEMP TABLE _export_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [selected])
-        con.execute(f"COPY (SELECT t.* FROM {table} t SEMI JOIN _export_ids USING (run_id)) TO '{_quote(path)}' {FORMATS[fmt]}")
+        con.execute(
+            "CREATE OR REPLACE TEMP TABLE _export_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [selected]
+        )
+        con.execute(
+            f"COPY (SELECT t.* FROM {table} t SEMI JOIN _export_ids USING (run_id)) TO '{_quote(path)}' {FORMATS[fmt]}"
+        )
         written.append(path)
-    manifest = {"export_version": EXPORT_VERSION, "schema_version": LATEST_VERSION, "format": fmt, "runs": selected, "tables": list(RUN_TABLES)}
+    manifest = {
+        "export_version": EXPORT_VERSION,
+        "schema_version": LATEST_VERSION,
+        "format": fmt,
+        "runs": selected,
+        "tables": list(RUN_TABLES),
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     written.append(out / "manifest.json")
     return written
@@ -51,7 +61,9 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
         raise MoelabError(f"{folder} is not a moelab export (no manifest.json)")
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("export_version") != EXPORT_VERSION:
-        raise MoelabError(f"{folder}: export version {manifest.get('export_version')} is not {EXPORT_VERSION}")
+        raise MoelabError(
+            f"{folder}: export version {manifest.get('export_version')} is not {EXPORT_VERSION}"
+        )
     fmt = manifest["format"]
     reader = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}[fmt]
     for table in manifest["tables"]:

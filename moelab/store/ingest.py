@@ -16,8 +16,22 @@ import duckdb
 from moelab.accounting import RankRows, bandwidths
 from moelab.rundir import RunDir
 from moelab.stats import summarize
+from moelab.store.schema import RUN_TABLES
 
 OPS = ("dispatch", "combine", "pair")
+
+# Column lists of the version-1 tables: later migrations add columns, so inserts name theirs.
+COLUMNS = {
+    "cases": (
+        "run_id", "backend", "case_id", "status", "reason", "hidden", "tokens_per_rank", "topk", "experts_per_rank",
+        "world", "gpus_per_node", "routing", "routing_seed", "routing_params", "dtype", "sms", "knobs",
+        "backend_record", "dispatch_err", "combine_err", "host_sync", "suspect", "suspect_reason",
+    ),
+    "results": (
+        "run_id", "backend", "case_id", "op", "n", "median_us", "p10_us", "p90_us", "p99_us", "min_us", "max_us",
+        "mean_us", "rank_spread_us", "rel_iqr", "bytes_per_row", "kernel_us", "kernel_source",
+    ),
+}  # fmt: skip
 
 
 def _job_status(job: dict[str, Any] | None) -> str:
@@ -28,7 +42,11 @@ def _job_status(job: dict[str, Any] | None) -> str:
     if job.get("returncode") == 0:
         return "ok"
     # torchrun stops the surviving ranks with SIGTERM/SIGKILL: only other signals are the backend crashing
-    own_signals = [f.get("signal") for f in job.get("failed_ranks", []) if f.get("signal") not in (None, "SIGTERM", "SIGKILL")]
+    own_signals = [
+        f.get("signal")
+        for f in job.get("failed_ranks", [])
+        if f.get("signal") not in (None, "SIGTERM", "SIGKILL")
+    ]
     return "crashed" if own_signals else "failed"
 
 
@@ -46,7 +64,22 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
     spec = rd.spec
     info = rd.info()
     env0: dict[str, Any] = {}
-    tables: dict[str, list[tuple[Any, ...]]] = {k: [] for k in ("environment", "jobs", "cases", "results", "bandwidths")}
+    tables: dict[str, list[tuple[Any, ...]]] = {
+        k: []
+        for k in (
+            "environment",
+            "jobs",
+            "cases",
+            "results",
+            "bandwidths",
+            "traces",
+            "trace_kernels",
+            "health",
+            "ib_counters",
+            "nccl_tests",
+            "case_metrics",
+        )
+    }
     samples: dict[str, list[Any]] = {k: [] for k in ("backend", "case_id", "op", "rank", "iter", "time_us")}
     for backend in spec.backends:
         files = rd.job(backend)
@@ -67,10 +100,14 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
                 json.dumps(env.get("library_versions", {})), json.dumps(env.get("env_vars", {})), json.dumps(env),
             ))  # fmt: skip
         records = {r["case_id"]: r for r in files.read_results()}
+        suspect = _suspect(files.dir / "health_diff.json")
         for case in spec.cases_for(backend):
             rec = records.get(case.case_id)
             if rec is None:
-                rec = {"status": "skipped" if case.skip_reason else "failed", "reason": case.skip_reason or _failure_reason(job)}
+                rec = {
+                    "status": "skipped" if case.skip_reason else "failed",
+                    "reason": case.skip_reason or _failure_reason(job),
+                }
                 if status == "unavailable":
                     rec["status"] = "unavailable"
             wl = case.workload
@@ -80,20 +117,67 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
                 wl.topk, wl.experts_per_rank, spec.launch.world, spec.launch.gpus_per_node, wl.routing.kind,
                 wl.routing.seed, json.dumps(wl.to_dict()["routing"]), wl.dtype, case.sms, json.dumps(case.knobs),
                 json.dumps(rec.get("backend_record", {})), _finite(check.get("dispatch_err")),
-                _finite(check.get("combine_err")), rec.get("host_sync"),
+                _finite(check.get("combine_err")), rec.get("host_sync"), False, None,
             ))  # fmt: skip
             if rec["status"] != "ok":
                 continue
-            rows = [RankRows(**r) for r in rec["rows"]]
-            for op in OPS:
-                opdata = rec["ops"][op]
+            if "nccl_tests" in rec:
+                _nccl_tests_rows(tables, spec.run_id, case.case_id, rec["nccl_tests"])
+                continue
+            _health_suspect(tables, case_row_index=len(tables["cases"]) - 1, suspect=suspect)
+            rows = [RankRows(**r) for r in rec.get("rows", [])]
+            for op, opdata in rec["ops"].items():
                 s = summarize(opdata["samples_us"])
+                kernel_us = _slowest_kernel_us(opdata.get("kernel"))
                 tables["results"].append((
                     spec.run_id, backend, case.case_id, op, s.n, s.median_us, s.p10_us, s.p90_us, s.p99_us,
-                    s.min_us, s.max_us, s.mean_us, s.rank_spread_us, s.rel_iqr, opdata["bytes_per_row"],
+                    s.min_us, s.max_us, s.mean_us, s.rank_spread_us, s.rel_iqr, opdata.get("bytes_per_row", 0),
+                    kernel_us, "torch" if kernel_us is not None else None,
                 ))  # fmt: skip
-                for bw in bandwidths(rows, opdata["bytes_per_row"], s.median_us):
-                    tables["bandwidths"].append((spec.run_id, backend, case.case_id, op, bw.definition, bw.bytes_mean, bw.bytes_max, bw.gbps))
+                if rows and opdata.get("bytes_per_row"):
+                    for bw in bandwidths(rows, opdata["bytes_per_row"], s.median_us):
+                        tables["bandwidths"].append(
+                            (
+                                spec.run_id,
+                                backend,
+                                case.case_id,
+                                op,
+                                bw.definition,
+                                bw.bytes_mean,
+                                bw.bytes_max,
+                                bw.gbps,
+                            )
+                        )
+                    if kernel_us:
+                        for bw in bandwidths(rows, opdata["bytes_per_row"], kernel_us):
+                            if bw.definition in ("nvl_recv", "nvl_remote"):
+                                tables["bandwidths"].append(
+                                    (
+                                        spec.run_id,
+                                        backend,
+                                        case.case_id,
+                                        op,
+                                        bw.definition + "_kernel",
+                                        bw.bytes_mean,
+                                        bw.bytes_max,
+                                        bw.gbps,
+                                    )
+                                )
+                for rank, k in enumerate(opdata.get("kernel") or []):
+                    for kern in (k or {}).get("kernels", []):
+                        tables["trace_kernels"].append(
+                            (
+                                spec.run_id,
+                                backend,
+                                case.case_id,
+                                op,
+                                rank,
+                                kern["name"],
+                                kern["count"],
+                                kern["total_us"],
+                                kern["share"],
+                            )
+                        )
                 for rank, per_rank in enumerate(opdata["samples_us"]):
                     for i, t in enumerate(per_rank):
                         samples["backend"].append(backend)
@@ -102,6 +186,42 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
                         samples["rank"].append(rank)
                         samples["iter"].append(i)
                         samples["time_us"].append(float(t))
+            for m in rec.get("metrics", []):
+                tables["case_metrics"].append(
+                    (
+                        spec.run_id,
+                        backend,
+                        case.case_id,
+                        m["name"],
+                        _finite(m.get("value")),
+                        m.get("unit"),
+                        m.get("definition"),
+                    )
+                )
+            for t in rec.get("traces", []) or []:
+                tables["traces"].append(
+                    (
+                        spec.run_id,
+                        backend,
+                        case.case_id,
+                        t.get("rank"),
+                        t.get("kind"),
+                        t.get("path"),
+                        t.get("size_bytes"),
+                    )
+                )
+            for node in rec.get("ib") or []:
+                delta = node.get("delta") or {}
+                for port in delta.get("ports", []):
+                    tables["ib_counters"].append((
+                        spec.run_id, backend, case.case_id, node.get("node"), node.get("host"), port.get("device"),
+                        port.get("port"), port.get("status"), port.get("xmit_bytes"), port.get("rcv_bytes"),
+                        port.get("xmit_gbps"), port.get("rcv_gbps"), port.get("rate_gbps"), delta.get("elapsed_s"),
+                    ))  # fmt: skip
+        for phase in ("before", "after"):
+            snap_path = files.dir / f"health_{phase}.json"
+            if snap_path.exists():
+                tables["health"].append(_health_row(spec.run_id, backend, phase, snap_path))
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     tables["runs"] = [(
         spec.run_id, created, datetime.now(timezone.utc).replace(tzinfo=None), spec.label, spec.suite, info.get("status", "unknown"),
@@ -110,6 +230,80 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
         json.dumps(spec.to_dict()),
     )]  # fmt: skip
     return tables | {"_samples": [samples]}  # type: ignore[dict-item]
+
+
+def _slowest_kernel_us(per_rank: list[dict[str, Any] | None] | None) -> float | None:
+    """Kernel-only time of an op: the slowest rank's, as for the event-timed figure."""
+    values = [k["kernel_us"] for k in (per_rank or []) if k and k.get("kernel_us") is not None]
+    return max(values) if values else None
+
+
+def _suspect(path: Path) -> str | None:
+    """The reason a job's results are suspect (health worsened during it), or None."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if not data.get("suspect"):
+        return None
+    bad = [f for f in data.get("findings", []) if f.get("status") in ("warn", "fail")]
+    return (
+        "; ".join(f"{f.get('subject')}: {f.get('reason')}" for f in bad)[:1000]
+        or "health worsened during the run"
+    )
+
+
+def _health_suspect(
+    tables: dict[str, list[tuple[Any, ...]]], case_row_index: int, suspect: str | None
+) -> None:
+    if suspect:
+        row = tables["cases"][case_row_index]
+        tables["cases"][case_row_index] = (*row[:21], True, suspect)
+
+
+def _health_row(run_id: str, backend: str, phase: str, path: Path) -> tuple[Any, ...]:
+    from moelab.health import rules
+    from moelab.health.snapshot import loads
+
+    snap = loads(path.read_text())
+    findings = rules.evaluate(snap)
+    return (
+        run_id,
+        backend,
+        phase,
+        snap.host,
+        0,
+        rules.worst(findings),
+        json.dumps([f.to_dict() for f in findings]),
+        path.read_text(),
+    )
+
+
+def _nccl_tests_rows(
+    tables: dict[str, list[tuple[Any, ...]]], run_id: str, case_id: str, data: dict[str, Any]
+) -> None:
+    row, res = data["row"], data["result"]
+    tables["nccl_tests"].append((
+        run_id, row["size_bytes"], row["count"], row["dtype"], row["time_us_oop"], row["algbw_gbps_oop"],
+        row["busbw_gbps_oop"], row["wrong_oop"], row["time_us_ip"], row["algbw_gbps_ip"], row["busbw_gbps_ip"],
+        row["wrong_ip"], res.get("avg_busbw_gbps"), res.get("status"), res.get("source"), json.dumps(res.get("argv")),
+    ))  # fmt: skip
+    t = row["time_us_oop"]
+    tables["results"].append(
+        (run_id, "nccl-tests", case_id, "alltoall", 1, t, t, t, t, t, t, t, 0.0, 0.0, 0, None, None)
+    )
+    for name, gbps in (("nccl_algbw", row["algbw_gbps_oop"]), ("nccl_busbw", row["busbw_gbps_oop"])):
+        tables["bandwidths"].append(
+            (
+                run_id,
+                "nccl-tests",
+                case_id,
+                "alltoall",
+                name,
+                float(row["size_bytes"]),
+                float(row["size_bytes"]),
+                gbps,
+            )
+        )
 
 
 def _finite(v: Any) -> float | None:
@@ -127,17 +321,27 @@ def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
     run_id = tables["runs"][0][0]
     con.execute("BEGIN TRANSACTION")
     try:
-        for table in ("runs", "environment", "jobs", "cases", "results", "bandwidths", "samples"):
+        for table in RUN_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         for table, rows in tables.items():
             if rows:
                 marks = ", ".join(["?"] * len(rows[0]))
-                con.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+                columns = ", ".join(COLUMNS[table]) if table in COLUMNS else ""
+                target = f"{table} ({columns})" if columns else table
+                con.executemany(f"INSERT INTO {target} VALUES ({marks})", rows)
         if samples["time_us"]:
             con.execute(
                 "INSERT INTO samples SELECT ?, UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), "
                 "UNNEST(?::INTEGER[]), UNNEST(?::INTEGER[]), UNNEST(?::DOUBLE[])",
-                [run_id, samples["backend"], samples["case_id"], samples["op"], samples["rank"], samples["iter"], samples["time_us"]],
+                [
+                    run_id,
+                    samples["backend"],
+                    samples["case_id"],
+                    samples["op"],
+                    samples["rank"],
+                    samples["iter"],
+                    samples["time_us"],
+                ],
             )
         con.execute("COMMIT")
     except Exception:

@@ -52,5 +52,43 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
 )
 
-RUN_TABLES = ("runs", "environment", "jobs", "cases", "results", "bandwidths", "samples")
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        2,
+        "labels, traces, trace kernels, kernel-only times, health, IB counters, nccl-tests, case metrics",
+        (
+            "CREATE TABLE labels (label VARCHAR PRIMARY KEY, run_id VARCHAR NOT NULL, created_at TIMESTAMP DEFAULT now())",
+            """CREATE TABLE traces (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, rank INTEGER, kind VARCHAR, path VARCHAR,
+                size_bytes BIGINT)""",
+            """CREATE TABLE trace_kernels (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, rank INTEGER, kernel_name VARCHAR,
+                count INTEGER, total_us DOUBLE, share DOUBLE)""",
+            "ALTER TABLE results ADD COLUMN kernel_us DOUBLE",
+            "ALTER TABLE results ADD COLUMN kernel_source VARCHAR",
+            "ALTER TABLE cases ADD COLUMN suspect BOOLEAN DEFAULT false",
+            "ALTER TABLE cases ADD COLUMN suspect_reason VARCHAR",
+            """CREATE TABLE health (
+                run_id VARCHAR, backend VARCHAR, phase VARCHAR, host VARCHAR, node INTEGER, worst VARCHAR,
+                findings JSON, snapshot JSON)""",
+            """CREATE TABLE ib_counters (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, node INTEGER, host VARCHAR, device VARCHAR,
+                port INTEGER, status VARCHAR, xmit_bytes DOUBLE, rcv_bytes DOUBLE, xmit_gbps DOUBLE, rcv_gbps DOUBLE,
+                rate_gbps DOUBLE, elapsed_s DOUBLE)""",
+            """CREATE TABLE nccl_tests (
+                run_id VARCHAR, size_bytes BIGINT, count BIGINT, dtype VARCHAR, time_us_oop DOUBLE,
+                algbw_gbps_oop DOUBLE, busbw_gbps_oop DOUBLE, wrong_oop BIGINT, time_us_ip DOUBLE,
+                algbw_gbps_ip DOUBLE, busbw_gbps_ip DOUBLE, wrong_ip BIGINT, avg_busbw_gbps DOUBLE, status VARCHAR,
+                source VARCHAR, argv JSON)""",
+            """CREATE TABLE case_metrics (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, name VARCHAR, value DOUBLE, unit VARCHAR,
+                definition VARCHAR)""",
+        ),
+    ),
+)
+
+RUN_TABLES = (
+    "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
+    "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics",
+)  # fmt: skip
 LATEST_VERSION = MIGRATIONS[-1].version

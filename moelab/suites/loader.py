@@ -27,7 +27,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 WORKLOAD_KEYS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "dtype")
-ROUTING_KEYS = {"routing": "kind", "seed": "seed", "zipf_s": "zipf_s", "hot_experts": "hot_experts", "hot_share": "hot_share"}
+ROUTING_KEYS = {
+    "routing": "kind",
+    "seed": "seed",
+    "zipf_s": "zipf_s",
+    "hot_experts": "hot_experts",
+    "hot_share": "hot_share",
+}
 CASE_KEYS = set(WORKLOAD_KEYS) | set(ROUTING_KEYS) | {"sms"}
 
 
@@ -45,9 +51,7 @@ class Suite:
 
 def builtin_suites() -> dict[str, Path]:
     folder = resources.files("moelab.suites")
-    return {
-        Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".toml")
-    }
+    return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".toml")}
 
 
 def load_suite(name_or_path: str) -> Suite:
@@ -55,7 +59,9 @@ def load_suite(name_or_path: str) -> Suite:
     builtins = builtin_suites()
     path = builtins.get(name_or_path) or Path(name_or_path)
     if not path.exists():
-        raise SpecError(f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtins))}")
+        raise SpecError(
+            f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtins))}"
+        )
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -76,7 +82,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     known_top = {"name", "description", "workload", "axes", "exclude", "backend"}
     unknown = set(data) - known_top
     if unknown:
-        raise SpecError(f"{source}: unknown suite key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known_top))})")
+        raise SpecError(
+            f"{source}: unknown suite key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known_top))})"
+        )
     workload = dict(data.get("workload", {}))
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:
@@ -84,7 +92,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     axes = {k: _as_list(k, v) for k, v in dict(data.get("axes", {})).items()}
     for key in axes:
         if key not in CASE_KEYS:
-            raise SpecError(f"{source}: unknown axis {key!r}; axes are {', '.join(sorted(CASE_KEYS))} (backend knobs go under [backend.NAME.axes])")
+            raise SpecError(
+                f"{source}: unknown axis {key!r}; axes are {', '.join(sorted(CASE_KEYS))} (backend knobs go under [backend.NAME.axes])"
+            )
     exclude = data.get("exclude", [])
     if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
         raise SpecError(f"{source}: 'exclude' must be a list of tables ([[exclude]])")
@@ -168,5 +178,14 @@ def expand(
             if case_id in seen:
                 continue
             seen.add(case_id)
-            cases.append(CaseSpec(case_id=case_id, backend=backend, workload=workload, sms=sms, knobs=knobs, skip_reason=skip))
+            cases.append(
+                CaseSpec(
+                    case_id=case_id,
+                    backend=backend,
+                    workload=workload,
+                    sms=sms,
+                    knobs=knobs,
+                    skip_reason=skip,
+                )
+            )
     return cases
