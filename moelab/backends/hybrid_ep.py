@@ -207,6 +207,7 @@ class HybridEPBackend(Backend):
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
         handle: Any,
+        num_permuted: int | None = None,
     ) -> tuple[Any, ...]:
         assert self._case is not None
         wl, s = self._case.workload, self._settings
@@ -235,7 +236,9 @@ class HybridEPBackend(Backend):
             "pad_multiple": s.pad_multiple, "fuse_permute_dispatch": s.fused,
         }  # fmt: skip
         if handle is not None:
+            # a cached handle needs its permuted row count back (HandleImpl.num_permuted_tokens takes no None)
             kwargs["handle"] = handle
+            kwargs["num_permuted_tokens"] = num_permuted
         return self._buf.dispatch_with_permute(**kwargs)  # type: ignore[no-any-return]
 
     def _to_contract(self, out: tuple[Any, ...]) -> Dispatched:
@@ -284,7 +287,7 @@ class HybridEPBackend(Backend):
             )
             if self._handle_cache.misses == misses:
                 self._lib_dispatch(
-                    hidden, scales, topk_idx, topk_weights, first.handle.lib
+                    hidden, scales, topk_idx, topk_weights, first.handle.lib, first.handle.num_permuted
                 )  # same routing: rows land where they did
             return first
         return self._to_contract(self._lib_dispatch(hidden, scales, topk_idx, topk_weights, None))
