@@ -76,6 +76,16 @@ DEFINITIONS: dict[str, Definition] = {
             text="nccl-tests alltoall_perf busbw (out-of-place): algbw x (n-1)/n",
         ),
         Definition(
+            name="deepep_nvl",
+            rows_field="recv_rows",
+            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration; stored for deepep to compare with DeepEP's printout",
+        ),
+        Definition(
+            name="hybrid_ep_rank0_bytes_over_mean_time",
+            rows_field="recv_rows",
+            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time; stored for hybrid-ep to compare with its printout",
+        ),
+        Definition(
             name="algbw_send",
             rows_field="send_rows",
             text="algorithm bandwidth: rows this rank sends (its own included) x bytes/token / time, as nccl-tests' algbw for an all-to-all of that size",
@@ -127,7 +137,7 @@ class Bandwidth:
 def bandwidths(rows: Sequence[RankRows], bytes_per_row: int, time_us: float) -> list[Bandwidth]:
     result = []
     for d in DEFINITIONS.values():
-        if d.name.endswith("_kernel") or d.name.startswith("nccl_"):
+        if d.name.endswith("_kernel") or d.name.startswith(("nccl_", "deepep_", "hybrid_ep_")):
             continue  # derived from other inputs (trace time, alltoall_perf's own figures)
         per_rank = [getattr(r, d.rows_field) * bytes_per_row for r in rows]
         mean = sum(per_rank) / len(per_rank)
@@ -136,3 +146,20 @@ def bandwidths(rows: Sequence[RankRows], bytes_per_row: int, time_us: float) -> 
             Bandwidth(definition=d.name, bytes_mean=mean, bytes_max=float(max(per_rank)), gbps=gbps)
         )
     return result
+
+
+def library_figure(backend: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]) -> Bandwidth | None:
+    """The figure a library's own test prints, computed its way from moelab's per-rank samples (None when the
+    backend's library has no such test). DeepEP: rank 0's bytes over rank 0's mean after dropping the first
+    sample; Hybrid-EP: rank 0's bytes over the mean across ranks of each rank's mean time."""
+    rank0 = rows[0].recv_rows * bytes_per_row
+    if backend == "deepep":
+        kept = list(samples_us[0][1:]) or list(samples_us[0])
+        t = sum(kept) / len(kept)
+        name = "deepep_nvl"
+    elif backend == "hybrid-ep":
+        t = sum(sum(s) / len(s) for s in samples_us) / len(samples_us)
+        name = "hybrid_ep_rank0_bytes_over_mean_time"
+    else:
+        return None
+    return Bandwidth(definition=name, bytes_mean=float(rank0), bytes_max=float(rank0), gbps=rank0 / (t * 1e-6) / 1e9)

@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from moelab.accounting import RankRows, bandwidths
+from moelab.accounting import RankRows, bandwidths, library_figure
 from moelab.rundir import RunDir
 from moelab.stats import summarize
 from moelab.store.schema import RUN_TABLES
@@ -58,8 +58,8 @@ def _failure_reason(job: dict[str, Any] | None) -> str:
     return f"backend job failed (exit code {job.get('returncode')})"
 
 
-def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Rows for every table, from the run directory alone."""
+def collect(run_dir: Path) -> dict[str, list[Any]]:
+    """Rows for every table (tuples), from the run directory alone; `_samples` holds the samples columns."""
     rd = RunDir(run_dir)
     spec = rd.spec
     info = rd.info()
@@ -148,6 +148,9 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
                                 bw.gbps,
                             )
                         )
+                    lib = library_figure(backend, rows, opdata["bytes_per_row"], opdata["samples_us"]) if op != "pair" else None
+                    if lib is not None:
+                        tables["bandwidths"].append((spec.run_id, backend, case.case_id, op, lib.definition, lib.bytes_mean, lib.bytes_max, lib.gbps))
                     if kernel_us:
                         for bw in bandwidths(rows, opdata["bytes_per_row"], kernel_us):
                             if bw.definition in ("nvl_recv", "nvl_remote"):
@@ -229,7 +232,7 @@ def collect(run_dir: Path) -> dict[str, list[tuple[Any, ...]]]:
         spec.launch.gpus_per_node, env0.get("moelab_version"), env0.get("moelab_git_sha"), str(run_dir.resolve()),
         json.dumps(spec.to_dict()),
     )]  # fmt: skip
-    return tables | {"_samples": [samples]}  # type: ignore[dict-item]
+    return {**tables, "_samples": [samples]}
 
 
 def _slowest_kernel_us(per_rank: list[dict[str, Any] | None] | None) -> float | None:
@@ -317,7 +320,7 @@ def _finite(v: Any) -> float | None:
 def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
     """Replace the run's rows with what its directory holds, atomically. Returns the run id."""
     tables = collect(run_dir)
-    samples = tables.pop("_samples")[0]  # type: ignore[index]
+    samples: dict[str, list[Any]] = tables.pop("_samples")[0]
     run_id = tables["runs"][0][0]
     con.execute("BEGIN TRANSACTION")
     try:
