@@ -23,7 +23,7 @@ class TimeSummary:
     rel_iqr: float  # (p75 - p25) / median: the noise the regression gate sees
 
 
-def iteration_times(samples: Sequence[Sequence[float]]) -> np.ndarray:
+def iteration_times(samples: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
     arr = np.asarray(samples, dtype=np.float64)
     if arr.ndim != 2 or arr.size == 0:
         raise ValueError("samples must be a non-empty [rank][iteration] table")

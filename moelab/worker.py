@@ -179,11 +179,8 @@ def run_case(
     local["combine"] = clock.sample(ranged("combine", do_combine), t.iters, 0)
     local["pair"] = clock.sample(ranged("pair", do_pair), t.pair_reps, 1, repeat=t.pair_iters)
     ib_after = ib_counters.sample() if ctx.local_rank == 0 else None
-    ib = (
-        ib_counters.delta(ib_before, ib_after).to_dict()
-        if ib_before is not None and ib_after is not None
-        else None
-    )
+    ib_delta = ib_counters.delta(ib_before, ib_after)  # None when either side has no IB devices
+    ib = ib_delta.to_dict() if ib_delta is not None else None
     traced: dict[str, Any] = {}
     if spec.trace.mode == "torch" and files is not None:
         traced = _torch_trace(name, case.case_id, spec, ctx, files, do_dispatch, do_combine, do_pair)

@@ -85,6 +85,7 @@ class NcclA2ABackend(Backend):
         self._cached_layout = case.knobs.get("layout", "fresh") == "cached"
         self._layout_cache.clear()
         if case.sms not in self._groups:
+            assert case.sms is not None  # None is the default group, present from the start
             opts = dist.ProcessGroupNCCL.Options()
             opts.config.min_ctas = case.sms
             opts.config.max_ctas = case.sms
@@ -220,7 +221,7 @@ class NcclA2ABackend(Backend):
         self._groups = {None: self.ctx.group}
 
     def library_versions(self) -> dict[str, str]:
-        versions = {"torch": torch.__version__}
+        versions = {"torch": str(torch.__version__)}
         if torch.cuda.is_available() and torch.cuda.nccl.is_available([]):  # type: ignore[no-untyped-call]
             versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         return versions

@@ -153,8 +153,8 @@ def expand(
         base.update(suite.backend_workload.get(backend, {}))
         axes: dict[str, list[Any]] = dict(suite.axes)
         axes.update(suite.backend_axes.get(backend, {}))
-        for key, values in overrides.items():
-            axes[key] = values
+        for key, axis_values in overrides.items():
+            axes[key] = axis_values
             base.pop(key, None)
         names = list(axes)
         seen: set[str] = set()
