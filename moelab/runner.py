@@ -133,6 +133,45 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str) -> JobOutcome:
     return outcome
 
 
+def _collect_nsys(files: JobFiles, backend: str) -> None:
+    """Register the per-rank nsys reports (and their SQLite exports) for ingest; say so when nsys left none.
+
+    Seen on this workplace's GPU machines: the nsys bundled with Nsight Compute records .qdstrm files but
+    never finishes a report, so a run "with" nsys traces can silently have none.
+    """
+    from moelab.tracing.nsys import export_sqlite, report_paths
+
+    traces_dir = files.dir / "traces"
+    found = []
+    for rank, rep in enumerate(report_paths(traces_dir, backend)):
+        found.append(
+            {
+                "rank": rank,
+                "kind": "nsys",
+                "path": str(rep.relative_to(files.run_dir)),
+                "size_bytes": rep.stat().st_size,
+            }
+        )
+        try:
+            sqlite = export_sqlite(rep)
+            found.append(
+                {
+                    "rank": rank,
+                    "kind": "nsys-sqlite",
+                    "path": str(sqlite.relative_to(files.run_dir)),
+                    "size_bytes": sqlite.stat().st_size,
+                }
+            )
+        except Exception as exc:  # keep the report even when the export fails
+            print(f"[{backend}] nsys export of {rep.name} failed: {exc}", file=sys.stderr)
+    note = None
+    if not found:
+        leftovers = sorted(p.name for p in traces_dir.glob("*.qdstrm")) if traces_dir.exists() else []
+        note = "nsys wrote no .nsys-rep report" + (f" (only {', '.join(leftovers)})" if leftovers else "")
+        print(f"[{backend}] warning: {note}", file=sys.stderr)
+    (files.dir / "nsys_traces.json").write_text(json.dumps({"traces": found, "note": note}, indent=2))
+
+
 def is_launching_host(spec: RunSpec) -> bool:
     """Only one host writes the database: the single host, node 0 under torchrun, task 0's host under SLURM."""
     if spec.launch.launcher == "torchrun":
@@ -143,7 +182,14 @@ def is_launching_host(spec: RunSpec) -> bool:
 def execute(
     spec: RunSpec, runs_root: Path, db_path: Path, progress: Callable[[str], None] = print
 ) -> RunOutcome:
-    rd = RunDir.create(runs_root, spec)
+    # torchrun multi-node runs this on every node with the same run id: a node other than the launching
+    # host keeps its copy under node<R>/, so nodes sharing a filesystem (--out, or the default under a
+    # shared home) do not collide on one folder
+    root = runs_root if is_launching_host(spec) else runs_root / f"node{spec.launch.node_rank}"
+    try:
+        rd = RunDir.create(root, spec)
+    except FileExistsError:
+        raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
     for backend in spec.backends:
         progress(

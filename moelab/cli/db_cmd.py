@@ -12,7 +12,10 @@ from moelab.errors import MoelabError
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.export import export_runs
 
-app = typer.Typer(help="Query and export the DuckDB store.", no_args_is_help=True)
+app = typer.Typer(
+    help='Query and export the DuckDB store.\n\nExample: moelab db query "SELECT run_id, label FROM runs"',
+    no_args_is_help=True,
+)
 
 
 @app.command("query")

@@ -35,7 +35,10 @@ def main(
         False, "--version", callback=_version, is_eager=True, help="Print the version"
     ),
 ) -> None:
-    """moelab: benchmark, store, report and guard MoE expert-parallel dispatch/combine across backends."""
+    """moelab: benchmark, store, report and guard MoE expert-parallel dispatch/combine across backends.
+
+    Example: moelab run --backend nccl-a2a --experts-per-rank 8 --report report.html
+    """
 
 
 app.command("run")(run)

@@ -15,7 +15,7 @@ from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, 
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.rundir import now_iso
-from moelab.runner import execute, new_run_id
+from moelab.runner import execute, is_launching_host, new_run_id
 from moelab.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.suites.loader import expand, load_suite
@@ -262,8 +262,13 @@ def run(
             container_mounts,
         )
         return
+    if launcher == "torchrun" and nodes > 1 and node_rank is None:
+        raise SpecError(
+            "torchrun across nodes needs --node-rank on every node (0 on the host that stores the run)"
+        )
     db_path = resolve_db_path(db)
-    check_writable(db_path)  # fail now, not after measuring
+    if is_launching_host(spec):
+        check_writable(db_path)  # fail now, not after measuring; other nodes never open the database
     console.print(
         f"run {spec.run_id}: {len(runnable)} cases ({len(cases) - len(runnable)} skipped), run directory {runs_root / spec.run_id}"
     )

@@ -14,7 +14,8 @@ from moelab.tracing.summary import TraceSummary
 from moelab.tracing.torch_trace import summarize_chrome_trace
 
 app = typer.Typer(
-    help="Summarise profiler traces: API time, kernel-only time and kernel shares per range.",
+    help="Summarise profiler traces: API time, kernel-only time and kernel shares per range.\n\n"
+    "Example: moelab trace summarize runs/RUN/nccl-a2a/traces/CASE/rank0.json",
     no_args_is_help=True,
 )
 

@@ -68,5 +68,16 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     reader = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}[fmt]
     for table in manifest["tables"]:
         path = folder / f"{table}.{fmt}"
-        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
+        if fmt == "json":
+            # typed columns: an empty table or sparse rows must not change types or invent keys
+            cols = con.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+                [table],
+            ).fetchall()
+            spec = "{" + ", ".join(f"'{c}': '{t}'" for c, t in cols) + "}"
+            con.execute(
+                f"INSERT INTO {table} BY NAME SELECT * FROM read_json('{_quote(path)}', format='array', columns={spec})"
+            )
+        else:
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
     return list(manifest["runs"])

@@ -148,9 +148,24 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
                                 bw.gbps,
                             )
                         )
-                    lib = library_figure(backend, rows, opdata["bytes_per_row"], opdata["samples_us"]) if op != "pair" else None
+                    lib = (
+                        library_figure(backend, rows, opdata["bytes_per_row"], opdata["samples_us"])
+                        if op != "pair"
+                        else None
+                    )
                     if lib is not None:
-                        tables["bandwidths"].append((spec.run_id, backend, case.case_id, op, lib.definition, lib.bytes_mean, lib.bytes_max, lib.gbps))
+                        tables["bandwidths"].append(
+                            (
+                                spec.run_id,
+                                backend,
+                                case.case_id,
+                                op,
+                                lib.definition,
+                                lib.bytes_mean,
+                                lib.bytes_max,
+                                lib.gbps,
+                            )
+                        )
                     if kernel_us:
                         for bw in bandwidths(rows, opdata["bytes_per_row"], kernel_us):
                             if bw.definition in ("nvl_recv", "nvl_remote"):
@@ -221,6 +236,24 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
                         port.get("port"), port.get("status"), port.get("xmit_bytes"), port.get("rcv_bytes"),
                         port.get("xmit_gbps"), port.get("rcv_gbps"), port.get("rate_gbps"), delta.get("elapsed_s"),
                     ))  # fmt: skip
+        nsys = files.dir / "nsys_traces.json"
+        if nsys.exists():
+            nsys_data = json.loads(nsys.read_text())
+            for t in nsys_data.get("traces", []):
+                tables["traces"].append(
+                    (
+                        spec.run_id,
+                        backend,
+                        None,
+                        t.get("rank"),
+                        t.get("kind"),
+                        t.get("path"),
+                        t.get("size_bytes"),
+                    )
+                )
+            if nsys_data.get("note"):
+                job_row = tables["jobs"][-1]
+                tables["jobs"][-1] = (*job_row[:3], f"{job_row[3]}; {nsys_data['note']}", *job_row[4:])
         for phase in ("before", "after"):
             snap_path = files.dir / f"health_{phase}.json"
             if snap_path.exists():

@@ -1,0 +1,34 @@
+"""After an nsys job the runner registers each rank's report, and says so when nsys left none
+(the Nsight-Compute-bundled nsys on the GPU machines here writes only .qdstrm files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from moelab.rundir import JobFiles
+from moelab.runner import _collect_nsys
+
+
+def test_reports_are_registered_per_rank(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path, "nccl-a2a")
+    traces = files.dir / "traces"
+    traces.mkdir(parents=True)
+    for rank in (1, 0):
+        (traces / f"nccl-a2a_rank{rank}.nsys-rep").write_bytes(b"x" * (10 + rank))
+    _collect_nsys(files, "nccl-a2a")
+    data = json.loads((files.dir / "nsys_traces.json").read_text())
+    reports = [t for t in data["traces"] if t["kind"] == "nsys"]
+    assert [(t["rank"], t["size_bytes"]) for t in reports] == [(0, 10), (1, 11)]
+    assert data["note"] is None
+
+
+def test_no_report_is_said(tmp_path: Path) -> None:
+    files = JobFiles(tmp_path, "nccl-a2a")
+    traces = files.dir / "traces"
+    traces.mkdir(parents=True)
+    (traces / "nsys-report-03bf.qdstrm").write_bytes(b"q")
+    _collect_nsys(files, "nccl-a2a")
+    data = json.loads((files.dir / "nsys_traces.json").read_text())
+    assert data["traces"] == []
+    assert "no .nsys-rep report" in data["note"] and "nsys-report-03bf.qdstrm" in data["note"]
