@@ -148,7 +148,9 @@ def bandwidths(rows: Sequence[RankRows], bytes_per_row: int, time_us: float) -> 
     return result
 
 
-def library_figure(backend: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]) -> Bandwidth | None:
+def library_figure(
+    backend: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+) -> Bandwidth | None:
     """The figure a library's own test prints, computed its way from moelab's per-rank samples (None when the
     backend's library has no such test). DeepEP: rank 0's bytes over rank 0's mean after dropping the first
     sample; Hybrid-EP: rank 0's bytes over the mean across ranks of each rank's mean time."""
@@ -162,4 +164,6 @@ def library_figure(backend: str, rows: Sequence[RankRows], bytes_per_row: int, s
         name = "hybrid_ep_rank0_bytes_over_mean_time"
     else:
         return None
-    return Bandwidth(definition=name, bytes_mean=float(rank0), bytes_max=float(rank0), gbps=rank0 / (t * 1e-6) / 1e9)
+    return Bandwidth(
+        definition=name, bytes_mean=float(rank0), bytes_max=float(rank0), gbps=rank0 / (t * 1e-6) / 1e9
+    )

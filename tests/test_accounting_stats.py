@@ -176,3 +176,38 @@ def test_summarize_one_rank_one_iteration() -> None:
 def test_summarize_rejects_non_tables(bad: list[object]) -> None:
     with pytest.raises(ValueError, match="non-empty"):
         summarize(bad)  # type: ignore[arg-type]
+
+
+def test_library_figures_follow_each_librarys_own_test() -> None:
+    from moelab.accounting import RankRows, library_figure
+
+    rows = [
+        RankRows(
+            rank=0,
+            recv_rows=100,
+            recv_rows_remote=50,
+            send_rows=100,
+            send_rows_remote=50,
+            rdma_pairs=100,
+            rdma_pairs_remote=0,
+        ),
+        RankRows(
+            rank=1,
+            recv_rows=300,
+            recv_rows_remote=150,
+            send_rows=300,
+            send_rows_remote=150,
+            rdma_pairs=300,
+            rdma_pairs_remote=0,
+        ),
+    ]
+    samples = [[1000.0, 10.0, 20.0], [30.0, 30.0, 30.0]]
+    # DeepEP: rank 0's bytes over rank 0's mean after dropping the first (warm-up-like) sample: 15 us
+    deepep = library_figure("deepep", rows, 1000, samples)
+    assert deepep is not None and deepep.definition == "deepep_nvl"
+    assert deepep.gbps == pytest.approx(100 * 1000 / 15e-6 / 1e9)
+    # Hybrid-EP: rank 0's bytes over the mean of the ranks' means: (343.33 + 30) / 2 us
+    hybrid = library_figure("hybrid-ep", rows, 1000, samples)
+    assert hybrid is not None and hybrid.definition == "hybrid_ep_rank0_bytes_over_mean_time"
+    assert hybrid.gbps == pytest.approx(100 * 1000 / (((1030.0 / 3) + 30.0) / 2 * 1e-6) / 1e9)
+    assert library_figure("nccl-a2a", rows, 1000, samples) is None
