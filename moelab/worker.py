@@ -8,6 +8,7 @@ RUN_DIR/BACKEND/rank<R>.log, with faulthandler on, so a segfault leaves a Python
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -205,7 +206,7 @@ def run_case(
         }
         for op in ("dispatch", "combine", "pair")
     }
-    record["rows"] = [r.__dict__ if hasattr(r, "__dict__") else _slots_dict(r) for r in rows]
+    record["rows"] = [dataclasses.asdict(r) for r in rows]
     record["host_sync"] = backend.host_sync_note()
     return record | {"status": "ok", "reason": None}
 
@@ -236,10 +237,6 @@ def _torch_trace(
         "trace": {"rank": ctx.rank, "kind": "torch", "path": rel, "size_bytes": cap.size_bytes},
         "ops": {op: k.to_record() for op, k in kt.items()},
     }
-
-
-def _slots_dict(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__slots__}
 
 
 def main(argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from moelab.backends import registry
 from moelab.backends.deepep import DeepEPSettings
 from moelab.backends.deepep_ll import DeepEPLowLatencyBackend, slot_sources, unit_weights
 from moelab.backends.hybrid_ep import HybridEPBackend, HybridSettings, local_topk
+from moelab.backends.input_cache import InputCache
 from moelab.errors import SpecError
 
 NAMES = ("deepep", "deepep-ll", "hybrid-ep")
@@ -77,7 +78,7 @@ def test_per_token_cast_to_fp8_round_trips_within_fp8_error() -> None:
 
 
 def test_input_cache_reuses_until_the_tensor_changes() -> None:
-    cache = common.InputCache()
+    cache = InputCache()
     a = torch.ones(4)
     calls: list[int] = []
 

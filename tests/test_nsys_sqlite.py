@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from moelab.errors import MoelabError
-from moelab.launch.local import torchrun_argv
+from moelab.launch.commands import LaunchPlan, torchrun_local_argv
 from moelab.tracing.kernel_time import op_kernel_times
 from moelab.tracing.nsys import (
     export_sqlite,
@@ -219,7 +219,9 @@ def test_nsys_prefix_options() -> None:
 def test_splice_into_torchrun_srun_mpirun_golden() -> None:
     py = sys.executable
     prefix = nsys_prefix_argv("/t", "nccl-a2a")
-    tr = torchrun_argv(Path("/runs/r1"), "nccl-a2a", 2)
+    tr = torchrun_local_argv(
+        LaunchPlan(python=py, gpus_per_node=2, device="cpu", worker_args=("/runs/r1", "nccl-a2a"))
+    )
     i = tr.index("-m", 3)  # torchrun's own --module flag
     assert splice_rank_wrapper(tr, prefix, python=py) == (
         tr[:i] + ["--no-python", *prefix, py, "-m", "moelab.worker", "/runs/r1", "nccl-a2a"]

@@ -31,6 +31,7 @@ import torch
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_normal_reason
+from moelab.backends.input_cache import InputCache
 from moelab.errors import BackendUnavailable, SpecError
 
 V1_KNOBS = (
@@ -127,8 +128,8 @@ class DeepEPBackend(Backend):
         self._case: CaseConfig | None = None
         self._dispatch_cfg: Any = None
         self._combine_cfg: Any = None
-        self._cast_cache = common.InputCache()
-        self._handle_cache = common.InputCache()
+        self._cast_cache = InputCache()
+        self._handle_cache = InputCache()
         if self.api == "v2":
             self._buffer = self._make_v2(runnable)
         else:

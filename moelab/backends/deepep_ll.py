@@ -28,6 +28,7 @@ import torch.distributed as dist
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_low_latency_reason
+from moelab.backends.input_cache import InputCache
 from moelab.errors import BackendUnavailable, SpecError
 
 
@@ -117,9 +118,9 @@ class DeepEPLowLatencyBackend(Backend):
             explicitly_destroy=True,
         )
         self._case: CaseConfig | None = None
-        self._routing_cache = common.InputCache()
-        self._dispatch_cache = common.InputCache()
-        self._combine_cache = common.InputCache()
+        self._routing_cache = InputCache()
+        self._dispatch_cache = InputCache()
+        self._combine_cache = InputCache()
         self._combine_in: torch.Tensor | None = None
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:

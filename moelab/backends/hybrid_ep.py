@@ -31,6 +31,7 @@ import torch
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import hybrid_ep_reason
+from moelab.backends.input_cache import InputCache
 from moelab.errors import BackendUnavailable, SpecError
 
 KNOBS = ("fused", "permute", "handle", "pad_multiple", "combine_sms")
@@ -158,9 +159,9 @@ class HybridEPBackend(Backend):
         self._buf: Any = None
         self._case: CaseConfig | None = None
         self._settings = HybridSettings.from_knobs({})
-        self._cast_cache = common.InputCache()
-        self._handle_cache = common.InputCache()
-        self._combine_cache = common.InputCache()
+        self._cast_cache = InputCache()
+        self._handle_cache = InputCache()
+        self._combine_cache = InputCache()
 
     @staticmethod
     def _key(case: CaseConfig) -> tuple[Any, ...]:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
-from moelab.backends.deepep_common import InputCache
+from moelab.backends.input_cache import InputCache
 
 LAYOUTS = ("fresh", "cached")
 

@@ -18,6 +18,7 @@ from moelab.rundir import now_iso
 from moelab.runner import execute, is_launching_host, new_run_id
 from moelab.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
+from moelab.store.labels import set_label
 from moelab.suites.loader import expand, load_suite
 
 
@@ -279,10 +280,8 @@ def run(
         )
         raise typer.Exit(0 if outcome.all_jobs_ok else 1)
     if label:
-        from moelab.store.db import open_db as _open
-
-        with _open(db_path) as con:
-            _set_label(con, spec.run_id, label)
+        with open_db(db_path) as con:
+            set_label(con, spec.run_id, label)
     failed = print_run_summary(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")
     if report is not None:
@@ -313,14 +312,6 @@ def _parse_backend_paths(values: list[str]) -> dict[str, str]:
             raise SpecError(f"--backend-path {name}: {path} is not a directory")
         out[name] = str(Path(path).resolve())
     return out
-
-
-def _set_label(con: Any, run_id: str, label: str) -> None:
-    try:
-        from moelab.store.labels import set_label
-    except ImportError:  # labels arrive with the reports/gate module
-        return
-    set_label(con, run_id, label)
 
 
 def _print_or_submit(

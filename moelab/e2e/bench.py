@@ -20,6 +20,7 @@ Timed ops (samples [rank][iteration], µs; all but `layer*` on the whole batch, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -111,10 +112,6 @@ class E2ESettings:
 def _metric(name: str, value: float | None, unit: str, definition: str) -> dict[str, Any]:
     kept = float(value) if value is not None and math.isfinite(value) else None
     return {"name": name, "value": kept, "unit": unit, "definition": definition}
-
-
-def _slots_dict(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__slots__}
 
 
 def e2e_metrics(
@@ -390,8 +387,7 @@ def run_e2e_case(
     record["metrics"] = e2e_metrics(record["ops"], settings, wl, pairs, check)
     routings = route_all(wl, ctx.world)
     record["rows"] = [
-        _slots_dict(r) if hasattr(r, "__slots__") else dict(r.__dict__)
-        for r in count_rows(routings, wl.experts_per_rank, ctx.gpus_per_node)
+        dataclasses.asdict(r) for r in count_rows(routings, wl.experts_per_rank, ctx.gpus_per_node)
     ]
     sync = "expert grouping: one device-to-host read of the pair count per dispatch"
     if gemm == "loop":

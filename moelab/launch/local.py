@@ -17,13 +17,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import moelab
 from moelab.rundir import JobFiles, now_iso
 
 KILL_GRACE_S = 10.0
@@ -62,15 +60,6 @@ class JobOutcome:
         return asdict(self) | {"description": self.describe()}
 
 
-def torchrun_argv(run_dir: Path, backend: str, nproc: int) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc-per-node={nproc}", "--max-restarts=0",
-        "--monitor-interval=0.5",
-        "-m", "moelab.worker", str(run_dir), backend,
-    ]  # fmt: skip
-
-
 _FAILURE_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
@@ -94,16 +83,6 @@ def parse_torchrun_failures(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def _children_env() -> dict[str, str]:
-    env = dict(os.environ)
-    pkg_root = str(Path(moelab.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
-    env["PYTHONFAULTHANDLER"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def _pids_in_session(sid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -123,9 +102,7 @@ def _kill_session(sid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def run_job(
-    files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str] | None = None
-) -> JobOutcome:
+def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str]) -> JobOutcome:
     """Start `argv` in its own session, wait up to `timeout_s`, reap every process of the session."""
     files.dir.mkdir(parents=True, exist_ok=True)
     started, t0 = now_iso(), time.monotonic()
@@ -135,7 +112,7 @@ def run_job(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env or _children_env(),
+            env=env,
             start_new_session=True,
         )
         sid = proc.pid  # a new session's id is its leader's pid
@@ -175,7 +152,3 @@ def run_job(
     )
     files.write_job(outcome.to_dict())
     return outcome
-
-
-def launch_local(files: JobFiles, nproc: int, timeout_s: float) -> JobOutcome:
-    return run_job(files, torchrun_argv(files.run_dir, files.backend, nproc), timeout_s)

@@ -18,8 +18,6 @@ from moelab.rundir import RunDir
 from moelab.stats import summarize
 from moelab.store.schema import RUN_TABLES
 
-OPS = ("dispatch", "combine", "pair")
-
 # Column lists of the version-1 tables: later migrations add columns, so inserts name theirs.
 COLUMNS = {
     "cases": (
@@ -112,19 +110,19 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
                     rec["status"] = "unavailable"
             wl = case.workload
             check = rec.get("check", {})
+            is_suspect = suspect is not None and rec["status"] == "ok" and "nccl_tests" not in rec
             tables["cases"].append((
                 spec.run_id, backend, case.case_id, rec["status"], rec.get("reason"), wl.hidden, wl.tokens_per_rank,
                 wl.topk, wl.experts_per_rank, spec.launch.world, spec.launch.gpus_per_node, wl.routing.kind,
                 wl.routing.seed, json.dumps(wl.to_dict()["routing"]), wl.dtype, case.sms, json.dumps(case.knobs),
                 json.dumps(rec.get("backend_record", {})), _finite(check.get("dispatch_err")),
-                _finite(check.get("combine_err")), rec.get("host_sync"), False, None,
+                _finite(check.get("combine_err")), rec.get("host_sync"), is_suspect, suspect if is_suspect else None,
             ))  # fmt: skip
             if rec["status"] != "ok":
                 continue
             if "nccl_tests" in rec:
                 _nccl_tests_rows(tables, spec.run_id, case.case_id, rec["nccl_tests"])
                 continue
-            _health_suspect(tables, case_row_index=len(tables["cases"]) - 1, suspect=suspect)
             rows = [RankRows(**r) for r in rec.get("rows", [])]
             for op, opdata in rec["ops"].items():
                 s = summarize(opdata["samples_us"])
@@ -286,14 +284,6 @@ def _suspect(path: Path) -> str | None:
         "; ".join(f"{f.get('subject')}: {f.get('reason')}" for f in bad)[:1000]
         or "health worsened during the run"
     )
-
-
-def _health_suspect(
-    tables: dict[str, list[tuple[Any, ...]]], case_row_index: int, suspect: str | None
-) -> None:
-    if suspect:
-        row = tables["cases"][case_row_index]
-        tables["cases"][case_row_index] = (*row[:21], True, suspect)
 
 
 def _health_row(run_id: str, backend: str, phase: str, path: Path) -> tuple[Any, ...]:
