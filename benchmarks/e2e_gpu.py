@@ -23,10 +23,10 @@ import torch.distributed as dist
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
 from moelab.e2e.bench import backend_case_config, run_e2e_case
-from moelab.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.measure.timing import Clock
+from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.plan.workload import Workload
 from moelab.suites.loader import case_id_for
-from moelab.timing import Clock
-from moelab.workload import Workload
 
 
 def _cases(a: argparse.Namespace, backend: str, world: int) -> list[CaseSpec]:

@@ -1,5 +1,5 @@
 """Run a real alltoall_perf, keep its raw text and JSON outputs (new parser fixtures), parse both, and run
-moelab.nccl_tests.run_alltoall_perf over the reference workload's sizes.
+moelab.backends.nccl_tests.run_alltoall_perf over the reference workload's sizes.
 
     python3 benchmarks/nccl_tests_record.py --bin /path/to/nccl-tests/build --gpus 2 --out "$OUT"
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moelab.nccl_tests import (  # noqa: E402
+from moelab.backends.nccl_tests import (  # noqa: E402
     aligned_size,
     alltoall_perf_argv,
     find_alltoall_perf,

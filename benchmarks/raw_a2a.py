@@ -18,10 +18,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from moelab.accounting import count_rows
-from moelab.routing import route_all
-from moelab.timing import Clock
-from moelab.workload import Workload
+from moelab.accounting.bandwidth import count_rows
+from moelab.measure.timing import Clock
+from moelab.plan.routing import route_all
+from moelab.plan.workload import Workload
 
 
 def main() -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from moelab.rundir import RunDir
-from moelab.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.launch.rundir import RunDir
+from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.plan.workload import RoutingSpec, Workload
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.suites.loader import case_id_for
-from moelab.workload import RoutingSpec, Workload
 
 
 @dataclass(kw_only=True)

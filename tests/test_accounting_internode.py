@@ -1,4 +1,4 @@
-"""Inter-node byte accounting (moelab.accounting_internode): hand-computed cases and properties."""
+"""Inter-node byte accounting (moelab.accounting.internode): hand-computed cases and properties."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.accounting import count_rows
-from moelab.accounting_internode import internode_bytes
-from moelab.routing import Routing, route_all
-from moelab.workload import Workload
+from moelab.accounting.bandwidth import count_rows
+from moelab.accounting.internode import internode_bytes
+from moelab.plan.routing import Routing, route_all
+from moelab.plan.workload import Workload
 
 
 def _routing(rows: list[list[int]]) -> Routing:

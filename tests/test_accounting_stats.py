@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.accounting import DEFINITIONS, RankRows, bandwidths, count_rows
-from moelab.accounting_internode import internode_bytes
-from moelab.routing import Routing, route_all
-from moelab.stats import iteration_times, summarize
-from moelab.workload import RoutingSpec, Workload
+from moelab.accounting.bandwidth import DEFINITIONS, RankRows, bandwidths, count_rows
+from moelab.accounting.internode import internode_bytes
+from moelab.measure.stats import iteration_times, summarize
+from moelab.plan.routing import Routing, route_all
+from moelab.plan.workload import RoutingSpec, Workload
 
 # world 4, 2 experts per rank (expert e lives on rank e // 2), topk 2, 2 tokens per rank.
 # Destination ranks per token, written out:
@@ -179,7 +179,7 @@ def test_summarize_rejects_non_tables(bad: list[object]) -> None:
 
 
 def test_library_figures_follow_each_librarys_own_test() -> None:
-    from moelab.accounting import RankRows, library_figure
+    from moelab.accounting.bandwidth import RankRows, library_figure
 
     rows = [
         RankRows(

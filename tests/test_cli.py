@@ -178,7 +178,7 @@ def test_dry_run_prints_torchrun_and_writes_nothing(stored: tuple[Path, Path, st
         result = _invoke(["run", *SMALL, "--dry-run", "--db", str(target), "--out", str(out)])
         assert result.exit_code == 0, result.output
         cmd = [line for line in result.stdout.splitlines() if "torch.distributed.run" in line]
-        assert len(cmd) == 1 and "--nproc-per-node 2" in cmd[0] and "-m moelab.worker" in cmd[0]
+        assert len(cmd) == 1 and "--nproc-per-node 2" in cmd[0] and "-m moelab.measure.worker" in cmd[0]
         assert "--max-restarts 0" in cmd[0]
     assert _counts(db) == before
     assert not fresh_db.exists() and not out.exists()

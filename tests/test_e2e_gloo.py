@@ -17,11 +17,11 @@ from moelab.e2e.bench import backend_case_config, run_e2e_case
 from moelab.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.e2e.overlap import Streams, forward_overlapped
 from moelab.e2e.reference import layer_tolerance, reference_layer
-from moelab.reference import relative_error
-from moelab.routing import Routing, route_all
-from moelab.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.timing import Clock
-from moelab.workload import RoutingSpec, Workload
+from moelab.measure.reference import relative_error
+from moelab.measure.timing import Clock
+from moelab.plan.routing import Routing, route_all
+from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
 INTER = 16

@@ -28,11 +28,11 @@ from moelab.e2e.layer import (
 from moelab.e2e.overlap import Streams, chunk_bounds, forward_overlapped
 from moelab.e2e.reference import layer_tolerance, reference_layer
 from moelab.errors import SpecError
-from moelab.reference import relative_error
-from moelab.routing import route
-from moelab.spec import CaseSpec
+from moelab.measure.reference import relative_error
+from moelab.plan.routing import route
+from moelab.plan.spec import CaseSpec
+from moelab.plan.workload import Workload
 from moelab.suites.loader import expand, load_suite
-from moelab.workload import Workload
 
 HAS_GROUPED = hasattr(torch, "_grouped_mm")
 

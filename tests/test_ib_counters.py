@@ -1,4 +1,4 @@
-"""IB counter sampling against a fake sysfs tree (moelab.ib_counters)."""
+"""IB counter sampling against a fake sysfs tree (moelab.measure.ib_counters)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.ib_counters import COUNTER32_MAX, delta, sample
+from moelab.measure.ib_counters import COUNTER32_MAX, delta, sample
 
 NDR = "400 Gb/sec (4X NDR)"
 

@@ -124,7 +124,7 @@ def test_torchrun_nsys_uses_no_python_and_rank_placeholder() -> None:
     i = argv.index("--no-python")
     assert argv[i + 1] == "nsys"
     assert "rep_rank%q{RANK}" in argv
-    assert argv[-5:] == ["python3", "-m", "moelab.worker", "/shared/moelab/runs/r1", "hybrid-ep"]
+    assert argv[-5:] == ["python3", "-m", "moelab.measure.worker", "/shared/moelab/runs/r1", "hybrid-ep"]
 
 
 def test_srun_cpu_plan_requests_no_gpus_and_passes_containers() -> None:

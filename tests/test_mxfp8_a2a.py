@@ -10,20 +10,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moelab import checks
 from moelab.backends import registry
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
-from moelab.quant import mxfp8
-from moelab.reference import (
+from moelab.measure import checks
+from moelab.measure.reference import (
     COMBINE_TOL,
     expert_output,
     make_tokens,
     reference_dispatch,
     relative_error,
 )
-from moelab.routing import route_all
-from moelab.workload import RoutingSpec, Workload
+from moelab.plan.routing import route_all
+from moelab.plan.workload import RoutingSpec, Workload
+from moelab.quant import mxfp8
 from tests.distributed_helpers import run_ranks
 
 BF16_SUM_TOL = 2.0**-7  # a few bf16 roundings of sums over <= 4 ranks

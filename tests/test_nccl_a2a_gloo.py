@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moelab import checks
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
-from moelab.reference import make_tokens, reference_dispatch
-from moelab.routing import Routing, route_all
-from moelab.workload import RoutingSpec, Workload
+from moelab.measure import checks
+from moelab.measure.reference import make_tokens, reference_dispatch
+from moelab.plan.routing import Routing, route_all
+from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
 

@@ -1,4 +1,4 @@
-"""Parsing alltoall_perf output (moelab.nccl_tests) from outputs in the formats of nccl-tests' util.cu.
+"""Parsing alltoall_perf output (moelab.backends.nccl_tests) from outputs in the formats of nccl-tests' util.cu.
 
 The fixtures follow the printf/JSON writers of NVIDIA/nccl-tests 2.17-2.19 (src/util.cu): rows
 "%12li  %12li  %8s  %6s  %6i" + per group "  %7s  %6s  %6s  %6g" (in-place alltoall is not checked: N/A).
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import BackendUnavailable, MoelabError
-from moelab.nccl_tests import (
+from moelab.backends.nccl_tests import (
     aligned_size,
     alltoall_perf_argv,
     find_alltoall_perf,
@@ -22,6 +21,7 @@ from moelab.nccl_tests import (
     run_alltoall_perf,
     supports_json,
 )
+from moelab.errors import BackendUnavailable, MoelabError
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "nccl_tests"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moelab.rundir import JobFiles
-from moelab.runner import _collect_nsys
+from moelab.launch.rundir import JobFiles
+from moelab.launch.runner import _collect_nsys
 
 
 def test_reports_are_registered_per_rank(tmp_path: Path) -> None:

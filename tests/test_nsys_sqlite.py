@@ -224,9 +224,9 @@ def test_splice_into_torchrun_srun_mpirun_golden() -> None:
     )
     i = tr.index("-m", 3)  # torchrun's own --module flag
     assert splice_rank_wrapper(tr, prefix, python=py) == (
-        tr[:i] + ["--no-python", *prefix, py, "-m", "moelab.worker", "/runs/r1", "nccl-a2a"]
+        tr[:i] + ["--no-python", *prefix, py, "-m", "moelab.measure.worker", "/runs/r1", "nccl-a2a"]
     )
-    srun = ["srun", "--ntasks=4", py, "-m", "moelab.worker", "/runs/r1", "deepep"]
+    srun = ["srun", "--ntasks=4", py, "-m", "moelab.measure.worker", "/runs/r1", "deepep"]
     sprefix = nsys_prefix_argv("/t", "deepep", rank_var="SLURM_PROCID")
     assert splice_rank_wrapper(srun, sprefix, python=py) == [
         "srun",
@@ -234,11 +234,11 @@ def test_splice_into_torchrun_srun_mpirun_golden() -> None:
         *sprefix,
         py,
         "-m",
-        "moelab.worker",
+        "moelab.measure.worker",
         "/runs/r1",
         "deepep",
     ]
-    mpi = ["mpirun", "-np", "2", "python3", "-m", "moelab.worker", "/runs/r1", "deepep"]
+    mpi = ["mpirun", "-np", "2", "python3", "-m", "moelab.measure.worker", "/runs/r1", "deepep"]
     mprefix = nsys_prefix_argv("/t", "deepep", rank_var="OMPI_COMM_WORLD_RANK")
     assert splice_rank_wrapper(mpi, mprefix) == [
         "mpirun",
@@ -247,7 +247,7 @@ def test_splice_into_torchrun_srun_mpirun_golden() -> None:
         *mprefix,
         "python3",
         "-m",
-        "moelab.worker",
+        "moelab.measure.worker",
         "/runs/r1",
         "deepep",
     ]

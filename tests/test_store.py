@@ -1,7 +1,7 @@
 """The DuckDB store: migrations are idempotent, ingest of a run directory is all-or-nothing and replaces a
 run's rows, exports round-trip, and a second writer waits for the lock and then fails with one line.
 
-Run directories here are written the way workers write them (moelab.rundir, moelab.spec, one
+Run directories here are written the way workers write them (moelab.launch.rundir, moelab.plan.spec, one
 results.jsonl record per case in worker.run_case's format), without torch processes."""
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from typing import Any
 import duckdb
 import pytest
 
-from moelab.accounting import bandwidths, count_rows
+from moelab.accounting.bandwidth import bandwidths, count_rows
 from moelab.errors import MoelabError
-from moelab.routing import route_all
-from moelab.rundir import RunDir
-from moelab.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.stats import summarize
+from moelab.launch.rundir import RunDir
+from moelab.measure.stats import summarize
+from moelab.plan.routing import route_all
+from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.plan.workload import Workload
 from moelab.store.db import connect, migrate
 from moelab.store.export import FORMATS, export_runs, load_export
 from moelab.store.ingest import ingest
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS, RUN_TABLES
 from moelab.suites.loader import case_id_for
-from moelab.workload import Workload
 
 WORLD = 4
 GPUS_PER_NODE = 2

@@ -14,8 +14,9 @@ import torch.distributed as dist
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.errors import MoelabError
-from moelab.reference import make_tokens
-from moelab.routing import route_all
+from moelab.measure.reference import make_tokens
+from moelab.plan.routing import route_all
+from moelab.plan.workload import Workload
 from moelab.tracing.kernel_time import kernel_bandwidth_gbs, op_kernel_times
 from moelab.tracing.summary import union_us
 from moelab.tracing.torch_trace import (
@@ -24,7 +25,6 @@ from moelab.tracing.torch_trace import (
     summarize_chrome_trace,
     trace_path,
 )
-from moelab.workload import Workload
 from tests.distributed_helpers import run_ranks
 
 CPU = torch.device("cpu")

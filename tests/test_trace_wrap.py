@@ -40,7 +40,7 @@ def test_placeholders_expand_per_rank_when_the_rank_starts(tmp_path: Path) -> No
         "env MOELAB_WRAP_OUT={out}.rep MOELAB_WRAP_RANK={rank}", out_dir, "deepep", rank_var="SLURM_PROCID"
     )
     assert prefix[:2] == ["sh", "-c"]
-    launcher = [sys.executable, "-m", "moelab.worker", "RUN", "deepep"]
+    launcher = [sys.executable, "-m", "moelab.measure.worker", "RUN", "deepep"]
     argv = splice_rank_wrapper(launcher, prefix)
     # swap the worker for a probe that prints what the wrapper gave it
     probe = (

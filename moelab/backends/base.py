@@ -1,7 +1,7 @@
 """The backend protocol: one small class per library, made once per job, used for every case of the job.
 
 A backend receives its rank's tokens and routing and returns what the reference semantics
-(moelab.reference) says: the tokens this rank must receive, with local expert ids and weights, and,
+(moelab.measure.reference) says: the tokens this rank must receive, with local expert ids and weights, and,
 in combine, the rows sent back and summed at their source.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from moelab.workload import Workload, payload_bytes_per_token
+from moelab.plan.workload import Workload, payload_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -29,8 +29,8 @@ import torch
 from moelab.backends.base import BackendContext, CaseConfig, Dispatched
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.errors import BackendUnavailable, SpecError
+from moelab.plan.workload import payload_bytes_per_token
 from moelab.quant import mxfp8
-from moelab.workload import payload_bytes_per_token
 
 PAYLOADS = ("bf16", "mxfp8")
 KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer", "layout")  # layout: nccl-a2a's

@@ -14,9 +14,9 @@ from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
-from moelab.rundir import now_iso
-from moelab.runner import execute, is_launching_host, new_run_id
-from moelab.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.launch.rundir import now_iso
+from moelab.launch.runner import execute, is_launching_host, new_run_id
+from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.store.labels import set_label
 from moelab.suites.loader import expand, load_suite
@@ -297,7 +297,7 @@ NCCL_TESTS = "nccl-tests"
 
 
 def nccl_tests_availability(binary: str | None) -> str | None:
-    from moelab.nccl_tests_job import availability
+    from moelab.backends.nccl_tests_job import availability
 
     return availability(binary)
 
@@ -323,7 +323,7 @@ def _print_or_submit(
     import shutil
     import subprocess
 
-    from moelab.runner import job_argv, launch_plan
+    from moelab.launch.runner import job_argv, launch_plan
 
     run_dir = runs_root / spec.run_id
     sb = commands.SbatchOptions(

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moelab.accounting import count_rows
+from moelab.accounting.bandwidth import count_rows
 from moelab.backends.base import Backend, BackendContext, CaseConfig
 from moelab.e2e.layer import (
     GEMM_IMPLS,
@@ -45,12 +45,12 @@ from moelab.e2e.layer import (
 from moelab.e2e.overlap import Streams, chunk_bounds, compute_chunked, forward_overlapped
 from moelab.e2e.reference import grad_tolerance, layer_tolerance, reference_layer
 from moelab.errors import SpecError
-from moelab.reference import relative_error
-from moelab.routing import route_all
-from moelab.spec import CaseSpec, RunSpec
-from moelab.stats import summarize
-from moelab.timing import Clock
-from moelab.workload import Workload
+from moelab.measure.reference import relative_error
+from moelab.measure.stats import summarize
+from moelab.measure.timing import Clock
+from moelab.plan.routing import route_all
+from moelab.plan.spec import CaseSpec, RunSpec
+from moelab.plan.workload import Workload
 
 BENCH_KNOB = "bench"
 BENCH_E2E = "e2e"

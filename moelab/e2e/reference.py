@@ -11,7 +11,7 @@ per-row sum and combine's sum. Measured on CPU (2 gloo ranks, hidden 1024, inter
 8 experts/rank): 5.2e-3 for the output, 5.1e-3 for the input gradient, 4.9e-3 for the weight
 gradients; 2e-2 is four times that, and still far below what a wrong row costs (dropping or doubling
 one of topk contributions is an error of about 1/√topk, 0.35 at topk 8). Quantized payloads add their
-own budget from moelab.reference: dispatch fp8/mxfp8 0.07, combine mxfp8 0.08 (MXFP8 both ways
+own budget from moelab.measure.reference: dispatch fp8/mxfp8 0.07, combine mxfp8 0.08 (MXFP8 both ways
 measured 4.6e-2 against 0.17). Gradients get twice the forward budget (they pass the chain twice).
 """
 
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from moelab.e2e.layer import expert_weight
-from moelab.reference import COMBINE_TOL, DISPATCH_TOL
+from moelab.measure.reference import COMBINE_TOL, DISPATCH_TOL
 
 BF16_LAYER_TOL = 2e-2
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from moelab.errors import MoelabError, SpecError
 
 LAUNCHERS = ("local", "slurm", "torchrun", "mpirun")
-WORKER_MODULE = "moelab.worker"
+WORKER_MODULE = "moelab.measure.worker"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCRIPT_REFS = re.compile(r"(\$\{[A-Z_][A-Z0-9_]*\})")
@@ -60,7 +60,7 @@ class LaunchPlan:
     device: str = "cuda"  # "cpu": no GPU request to srun
     python: str = "python3"
     worker_module: str = WORKER_MODULE
-    worker_args: tuple[str, ...] = ()  # after `-m moelab.worker`: RUN_DIR BACKEND
+    worker_args: tuple[str, ...] = ()  # after `-m moelab.measure.worker`: RUN_DIR BACKEND
     rdzv_endpoint: str | None = None  # host:port; torchrun c10d store, or MASTER_ADDR:PORT for mpirun
     rdzv_id: str = "moelab"  # torchrun --rdzv-id: the same on every node (the run id)
     node_rank: int | None = None  # torchrun: make node 0 host the rendezvous store
@@ -113,7 +113,7 @@ def auto_launcher(environ: Mapping[str, str]) -> str:
 
 
 def _program(plan: LaunchPlan, rank_var: str) -> list[str]:
-    """The per-rank program: python -m moelab.worker ..., optionally under nsys (one report per rank)."""
+    """The per-rank program: python -m moelab.measure.worker ..., optionally under nsys (one report per rank)."""
     program = [plan.python, "-m", plan.worker_module, *plan.worker_args]
     if plan.nsys is None:
         return program

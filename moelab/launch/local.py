@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.rundir import JobFiles, now_iso
+from moelab.launch.rundir import JobFiles, now_iso
 
 KILL_GRACE_S = 10.0
 

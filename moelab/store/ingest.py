@@ -13,9 +13,9 @@ from typing import Any
 
 import duckdb
 
-from moelab.accounting import RankRows, bandwidths, library_figure
-from moelab.rundir import RunDir
-from moelab.stats import summarize
+from moelab.accounting.bandwidth import RankRows, bandwidths, library_figure
+from moelab.launch.rundir import RunDir
+from moelab.measure.stats import summarize
 from moelab.store.schema import RUN_TABLES
 
 # Column lists of the version-1 tables: later migrations add columns, so inserts name theirs.

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from moelab.errors import SpecError
-from moelab.spec import CaseSpec
-from moelab.workload import RoutingSpec, Workload
+from moelab.plan.spec import CaseSpec
+from moelab.plan.workload import RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -133,7 +133,7 @@ def nsys_prefix_argv(
     nsys: str = "nsys",
     capture_end: str = "stop",
 ) -> list[str]:
-    """The argv that goes before each rank's `python -m moelab.worker …`: one report per rank,
+    """The argv that goes before each rank's `python -m moelab.measure.worker …`: one report per rank,
     `<out_dir>/<name>_rank<R>.nsys-rep`, limited to the cudaProfilerStart/Stop range."""
     if rank_var not in RANK_VARS:
         raise MoelabError(f"rank variable must be one of {', '.join(RANK_VARS)}, got {rank_var!r}")

@@ -1,8 +1,8 @@
 """Run every rank of one backend job under an external tool: nsys for `--trace nsys`, or any command
 for `--wrap 'ncu …'`.
 
-The wrapper goes between the launcher and each rank's `python -m moelab.worker`, never around the
-launcher, so each rank gets its own report: `torchrun … --no-python <wrapper> python -m moelab.worker …`
+The wrapper goes between the launcher and each rank's `python -m moelab.measure.worker`, never around the
+launcher, so each rank gets its own report: `torchrun … --no-python <wrapper> python -m moelab.measure.worker …`
 (torchrun's `--no-python` replaces its `-m`: the two are exclusive), `srun … <wrapper> python -m …`,
 `mpirun … <wrapper> python -m …`.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from moelab.errors import MoelabError
 from moelab.tracing.nsys import RANK_VARS
 
-WORKER_MODULE = "moelab.worker"
+WORKER_MODULE = "moelab.measure.worker"
 _PLACEHOLDER = re.compile(r"(\{out\}|\{rank\})")
 
 

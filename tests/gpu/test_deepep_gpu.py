@@ -50,11 +50,11 @@ def _free_port() -> int:
 def _rank_main(rank: int, world: int, port: int, name: str, results: Any) -> None:
     import torch.distributed as dist
 
-    from moelab import checks
     from moelab.backends.base import BackendContext, CaseConfig
-    from moelab.reference import make_tokens, reference_dispatch
-    from moelab.routing import route_all
-    from moelab.workload import Workload
+    from moelab.measure import checks
+    from moelab.measure.reference import make_tokens, reference_dispatch
+    from moelab.plan.routing import route_all
+    from moelab.plan.workload import Workload
 
     try:
         torch.cuda.set_device(rank)

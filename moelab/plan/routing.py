@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moelab.workload import Workload
+from moelab.plan.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""One rank of one backend job: `python -m moelab.worker RUN_DIR BACKEND`, started by a launcher.
+"""One rank of one backend job: `python -m moelab.measure.worker RUN_DIR BACKEND`, started by a launcher.
 
 For each case: routing → dispatch/combine correctness against the reference → timed dispatch, combine and
 back-to-back pairs → samples gathered on rank 0 → one JSON line in RUN_DIR/BACKEND/results.jsonl,
@@ -22,15 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moelab import checks, environment, ib_counters
-from moelab.accounting import count_rows
+from moelab.accounting.bandwidth import count_rows
 from moelab.backends import registry
 from moelab.backends.base import Backend, BackendContext, CaseConfig
-from moelab.reference import make_tokens, reference_dispatch
-from moelab.routing import route_all
-from moelab.rundir import JobFiles
-from moelab.spec import CaseSpec, RunSpec
-from moelab.timing import Clock
+from moelab.launch.rundir import JobFiles
+from moelab.measure import checks, environment, ib_counters
+from moelab.measure.reference import make_tokens, reference_dispatch
+from moelab.measure.timing import Clock
+from moelab.plan.routing import route_all
+from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.tracing.nvtx_ranges import cuda_profiler_range, nvtx_range, range_name
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moelab.routing import Routing
+from moelab.plan.routing import Routing
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,4 +1,4 @@
-"""Correctness of one backend's dispatch and combine against the reference (moelab.reference)."""
+"""Correctness of one backend's dispatch and combine against the reference (moelab.measure.reference)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from moelab.backends.base import Dispatched
-from moelab.reference import (
+from moelab.measure.reference import (
     COMBINE_TOL,
     DISPATCH_TOL,
     ExpectedDispatch,
@@ -17,8 +17,8 @@ from moelab.reference import (
     reference_combine,
     relative_error,
 )
-from moelab.routing import Routing
-from moelab.workload import Workload
+from moelab.plan.routing import Routing
+from moelab.plan.workload import Workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from moelab.spec import RunSpec
+from moelab.plan.spec import RunSpec
 
 RUNDIR_VERSION = 1
 

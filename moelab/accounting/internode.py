@@ -9,7 +9,7 @@ Nodes are groups of `gpus_per_node` consecutive ranks (so one 2-GPU host can be 
   * forwarded: DeepEP's hierarchical path. A token enters each destination node at the GPU with the
     sender's local index, which forwards it over NVLink to each other rank of that node holding one of
     its experts.
-Bytes are rows x bytes per token. Written independently of moelab.accounting (sets, not masks): the
+Bytes are rows x bytes per token. Written independently of moelab.accounting.bandwidth (sets, not masks): the
 tests check the two agree.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moelab.routing import Routing
+from moelab.plan.routing import Routing
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

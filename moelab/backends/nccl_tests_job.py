@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from moelab.accounting import count_rows
+from moelab.accounting.bandwidth import count_rows
+from moelab.backends.nccl_tests import aligned_size, find_alltoall_perf, run_alltoall_perf
 from moelab.launch.local import JobOutcome
-from moelab.nccl_tests import aligned_size, find_alltoall_perf, run_alltoall_perf
-from moelab.routing import route_all
-from moelab.rundir import JobFiles, now_iso
-from moelab.spec import CaseSpec, RunSpec
+from moelab.launch.rundir import JobFiles, now_iso
+from moelab.plan.routing import route_all
+from moelab.plan.spec import CaseSpec, RunSpec
 
 NAME = "nccl-tests"
 

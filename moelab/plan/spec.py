@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.workload import Workload
+from moelab.plan.workload import Workload
 
 SPEC_VERSION = 1
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moelab.routing import Routing
-from moelab.workload import Workload
+from moelab.plan.routing import Routing
+from moelab.plan.workload import Workload
 
 RANK_DIGITS = 3
 TOKEN_DIGITS = 7

@@ -16,8 +16,8 @@ import moelab
 from moelab.errors import MoelabError
 from moelab.launch import commands
 from moelab.launch.local import JobOutcome, run_job
-from moelab.rundir import JobFiles, RunDir
-from moelab.spec import RunSpec
+from moelab.launch.rundir import JobFiles, RunDir
+from moelab.plan.spec import RunSpec
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
 
@@ -196,7 +196,7 @@ def execute(
             f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
         )
         if backend == "nccl-tests":
-            from moelab.nccl_tests_job import run_nccl_tests_job
+            from moelab.backends.nccl_tests_job import run_nccl_tests_job
 
             outcome = run_nccl_tests_job(spec, rd.job(backend))
         else:
