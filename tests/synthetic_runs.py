@@ -13,9 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from moelab.accounting.rows import RankRows
 from moelab.launch.rundir import RunDir
 from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import RoutingSpec, Workload
+from moelab.record.build import OpMeasurement, op_result
+from moelab.record.case_record import CaseRecord, CheckResult
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.suites.loader import case_id_for
@@ -123,29 +126,41 @@ def write_run(root: Path, m: RunModel) -> Path:
         )
         for case in spec.cases_for(b.name):
             wl = case.workload
-            rows = _rows(wl.tokens_per_rank, wl.topk, m.world, wl.experts_per_rank)
+            rows = tuple(
+                RankRows(**r) for r in _rows(wl.tokens_per_rank, wl.topk, m.world, wl.experts_per_rank)
+            )
             bpr = wl.hidden * 2
-            record: dict[str, Any] = {"case_id": case.case_id, "backend": b.name, "case": case.to_dict(), "world": m.world, "gpus_per_node": m.world,
-                                      "backend_record": {}, "check": {"dispatch_err": 0.0, "combine_err": 0.001, "messages": []}}  # fmt: skip
+            where = {"world": m.world, "gpus_per_node": m.world}
+            check = CheckResult(dispatch_err=0.0, combine_err=0.001)
             if b.name in m.incorrect:
                 files.append_result(
-                    record | {"status": "incorrect", "reason": "rank 0 dispatch: 3 rows differ"}
+                    CaseRecord(
+                        case=case,
+                        status="incorrect",
+                        reason="rank 0 dispatch: 3 rows differ",
+                        check=check,
+                        world=m.world,
+                        gpus_per_node=m.world,
+                    )  # fmt: skip
                 )
                 continue
             sms = case.sms or m.sm_count
             gbps = b.peak_gbps * min(1.0, sms / b.sat_sms) ** 0.8
-            ops = {}
-            for op, mult, n in (("dispatch", 1.0, m.iters), ("combine", 1.0, m.iters), ("pair", 2.0, 5)):
-                nbytes = rows[0]["recv_rows"] * bpr * mult
+            ops = []
+            for op, mult, n in (("dispatch", 1.0, m.iters), ("combine", 1.0, m.iters), ("roundtrip", 2.0, 5)):
+                nbytes = rows[0].recv_rows * bpr * mult
                 t = (b.alpha_us + nbytes / (gbps * 1e3)) * m.slowdown
                 samples = t * rng.lognormal(0.0, m.noise, size=(m.world, n))
-                ops[op] = {
-                    "samples_us": samples.round(3).tolist(),
-                    "bytes_per_row": int(bpr * mult),
-                    "kernel": None,
-                }
+                ops.append(
+                    op_result(
+                        OpMeasurement(
+                            op=op, samples_us=samples.round(3).tolist(), bytes_per_row=int(bpr * mult)
+                        ),
+                        rows,
+                    )
+                )
             files.append_result(
-                record | {"ops": ops, "rows": rows, "host_sync": None, "status": "ok", "reason": None}
+                CaseRecord(case=case, status="ok", check=check, ops=tuple(ops), rows=rows, **where)  # type: ignore[arg-type]
             )
     rd.set_status("complete")
     return rd.path

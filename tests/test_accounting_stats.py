@@ -179,7 +179,17 @@ def test_summarize_rejects_non_tables(bad: list[object]) -> None:
 
 
 def test_library_figures_follow_each_librarys_own_test() -> None:
-    from moelab.accounting.bandwidth import RankRows, library_figure
+    from moelab.accounting.bandwidth import RankRows
+    from moelab.backends.deepep import DeepEPBackend
+    from moelab.backends.hybrid_ep import HybridEPBackend
+    from moelab.backends.nccl_a2a import NcclA2ABackend
+
+    def library_figure(
+        backend: str, rows: list[RankRows], bpr: int, samples: list[list[float]], op: str = "dispatch"
+    ):  # type: ignore[no-untyped-def]
+        cls = {"deepep": DeepEPBackend, "hybrid-ep": HybridEPBackend, "nccl-a2a": NcclA2ABackend}[backend]
+        got = cls.library_figures(op, rows, bpr, samples)
+        return got[0] if got else None
 
     rows = [
         RankRows(
@@ -211,3 +221,8 @@ def test_library_figures_follow_each_librarys_own_test() -> None:
     assert hybrid is not None and hybrid.definition == "hybrid_ep_rank0_bytes_over_mean_time"
     assert hybrid.gbps == pytest.approx(100 * 1000 / (((1030.0 / 3) + 30.0) / 2 * 1e-6) / 1e9)
     assert library_figure("nccl-a2a", rows, 1000, samples) is None
+    # only the paths the libraries' tests time carry their names: not a fresh dispatch, not a round trip
+    for op in ("dispatch_fresh", "roundtrip", "layout"):
+        assert library_figure("deepep", rows, 1000, samples, op) is None
+        assert library_figure("hybrid-ep", rows, 1000, samples, op) is None
+    assert library_figure("deepep", rows, 1000, samples, "combine") is not None

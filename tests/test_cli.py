@@ -98,8 +98,9 @@ def _counts(db: Path) -> dict[str, int]:
 def test_the_stored_run(stored: tuple[Path, Path, str]) -> None:
     db, _, run_id = stored
     counts = _counts(db)
-    assert counts["runs"] == 1 and counts["cases"] == 1 and counts["results"] == 3  # dispatch, combine, pair
-    assert counts["samples"] == 2 * (2 + 2 + 3)  # 2 ranks x (2 dispatch + 2 combine + 3 pair samples)
+    # nccl-a2a splits its phases: layout, dispatch, dispatch_fresh, combine, roundtrip
+    assert counts["runs"] == 1 and counts["cases"] == 1 and counts["results"] == 5
+    assert counts["samples"] == 2 * 5 * 2  # 2 ranks x 5 ops x 2 samples (--iters 2)
     con = duckdb.connect(str(db), read_only=True)
     row = con.execute("SELECT run_id, status, world, device FROM runs").fetchone()
     status = con.execute("SELECT status FROM cases").fetchone()
@@ -231,7 +232,7 @@ def test_db_export_parquet(stored: tuple[Path, Path, str], tmp_path: Path) -> No
     con = duckdb.connect()
     migrate(con)
     assert load_export(con, out) == [run_id]
-    assert con.execute("SELECT count(*) FROM results").fetchone() == (3,)
+    assert con.execute("SELECT count(*) FROM results").fetchone() == (5,)  # the five ops of nccl-a2a
     con.close()
     _assert_user_error(
         _invoke(["db", "export", "-o", str(tmp_path / "x"), "--run", "nope", "--db", str(db)]), "no such run"

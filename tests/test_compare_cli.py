@@ -67,7 +67,7 @@ def test_by_gpu_normalises_to_each_link_peak(db: Path) -> None:
     assert h100.frac_peak == pytest.approx(h100.gbps / 478.08)  # type: ignore[operator]
     assert b200.frac_peak == pytest.approx(b200.gbps / 900.0)  # type: ignore[operator]
     assert b200.gbps > h100.gbps and b200.frac_peak < h100.frac_peak * 1.2  # type: ignore[operator]
-    assert all(c.frac_peak is None for r in t.rows if r.op == "pair" for c in r.cells.values())
+    assert all(c.frac_peak is None for r in t.rows if r.op == "roundtrip" for c in r.cells.values())
 
 
 def test_cli_terminal_table_and_html(db: Path, tmp_path: Path) -> None:

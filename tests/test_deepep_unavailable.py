@@ -113,7 +113,7 @@ def test_rdma_pairs_counts_own_node() -> None:
 
 
 def test_settings_parse_and_reject() -> None:
-    assert DeepEPSettings.from_knobs({"handle": "cached", "nvl_chunk": 8}).nvl_chunk == 8
+    assert DeepEPSettings.from_knobs({"nvl_chunk": 8}).nvl_chunk == 8
     with pytest.raises(SpecError, match="unknown knob"):
         DeepEPSettings.from_knobs({"chunk": 1})
     with pytest.raises(SpecError, match="positive"):

@@ -170,7 +170,7 @@ def test_check_against_export_folder_with_summary_and_junit(
     assert len(table_rows) == 1 + 6  # header + 2 cases x 3 ops, all slower by 10%
     assert (
         sum("❌ regression" in ln for ln in table_rows) >= 4
-    )  # dispatch and combine of both cases; pair has 5 samples
+    )  # dispatch and combine of both cases; roundtrip has 5 samples
     root = ET.parse(junit).getroot()
     suite = root.find("testsuite")
     assert root.tag == "testsuites" and suite is not None

@@ -27,13 +27,15 @@ def _check_rank(
         gpus_per_node=world,
         comm_backend="gloo",
     )
-    case = CaseConfig(case_id="t", workload=workload, knobs={"layout": layout})
+    case = CaseConfig(case_id="t", workload=workload)
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
     routings = routings if routings is not None else route_all(workload, world)
     routing = routings[rank]
     x = make_tokens(workload, rank)
-    d = backend.dispatch(x, routing.topk_idx, routing.topk_weights)
+    # "fresh": layout and payload in one call; "cached": the layout step alone, then the payload along it
+    cached = backend.layout(routing.topk_idx, routing.topk_weights) if layout == "cached" else None
+    d = backend.dispatch(x, routing.topk_idx, routing.topk_weights, layout=cached)
     expected = reference_dispatch(routings, rank, workload.experts_per_rank)
     dc = checks.check_dispatch(d, expected, workload, world)
     assert dc.ok, dc.message
@@ -43,7 +45,7 @@ def _check_rank(
     ok, err, msg = checks.check_combine(out, x, routing, "bf16")
     assert ok, msg
     # buffers are reused: a second round gives the same answer
-    d2 = backend.dispatch(x, routing.topk_idx, routing.topk_weights)
+    d2 = backend.dispatch(x, routing.topk_idx, routing.topk_weights, layout=d.handle if cached else None)
     out2 = backend.combine(expert_out, d2.handle)
     assert torch.equal(out, out2)
     return {"rows": d.num_rows, "combine_err": err}

@@ -25,6 +25,8 @@ from moelab.measure.stats import summarize
 from moelab.plan.routing import route_all
 from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import Workload
+from moelab.record.build import OpMeasurement, op_result
+from moelab.record.case_record import CaseRecord, CheckResult
 from moelab.store.db import connect, migrate
 from moelab.store.export import FORMATS, export_runs, load_export
 from moelab.store.ingest import ingest
@@ -35,24 +37,24 @@ WORLD = 4
 GPUS_PER_NODE = 2
 ITERS = 3
 WL = Workload(hidden=128, tokens_per_rank=16, topk=2, experts_per_rank=2)
-BYTES = {"dispatch": 256, "combine": 256, "pair": 512}
+BYTES = {"dispatch": 256, "combine": 256, "roundtrip": 512}
 
 
 def _samples(op: str, scale: float) -> list[list[float]]:
-    base = {"dispatch": 100.0, "combine": 80.0, "pair": 200.0}[op]
+    base = {"dispatch": 100.0, "combine": 80.0, "roundtrip": 200.0}[op]
     return [[scale * (base + 10 * rank + it) for it in range(ITERS)] for rank in range(WORLD)]
 
 
-def _record(case: CaseSpec, scale: float) -> dict[str, Any]:
-    rows = count_rows(route_all(case.workload, WORLD), case.workload.experts_per_rank, GPUS_PER_NODE)
-    return {
-        "case_id": case.case_id, "backend": case.backend, "case": case.to_dict(), "world": WORLD,
-        "gpus_per_node": GPUS_PER_NODE, "backend_record": {"comm_backend": "gloo"},
-        "check": {"dispatch_err": 0.0, "combine_err": 0.0, "messages": []}, "nvtx_counts": {}, "ib": None,
-        "traces": [],
-        "ops": {op: {"samples_us": _samples(op, scale), "bytes_per_row": BYTES[op], "kernel": None} for op in BYTES},
-        "rows": [dataclasses.asdict(r) for r in rows], "host_sync": "none", "status": "ok", "reason": None,
-    }  # fmt: skip
+def _record(case: CaseSpec, scale: float) -> CaseRecord:
+    rows = tuple(count_rows(route_all(case.workload, WORLD), case.workload.experts_per_rank, GPUS_PER_NODE))
+    ops = tuple(
+        op_result(OpMeasurement(op=op, samples_us=_samples(op, scale), bytes_per_row=BYTES[op]), rows)
+        for op in BYTES
+    )
+    return CaseRecord(
+        case=case, status="ok", world=WORLD, gpus_per_node=GPUS_PER_NODE, backend_record={"comm_backend": "gloo"},
+        check=CheckResult(dispatch_err=0.0, combine_err=0.0), ops=ops, rows=rows, host_sync="none",
+    )  # fmt: skip
 
 
 def write_run(root: Path, run_id: str, scale: float = 1.0) -> Path:
@@ -78,10 +80,10 @@ def write_run(root: Path, run_id: str, scale: float = 1.0) -> Path:
     files.write_job({"backend": "nccl-a2a", "argv": ["torchrun"], "returncode": 0, "signal": None,
                      "timed_out": False, "duration_s": 3.0, "failed_ranks": [], "stderr_tails": {}})  # fmt: skip
     files.append_result(_record(ok, scale))
+    assert skipped.skip_reason is not None
     files.append_result(
-        {"case_id": skipped.case_id, "backend": "nccl-a2a", "case": skipped.to_dict(), "world": WORLD,
-         "gpus_per_node": GPUS_PER_NODE, "status": "skipped", "reason": skipped.skip_reason}
-    )  # fmt: skip
+        CaseRecord.skipped(skipped, skipped.skip_reason, world=WORLD, gpus_per_node=GPUS_PER_NODE)
+    )
     rd.set_status("complete")
     return rd.path
 
@@ -194,7 +196,7 @@ def test_reingest_replaces_the_run_and_only_it(tmp_path: Path, con: duckdb.DuckD
     ingest(con, write_run(tmp_path / "runs", "run-b"))
     before_b = {t: _count(con, t, "run-b") for t in RUN_TABLES}
     counts_a = {t: _count(con, t, "run-a") for t in RUN_TABLES}
-    _rewrite_ok_record(run_a, lambda rec: rec["ops"]["dispatch"].update(samples_us=_samples("dispatch", 2.0)))
+    _rewrite_ok_record(run_a, lambda rec: rec.update(_record(CaseSpec(**_case_fields(rec)), 2.0).to_dict()))
     ingest(con, run_a)
     assert {t: _count(con, t, "run-a") for t in RUN_TABLES} == counts_a  # replaced, not doubled
     assert {t: _count(con, t, "run-b") for t in RUN_TABLES} == before_b
@@ -208,7 +210,7 @@ def test_reingest_replaces_the_run_and_only_it(tmp_path: Path, con: duckdb.DuckD
 def _bad_type_inside_transaction(rec: dict[str, Any]) -> None:
     # passes collect(); the INSERT into results (INTEGER column) fails after the run's old rows were deleted
     rec["rows"] = []
-    rec["ops"]["pair"]["bytes_per_row"] = "many"
+    next(op for op in rec["ops"] if op["op"] == "roundtrip")["bytes_per_row"] = "many"
 
 
 def _missing_ops(rec: dict[str, Any]) -> None:
@@ -216,7 +218,7 @@ def _missing_ops(rec: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("corrupt", "error"), [(_bad_type_inside_transaction, duckdb.Error), (_missing_ops, KeyError)]
+    ("corrupt", "error"), [(_bad_type_inside_transaction, duckdb.Error), (_missing_ops, ValueError)]
 )
 def test_ingest_is_atomic(
     tmp_path: Path, con: duckdb.DuckDBPyConnection, corrupt: Any, error: type[Exception]
@@ -231,7 +233,7 @@ def test_ingest_is_atomic(
         ingest(con, run_a)
     assert _snapshot(con) == before
     # and the connection is usable afterwards: no transaction left open
-    _rewrite_ok_record(run_a, lambda rec: rec.update(_record(CaseSpec(**_case_fields(rec)), 3.0)))
+    _rewrite_ok_record(run_a, lambda rec: rec.update(_record(CaseSpec(**_case_fields(rec)), 3.0).to_dict()))
     ingest(con, run_a)
     assert _count(con, "samples", "run-a") == len(BYTES) * WORLD * ITERS
 

@@ -10,11 +10,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+if TYPE_CHECKING:
+    from moelab.launch.local import JobOutcome
+    from moelab.launch.rundir import JobFiles
+    from moelab.plan.spec import LaunchSpec, RunSpec
+
+from moelab.accounting.rows import RankRows
+from moelab.errors import SpecError
 from moelab.plan.workload import Workload, payload_bytes_per_token
+from moelab.record.case_record import Figure
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,17 +82,55 @@ class Dispatched:
 
 
 class Backend(abc.ABC):
-    """Subclass, set `name`, and register under the entry-point group `moelab.backends`."""
+    """Subclass, set `name`, and register under the entry-point group `moelab.backends`.
+
+    A backend that can run the routing/layout step on its own sets `phases = True` and implements
+    `layout()`; `dispatch(..., layout=L)` then moves only the payload. Without it, dispatch is timed whole
+    (ops `dispatch_fresh`, `combine`, `roundtrip`) and the record says the phases were not split.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control: ClassVar[str | None] = None  # how --sms maps to the library, None when it cannot
+    phases: ClassVar[bool] = False  # implements layout() and dispatch(..., layout=...)
+    knobs: ClassVar[dict[str, str]] = {}  # knob name -> what it does; validated before anything launches
+    job_kind: ClassVar[str] = (
+        "ranks"  # "ranks": one worker per rank (moelab.measure.worker); else a registered job kind
+    )
+
+    @classmethod
+    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        """Raise SpecError for an unknown knob or a bad value (a user error, refused before anything
+        launches); a valid setting the library cannot run is unsupported_reason's, stored per case."""
+        unknown = sorted(set(knobs) - set(cls.knobs))
+        if unknown:
+            valid = ", ".join(sorted(cls.knobs)) or "none"
+            raise SpecError(f"{cls.name}: unknown knob(s) {', '.join(unknown)} (valid knobs: {valid})")
+
+    @classmethod
+    def run_host_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
+        """job_kind "host": the whole job, run by the launching host itself (e.g. an external binary that
+        launches the GPUs); it writes one CaseRecord per case into `files` and returns the job's outcome."""
+        raise NotImplementedError(f"{cls.name} is launched as ranks (job_kind {cls.job_kind!r})")
+
+    @classmethod
+    def library_figures(
+        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+    ) -> list[Figure]:
+        """The figures this library's own test prints, computed its way, for the op its test times (none by
+        default). Only the path the library's test times may carry the library's name."""
+        return []
 
     @classmethod
     def availability(cls) -> str | None:
         """None when the backend can run on this host, else the reason in one line. Cheap: no kernels."""
         return None
+
+    @classmethod
+    def availability_for(cls, launch: LaunchSpec) -> str | None:
+        """availability() for a run launched as `launch` (a backend whose tool path is a launch setting)."""
+        return cls.availability()
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         """Make buffers and communicators once per job, sized for the largest of `cases`."""
@@ -101,8 +147,20 @@ class Backend(abc.ABC):
     def prepare(self, case: CaseConfig) -> None:  # noqa: B027 - optional hook
         """Apply per-case settings (SM count, knobs) before the case runs."""
 
+    def splits_phases(self) -> bool:
+        """Whether this instance times layout apart from the payload (a family may differ per library API)."""
+        return type(self).phases
+
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
+        """The routing/layout step alone (phases = True): what dispatch needs to move the payload."""
+        raise NotImplementedError(f"{self.name} does not split layout from dispatch (phases = False)")
+
     @abc.abstractmethod
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched: ...
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
+        """Without `layout`, compute it (a fresh dispatch). With one (from layout(), or an earlier
+        Dispatched.handle of the same routing), move the payload only."""
 
     @abc.abstractmethod
     def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
@@ -115,9 +173,14 @@ class Backend(abc.ABC):
         """Versions (and commits) of the libraries this backend measured, stored with the run."""
         return {}
 
+    def host_sync_ops(self) -> dict[str, str]:
+        """Op -> the host synchronisation that op contains (ops not named contain none); stored per op."""
+        return {}
+
     def host_sync_note(self) -> str:
-        """Which host synchronisations the timed region contains, stored with the run."""
-        return "none"
+        """All of host_sync_ops in one line, for the case's record."""
+        ops = self.host_sync_ops()
+        return "; ".join(f"{op}: {what}" for op, what in ops.items()) or "none"
 
     def combine_dtype(self, case: CaseConfig) -> str:
         """Payload type of combine (bf16 unless the backend quantizes it)."""

@@ -2,16 +2,16 @@
 combine; intranode over NVLink, internode over NVLink + RDMA), or V2 `deep_ep.ElasticBuffer` where the
 installed deep_ep is V2 (main branch, `deep_ep.__version__` 2.x).
 
-What the timed dispatch contains, chosen to match DeepEP's own tests/test_intranode.py:
-- fp8: DeepEP's test casts once (`per_token_cast_to_fp8`, 1x128 blocks, scales made column-major) and
-  passes the (x_fp8, scales) tuple into every timed dispatch, so the cast is outside its timing. Here the
-  cast is made once per input tensor (InputCache) and reused while the worker passes the same tensor:
-  knob `fp8_cast = "outside"` (default). `fp8_cast = "inside"` casts in every call (what a model pays).
-- `handle = "fresh"` (default): every dispatch computes the layout and runs the non-cached dispatch with
-  top-k metadata, as a training step does; it waits on the host for the receive counts (DeepEP's
-  notify_dispatch busy-waits on a mapped counter). `handle = "cached"`: DeepEP's tuning definition: the
-  handle of the first dispatch of the same routing is passed back (`dispatch(x, handle=..., config=...)`),
-  payload only, no host wait. moelab's NVL figure compares with DeepEP's printed one in cached mode.
+Phases (V1): `layout` is `Buffer.get_dispatch_layout` (per-rank/expert counts, is_token_in_rank);
+`dispatch` with the handle of an earlier dispatch of the same routing is DeepEP's cached dispatch
+(`dispatch(x, handle=..., config=...)`, payload only, no host wait): the path tests/test_intranode.py
+times, so `deepep_nvl` is computed from it; `dispatch_fresh` is get_dispatch_layout + the non-cached
+dispatch with top-k metadata, which waits on the host for the receive counts (notify_dispatch
+busy-waits on a mapped counter). V2's ElasticBuffer has no separate layout call: it is timed whole.
+fp8: DeepEP's test casts once (`per_token_cast_to_fp8`, 1x128 blocks, scales made column-major) and
+passes the (x_fp8, scales) tuple into every timed dispatch, so the cast is outside its timing. Here the
+cast is made once per input tensor (InputCache): knob `fp8_cast = "outside"` (default);
+`fp8_cast = "inside"` casts in every call (what a model pays).
 Combine: `Buffer.combine(x, handle, config)` without top-k weights: a plain sum at the source.
 
 SMs: V1 passes `Config(sms, nvl_chunk, nvl_buffer, rdma_chunk, rdma_buffer)` to each call, the chunk
@@ -28,14 +28,16 @@ from typing import Any, ClassVar
 
 import torch
 
+from moelab.accounting.rows import RankRows
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
 from moelab.errors import BackendUnavailable, SpecError
+from moelab.plan.workload import Workload
+from moelab.record.case_record import Figure
 
 V1_KNOBS = (
-    "handle",
     "fp8_cast",
     "nvl_chunk",
     "nvl_buffer",
@@ -44,7 +46,6 @@ V1_KNOBS = (
     "combine_nvl_chunk",
     "combine_rdma_chunk",
 )
-HANDLE_MODES = ("fresh", "cached")
 CAST_MODES = ("outside", "inside")
 # DeepEP v1.2.1 deep_ep/buffer.py:236-247 get_dispatch_config and :262-273 get_combine_config, mirrored because
 # the Config binding exposes no fields to read back: ranks -> (nvl send chunk, nvl recv buffer, rdma send chunk, rdma recv buffer)
@@ -60,7 +61,6 @@ V1_COMBINE_CONFIGS: dict[int, tuple[int, int, int, int]] = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeepEPSettings:
-    handle: str
     fp8_cast: str
     nvl_chunk: int | None
     nvl_buffer: int | None
@@ -74,28 +74,148 @@ class DeepEPSettings:
         unknown = sorted(set(knobs) - set(V1_KNOBS))
         if unknown:
             raise SpecError(f"deepep: unknown knob(s) {', '.join(unknown)} (knobs: {', '.join(V1_KNOBS)})")
-        handle = str(knobs.get("handle", "fresh"))
         cast = str(knobs.get("fp8_cast", "outside"))
-        if handle not in HANDLE_MODES:
-            raise SpecError(f"deepep: handle must be one of {', '.join(HANDLE_MODES)}, got {handle!r}")
         if cast not in CAST_MODES:
             raise SpecError(f"deepep: fp8_cast must be one of {', '.join(CAST_MODES)}, got {cast!r}")
         ints: dict[str, int | None] = {}
-        for name in V1_KNOBS[2:]:
+        for name in V1_KNOBS[1:]:
             value = knobs.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise SpecError(f"deepep: {name} must be a positive integer, got {value!r}")
             ints[name] = value
-        return cls(handle=handle, fp8_cast=cast, **ints)
+        return cls(fp8_cast=cast, **ints)
 
 
 @dataclass(slots=True)
-class _Fresh:
-    recv_x: torch.Tensor
-    recv_scales: torch.Tensor | None
+class DeepEPHandle:
+    """What a dispatch leaves for the next dispatch of the same routing (cached) and for combine."""
+
+    lib: Any  # the library's handle
     recv_topk_idx: torch.Tensor
     recv_topk_weights: torch.Tensor
-    handle: Any
+    padded_rows: int | None = None  # V2: combine takes the padded layout dispatch returned
+
+
+@dataclass(frozen=True, slots=True)
+class DeepEPLayout:
+    """V1's get_dispatch_layout outputs: the routing step before any payload moves."""
+
+    per_rank: torch.Tensor
+    per_rdma_rank: torch.Tensor | None
+    per_expert: torch.Tensor
+    in_rank: torch.Tensor
+
+
+def deepep_nvl_figure(
+    op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+) -> list[Figure]:
+    """tests/test_intranode.py's printed figure: rank 0's received bytes over rank 0's mean time, the first
+    iteration dropped (its bench), for the two ops it times with a cached handle: dispatch and combine."""
+    if op not in ("dispatch", "combine") or not rows:
+        return []
+    kept = list(samples_us[0][1:]) or list(samples_us[0])
+    t = sum(kept) / len(kept)
+    rank0 = float(rows[0].recv_rows * bytes_per_row)
+    return [
+        Figure(
+            definition="deepep_nvl", bytes_mean=rank0, bytes_max=rank0, gbps=rank0 / (t * 1e-6) / 1e9,
+            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine",
+        )
+    ]  # fmt: skip
+
+
+class _V1Engine:
+    """DeepEP V1 `Buffer`: get_dispatch_layout, then dispatch (fresh or cached), combine with a Config."""
+
+    phases = True
+    sync = "the host waits for the receive counts (notify_dispatch busy-waits on a mapped counter)"
+
+    def __init__(self, backend: DeepEPBackend, cases: Sequence[CaseConfig]) -> None:
+        self.b = backend
+        self.buffer = backend._make_v1(cases)
+        self.dispatch_cfg: Any = None
+        self.combine_cfg: Any = None
+
+    def prepare(self, case: CaseConfig) -> None:
+        self.dispatch_cfg, self.combine_cfg = self.b._configs(case)
+
+    def layout(self, topk_idx: torch.Tensor, num_experts: int) -> DeepEPLayout:
+        per_rank, per_rdma_rank, per_expert, in_rank, _ = self.buffer.get_dispatch_layout(
+            topk_idx, num_experts
+        )
+        return DeepEPLayout(per_rank, per_rdma_rank, per_expert, in_rank)
+
+    def dispatch(
+        self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any, num_experts: int
+    ) -> Dispatched:
+        if isinstance(layout, DeepEPHandle):  # DeepEP's cached dispatch: payload only
+            recv, *_ = self.buffer.dispatch(payload, handle=layout.lib, config=self.dispatch_cfg)
+            recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
+            return Dispatched(recv_x, layout.recv_topk_idx, layout.recv_topk_weights, layout, scales)
+        lay = layout if isinstance(layout, DeepEPLayout) else self.layout(topk_idx, num_experts)
+        recv, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
+            payload, num_tokens_per_rank=lay.per_rank, num_tokens_per_rdma_rank=lay.per_rdma_rank,
+            is_token_in_rank=lay.in_rank, num_tokens_per_expert=lay.per_expert, topk_idx=topk_idx,
+            topk_weights=topk_weights, config=self.dispatch_cfg,
+        )  # fmt: skip
+        recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
+        return Dispatched(recv_x, recv_idx, recv_w, DeepEPHandle(handle, recv_idx, recv_w), scales)
+
+    def combine(self, expert_out: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
+        combined, _, _ = self.buffer.combine(expert_out, handle.lib, config=self.combine_cfg)
+        return combined  # type: ignore[no-any-return]
+
+
+class _V2Engine:
+    """DeepEP V2 `ElasticBuffer`: dispatch computes its layout inside (no separate call), cached by handle."""
+
+    phases = False
+    sync = "the host waits for the receive counts (ElasticBuffer.dispatch do_cpu_sync=True)"
+
+    def __init__(self, backend: DeepEPBackend, cases: Sequence[CaseConfig]) -> None:
+        self.b = backend
+        self.buffer = backend._make_v2(cases)
+        self.sms = 0
+
+    def prepare(self, case: CaseConfig) -> None:
+        self.sms = case.sms or 0
+
+    def layout(self, topk_idx: torch.Tensor, num_experts: int) -> Any:
+        raise NotImplementedError("DeepEP V2 computes its layout inside dispatch")
+
+    def dispatch(
+        self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any, num_experts: int
+    ) -> Dispatched:
+        if isinstance(layout, DeepEPHandle):
+            recv, _, _, _, _ = self.buffer.dispatch(payload, handle=layout.lib, num_sms=self.sms)
+            recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
+            rows = layout.recv_topk_idx.shape[0]
+            return Dispatched(
+                recv_x[:rows], layout.recv_topk_idx, layout.recv_topk_weights, layout,
+                None if scales is None else scales[:rows],
+            )  # fmt: skip
+        recv, recv_idx, recv_w, handle, _ = self.buffer.dispatch(
+            payload, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=num_experts, num_sms=self.sms,
+            do_cpu_sync=True,
+        )  # fmt: skip
+        recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
+        rows = int(
+            handle.num_recv_tokens
+        )  # exact with do_cpu_sync; outputs are padded to the buffer's capacity
+        ids, weights = recv_idx[:rows], recv_w[:rows]
+        return Dispatched(
+            recv_x[:rows], ids, weights, DeepEPHandle(handle, ids, weights, padded_rows=recv_x.shape[0]),
+            None if scales is None else scales[:rows],
+        )  # fmt: skip
+
+    def combine(self, expert_out: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
+        x = expert_out
+        padded = handle.padded_rows or expert_out.shape[0]
+        if expert_out.shape[0] != padded:  # V2 combines the padded layout dispatch returned
+            x = torch.zeros(padded, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device)
+            x[: expert_out.shape[0]] = expert_out
+        combined, _, _ = self.buffer.combine(x, handle=handle.lib, num_sms=self.sms)
+        return combined  # type: ignore[no-any-return]
 
 
 class DeepEPBackend(Backend):
@@ -104,6 +224,26 @@ class DeepEPBackend(Backend):
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"
     default_config_sms: ClassVar[int] = 20  # deep_ep.Buffer.num_sms at import (buffer.py:31)
+    phases = True  # V1; V2's ElasticBuffer is timed whole (splits_phases)
+    knobs: ClassVar[dict[str, str]] = {
+        "fp8_cast": "outside (default: cast once per input, as DeepEP's test) | inside (cast in every dispatch)",
+        "nvl_chunk": "V1 Config NVL send chunk of dispatch (default: Buffer.get_dispatch_config)",
+        "nvl_buffer": "V1 Config NVL receive buffer (tokens)",
+        "rdma_chunk": "V1 Config RDMA send chunk of dispatch",
+        "rdma_buffer": "V1 Config RDMA receive buffer (tokens)",
+        "combine_nvl_chunk": "V1 Config NVL send chunk of combine (default: Buffer.get_combine_config)",
+        "combine_rdma_chunk": "V1 Config RDMA send chunk of combine",
+    }
+
+    @classmethod
+    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        DeepEPSettings.from_knobs(knobs)
+
+    @classmethod
+    def library_figures(
+        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+    ) -> list[Figure]:
+        return deepep_nvl_figure(op, rows, bytes_per_row, samples_us)
 
     @classmethod
     def availability(cls) -> str | None:
@@ -126,14 +266,11 @@ class DeepEPBackend(Backend):
         runnable = [c for c in cases if self._reason(c) is None]
         self._settings = DeepEPSettings.from_knobs({})
         self._case: CaseConfig | None = None
-        self._dispatch_cfg: Any = None
-        self._combine_cfg: Any = None
         self._cast_cache = InputCache()
-        self._handle_cache = InputCache()
-        if self.api == "v2":
-            self._buffer = self._make_v2(runnable)
-        else:
-            self._buffer = self._make_v1(runnable)
+        self.num_nvl_bytes, self.num_rdma_bytes = 0, 0
+        self._engine: _V1Engine | _V2Engine = (
+            _V2Engine(self, runnable) if self.api == "v2" else _V1Engine(self, runnable)
+        )
 
     # ---- construction -------------------------------------------------------------------------------
     def _config_tuples(self, case: CaseConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -186,7 +323,6 @@ class DeepEPBackend(Backend):
         max_h = max((c.workload.hidden for c in cases), default=128)
         max_k = max((c.workload.topk for c in cases), default=1)
         use_fp8 = any(c.workload.dtype == "fp8" for c in cases)
-        self.num_nvl_bytes, self.num_rdma_bytes = 0, 0
         return self._ep.ElasticBuffer(
             self.ctx.group, num_max_tokens_per_rank=max_t, hidden=max_h, num_topk=max_k,
             use_fp8_dispatch=use_fp8, explicitly_destroy=True,
@@ -210,13 +346,14 @@ class DeepEPBackend(Backend):
     def unsupported_reason(self, case: CaseConfig) -> str | None:
         return self._reason(case)
 
+    def splits_phases(self) -> bool:
+        return self._engine.phases
+
     def prepare(self, case: CaseConfig) -> None:
         self._case = case
         self._settings = DeepEPSettings.from_knobs(case.knobs)
         self._cast_cache.clear()
-        self._handle_cache.clear()
-        if self.api != "v2":
-            self._dispatch_cfg, self._combine_cfg = self._configs(case)
+        self._engine.prepare(case)
 
     def _payload(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         assert self._case is not None
@@ -234,122 +371,30 @@ class DeepEPBackend(Backend):
             return cast()
         return self._cast_cache.get([x], cast)  # type: ignore[no-any-return]
 
-    # ---- V1 ------------------------------------------------------------------------------------------
-    def _fresh_v1(self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> _Fresh:
+    def _num_experts(self) -> int:
         assert self._case is not None
-        buf = self._buffer
-        num_experts = self._case.workload.num_experts(self.ctx.world)
-        per_rank, per_rdma_rank, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, num_experts)
-        recv, recv_idx, recv_w, _, handle, _ = buf.dispatch(
-            payload, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank, is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert, topk_idx=topk_idx, topk_weights=topk_weights, config=self._dispatch_cfg,
-        )  # fmt: skip
-        recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
-        return _Fresh(
-            recv_x=recv_x, recv_scales=scales, recv_topk_idx=recv_idx, recv_topk_weights=recv_w, handle=handle
-        )
-
-    def _dispatch_v1(self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        if self._settings.handle == "cached":
-            misses = self._handle_cache.misses
-            first: _Fresh = self._handle_cache.get(
-                [topk_idx, topk_weights], lambda: self._fresh_v1(payload, topk_idx, topk_weights)
-            )
-            if self._handle_cache.misses == misses:  # a repeat: DeepEP's cached dispatch, payload only
-                recv, *_ = self._buffer.dispatch(payload, handle=first.handle, config=self._dispatch_cfg)
-                recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
-                return Dispatched(
-                    recv_x=recv_x,
-                    recv_topk_idx=first.recv_topk_idx,
-                    recv_topk_weights=first.recv_topk_weights,
-                    handle=first.handle,
-                    recv_scales=scales,
-                )
-        else:
-            first = self._fresh_v1(payload, topk_idx, topk_weights)
-        return Dispatched(
-            recv_x=first.recv_x,
-            recv_topk_idx=first.recv_topk_idx,
-            recv_topk_weights=first.recv_topk_weights,
-            handle=first.handle,
-            recv_scales=first.recv_scales,
-        )
-
-    # ---- V2 ------------------------------------------------------------------------------------------
-    def _dispatch_v2(self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        assert self._case is not None
-        sms = self._case.sms or 0
-        num_experts = self._case.workload.num_experts(self.ctx.world)
-        if self._settings.handle == "cached":
-            misses = self._handle_cache.misses
-            first = self._handle_cache.get(
-                [topk_idx, topk_weights],
-                lambda: self._buffer.dispatch(
-                    payload,
-                    topk_idx=topk_idx,
-                    topk_weights=topk_weights,
-                    num_experts=num_experts,
-                    num_sms=sms,
-                    do_cpu_sync=True,
-                ),
-            )
-            if self._handle_cache.misses == misses:
-                recv, _, _, _, _ = self._buffer.dispatch(payload, handle=first[3], num_sms=sms)
-                result = (recv, first[1], first[2], first[3], None)
-            else:
-                result = first
-        else:
-            result = self._buffer.dispatch(
-                payload,
-                topk_idx=topk_idx,
-                topk_weights=topk_weights,
-                num_experts=num_experts,
-                num_sms=sms,
-                do_cpu_sync=True,
-            )
-        recv, recv_idx, recv_w, handle, _ = result
-        recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
-        rows = int(
-            handle.num_recv_tokens
-        )  # exact with do_cpu_sync; outputs are padded to the buffer's capacity
-        return Dispatched(
-            recv_x=recv_x[:rows], recv_topk_idx=recv_idx[:rows], recv_topk_weights=recv_w[:rows], handle=(handle, recv_x.shape[0]),
-            recv_scales=None if scales is None else scales[:rows],
-        )  # fmt: skip
+        return self._case.workload.num_experts(self.ctx.world)
 
     # ---- the contract --------------------------------------------------------------------------------
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        payload = self._payload(x)
-        if self.api == "v2":
-            return self._dispatch_v2(payload, topk_idx, topk_weights)
-        return self._dispatch_v1(payload, topk_idx, topk_weights)
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
+        return self._engine.layout(topk_idx, self._num_experts())
 
-    def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
-        if self.api == "v2":
-            v2_handle, padded_rows = handle
-            x = expert_out
-            if expert_out.shape[0] != padded_rows:  # V2 combines the padded layout dispatch returned
-                x = torch.zeros(
-                    padded_rows, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device
-                )
-                x[: expert_out.shape[0]] = expert_out
-            combined, _, _ = self._buffer.combine(
-                x, handle=v2_handle, num_sms=(self._case.sms or 0) if self._case else 0
-            )
-            return combined  # type: ignore[no-any-return]
-        combined, _, _ = self._buffer.combine(expert_out, handle, config=self._combine_cfg)
-        return combined  # type: ignore[no-any-return]
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
+        return self._engine.dispatch(self._payload(x), topk_idx, topk_weights, layout, self._num_experts())
+
+    def combine(self, expert_out: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
+        return self._engine.combine(expert_out, handle)
 
     def close(self) -> None:
-        buf, self._buffer = self._buffer, None
+        buf, self._engine.buffer = self._engine.buffer, None
         if buf is not None:
             torch.cuda.synchronize()
             buf.destroy()
 
-    def host_sync_note(self) -> str:
-        if self._settings.handle == "cached":
-            return "none (cached handle: receive counts known from the first dispatch)"
-        return "dispatch: the host waits for the receive counts (notify_dispatch; V2 do_cpu_sync=True)"
+    def host_sync_ops(self) -> dict[str, str]:
+        return {"dispatch_fresh": self._engine.sync, "roundtrip": self._engine.sync}
 
     def library_versions(self) -> dict[str, str]:
         out = common.deep_ep_versions(self._ep, self.api)
@@ -362,16 +407,15 @@ class DeepEPBackend(Backend):
         s = DeepEPSettings.from_knobs(case.knobs)
         out: dict[str, Any] = {
             "api": {"v2": "V2 ElasticBuffer", "v1+hybrid": "V1 Buffer", "v1": "V1 Buffer"}[self.api],
-            "handle": s.handle,
             "fp8_cast": s.fp8_cast if case.workload.dtype == "fp8" else None,
             "sms": case.sms
             if case.sms is not None
             else ("auto" if self.api == "v2" else self.default_config_sms),
             "num_nvl_bytes": self.num_nvl_bytes,
             "num_rdma_bytes": self.num_rdma_bytes,
-            "library_figure": "deepep_nvl (tests/test_intranode.py; cached handle)",
+            "library_figure": "deepep_nvl on ops dispatch (cached handle) and combine, as tests/test_intranode.py times them",
         }
-        if self.api != "v2" and self.ctx.world in V1_DISPATCH_CONFIGS:
+        if isinstance(self._engine, _V1Engine) and self.ctx.world in V1_DISPATCH_CONFIGS:
             d, c = self._config_tuples(case)
             out["dispatch_config"], out["combine_config"] = (
                 list(d),

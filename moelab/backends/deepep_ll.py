@@ -29,7 +29,7 @@ from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_low_latency_reason
 from moelab.backends.input_cache import InputCache
-from moelab.errors import BackendUnavailable, SpecError
+from moelab.errors import BackendUnavailable
 
 
 @dataclass(slots=True)
@@ -124,8 +124,6 @@ class DeepEPLowLatencyBackend(Backend):
         self._combine_in: torch.Tensor | None = None
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:
-        if case.knobs:
-            return str(SpecError(f"deepep-ll has no knobs, got {', '.join(sorted(case.knobs))}"))
         reason = super().unsupported_reason(case)
         if reason:
             return reason
@@ -197,7 +195,10 @@ class DeepEPLowLatencyBackend(Backend):
             recv_scales=recv_scales,
         )
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
+        """One low-latency dispatch: no separate layout step (phases = False), so `layout` is unused."""
         assert self._case is not None
         wl = self._case.workload
         recv, _, lib_handle, _, _ = self._buffer.low_latency_dispatch(
@@ -247,10 +248,8 @@ class DeepEPLowLatencyBackend(Backend):
             torch.cuda.synchronize()
             buf.destroy()
 
-    def host_sync_note(self) -> str:
-        return (
-            "none in the library calls; the adapter's first call per routing gathers the routing (all_gather)"
-        )
+    def host_sync_ops(self) -> dict[str, str]:
+        return {}  # none in the library calls; the adapter gathers the routing once, in the untimed check
 
     def library_versions(self) -> dict[str, str]:
         out = common.deep_ep_versions(self._ep, common.api_of(self._ep))

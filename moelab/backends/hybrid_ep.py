@@ -3,10 +3,13 @@
 Paths (knobs): plain `dispatch` / `combine` (default); `permute = true`: `dispatch_with_permute` /
 `combine_with_unpermute` (expert-major rows, padded to `pad_multiple`); `fused = true`: the same with
 `fuse_permute_dispatch` / `fuse_unpermute_combine` (one kernel each way).
-`handle = "fresh"` (default) runs the metadata preprocessing in every dispatch; `"cached"` passes back the
-handle of the first dispatch of the same routing, as Hybrid-EP's own benchmark does (tests/test_hybrid_ep.py
-`dispatch_args['handle']`). Either way `dispatch` synchronizes the stream on the host (the number of
-received tokens comes through pinned memory) because no `num_dispatched_tokens` is passed: host_sync_note.
+Phases (plain path): `layout` is the metadata preprocessing (`update_template_config` +
+`runtime.metadata_preprocessing`, what `HybridEPBuffer.dispatch` runs when given no handle); `dispatch` with
+a handle is the call Hybrid-EP's own benchmark times (tests/test_hybrid_ep.py `dispatch_args['handle']`,
+routing passed too), so the Hybrid-EP figure is computed from it; `dispatch_fresh` is the handle-less call.
+Every dispatch synchronizes the stream on the host (the number of received tokens comes through pinned
+memory) because no `num_dispatched_tokens` is passed, as in that benchmark: host_sync_ops. The permute and
+fused paths preprocess inside `dispatch_with_permute` and are timed whole (no phase split).
 
 The contract wants one row per (token, this rank) with local expert ids: the plain path delivers exactly
 those rows; the local ids and weights are taken from the handle's `local_expert_routing_map` and the
@@ -24,25 +27,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from moelab.accounting.rows import RankRows
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import hybrid_ep_reason
 from moelab.backends.input_cache import InputCache
 from moelab.errors import BackendUnavailable, SpecError
+from moelab.plan.workload import Workload
+from moelab.record.case_record import Figure
 
-KNOBS = ("fused", "permute", "handle", "pad_multiple", "combine_sms")
-HANDLE_MODES = ("fresh", "cached")
+KNOBS = ("fused", "permute", "pad_multiple", "combine_sms")
+HOST_SYNC = (
+    "HybridEPBuffer synchronizes the stream on the host (num_dispatched_tokens read from pinned memory)"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HybridSettings:
     fused: bool
     permute: bool  # True for both permute paths (fused or not)
-    handle: str
     pad_multiple: int | None
     combine_sms: int | None
 
@@ -58,9 +65,6 @@ class HybridSettings:
         for name in ("fused", "permute"):
             if name in knobs and not isinstance(knobs[name], bool):
                 raise SpecError(f"hybrid-ep: {name} must be true or false, got {knobs[name]!r}")
-        handle = str(knobs.get("handle", "fresh"))
-        if handle not in HANDLE_MODES:
-            raise SpecError(f"hybrid-ep: handle must be one of {', '.join(HANDLE_MODES)}, got {handle!r}")
         for name in ("pad_multiple", "combine_sms"):
             value = knobs.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
@@ -69,7 +73,6 @@ class HybridSettings:
         return cls(
             fused=fused,
             permute=fused or bool(knobs.get("permute", False)),
-            handle=handle,
             pad_multiple=knobs.get("pad_multiple"),
             combine_sms=knobs.get("combine_sms"),
         )
@@ -79,7 +82,28 @@ class HybridSettings:
 class HybridHandle:
     lib: tuple[Any, ...]  # the library's handle tuple
     rows_pos: torch.Tensor | None  # permute paths: the permuted row that carries each exposed row
-    num_permuted: int
+    num_permuted: int | None
+    # the contract's local ids and weights, derived once per handle (not inside later timed dispatches)
+    recv_topk_idx: torch.Tensor | None = None
+    recv_topk_weights: torch.Tensor | None = None
+
+
+def hybrid_ep_figure(
+    op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+) -> list[Figure]:
+    """tests/test_hybrid_ep.py's printed figure (_report_bw): rank 0's bytes over the mean, across ranks, of
+    each rank's mean time, for the ops it times along a cached handle: dispatch and combine."""
+    if op not in ("dispatch", "combine") or not rows:
+        return []
+    t = sum(sum(s) / len(s) for s in samples_us) / len(samples_us)
+    rank0 = float(rows[0].recv_rows * bytes_per_row)
+    return [
+        Figure(
+            definition="hybrid_ep_rank0_bytes_over_mean_time", bytes_mean=rank0, bytes_max=rank0,
+            gbps=rank0 / (t * 1e-6) / 1e9,
+            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine",
+        )
+    ]  # fmt: skip
 
 
 def local_topk(
@@ -109,6 +133,23 @@ class HybridEPBackend(Backend):
     )
     payload_dtypes = ("bf16", "fp8")
     sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
+    phases = True  # the plain path; the permute paths are timed whole (splits_phases)
+    knobs: ClassVar[dict[str, str]] = {
+        "fused": "true: fuse_permute_dispatch / fuse_unpermute_combine (expert-major rows, one kernel each way)",
+        "permute": "true: dispatch_with_permute / combine_with_unpermute",
+        "pad_multiple": "permute paths: rows per expert padded to this multiple",
+        "combine_sms": "SMs of combine when they differ from --sms",
+    }
+
+    @classmethod
+    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        HybridSettings.from_knobs(knobs)
+
+    @classmethod
+    def library_figures(
+        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+    ) -> list[Figure]:
+        return hybrid_ep_figure(op, rows, bytes_per_row, samples_us)
 
     @classmethod
     def availability(cls) -> str | None:
@@ -160,7 +201,6 @@ class HybridEPBackend(Backend):
         self._case: CaseConfig | None = None
         self._settings = HybridSettings.from_knobs({})
         self._cast_cache = InputCache()
-        self._handle_cache = InputCache()
         self._combine_cache = InputCache()
 
     @staticmethod
@@ -187,7 +227,7 @@ class HybridEPBackend(Backend):
         self._case = case
         self._settings = HybridSettings.from_knobs(case.knobs)
         self._buf = self._buffers[self._key(case)]
-        for cache in (self._cast_cache, self._handle_cache, self._combine_cache):
+        for cache in (self._cast_cache, self._combine_cache):
             cache.clear()
 
     def _payload(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -278,31 +318,70 @@ class HybridEPBackend(Backend):
             recv_x=recv_x, recv_topk_idx=ids, recv_topk_weights=weights, handle=lib_handle, recv_scales=scales
         )
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def splits_phases(self) -> bool:
+        return not self._settings.permute
+
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> HybridHandle:
+        """What HybridEPBuffer.dispatch runs first when it has no handle: the routing map and the metadata
+        preprocessing (its allgather of routing maps and the per-rank token layout)."""
+        assert self._case is not None
+        from deep_ep.hybrid_ep_buffer import indices_to_map
+
+        wl = self._case.workload
+        routing_map, _ = indices_to_map(
+            topk_idx, topk_weights, wl.tokens_per_rank, wl.num_experts(self.ctx.world)
+        )
+        config = self._buf.update_template_config(
+            hidden_dim=wl.hidden, num_of_tokens_per_rank=wl.tokens_per_rank
+        )
+        impl = self._buf.runtime.metadata_preprocessing(
+            config=config, routing_map=routing_map, num_of_tokens_per_rank=wl.tokens_per_rank,
+            enable_permute=False, non_blocking=False,
+        )  # fmt: skip
+        lib = (
+            impl.sparse_to_dense_map, impl.rdma_to_attn_map, impl.attn_to_rdma_map, impl.num_dispatched_tokens_tensor,
+            impl.local_expert_routing_map, impl.num_of_tokens_per_rank, impl.config,
+        )  # fmt: skip
+        return HybridHandle(lib=lib, rows_pos=None, num_permuted=None)
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
         hidden, scales = self._payload(x)
-        if self._settings.handle == "cached":
-            misses = self._handle_cache.misses
-            first: Dispatched = self._handle_cache.get(
-                [topk_idx, topk_weights],
-                lambda: self._to_contract(self._lib_dispatch(hidden, scales, topk_idx, topk_weights, None)),
+        handle: HybridHandle | None = layout
+        out = self._lib_dispatch(
+            hidden, scales, topk_idx, topk_weights, None if handle is None else handle.lib,
+            None if handle is None else handle.num_permuted,
+        )  # fmt: skip
+        if handle is not None and handle.recv_topk_idx is not None and not self._settings.permute:
+            # same routing along a known handle: rows land where they did, ids and weights are the handle's
+            token, _, got_scales, _ = out
+            recv_x = (
+                token.view(torch.float8_e4m3fn)
+                if self._case and self._case.workload.dtype == "fp8"
+                else token
             )
-            if self._handle_cache.misses == misses:
-                self._lib_dispatch(
-                    hidden, scales, topk_idx, topk_weights, first.handle.lib, first.handle.num_permuted
-                )  # same routing: rows land where they did
-            return first
-        return self._to_contract(self._lib_dispatch(hidden, scales, topk_idx, topk_weights, None))
+            assert handle.recv_topk_weights is not None
+            return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle, got_scales)
+        d = self._to_contract(out)
+        if (
+            handle is not None and not self._settings.permute
+        ):  # keep the layout()'s handle, now with ids/weights
+            handle.recv_topk_idx, handle.recv_topk_weights = d.recv_topk_idx, d.recv_topk_weights
+        d.handle.recv_topk_idx, d.handle.recv_topk_weights = d.recv_topk_idx, d.recv_topk_weights
+        return d
 
     def combine(self, expert_out: torch.Tensor, handle: HybridHandle) -> torch.Tensor:
         s = self._settings
         if not s.permute:
             combined, _ = self._buf.combine(hidden=expert_out, probs=None, handle=handle.lib)
             return combined  # type: ignore[no-any-return]
-        assert handle.rows_pos is not None
+        assert handle.rows_pos is not None and handle.num_permuted is not None
+        num_permuted = handle.num_permuted
 
         def permuted() -> torch.Tensor:
             buf = torch.zeros(
-                handle.num_permuted, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device
+                num_permuted, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device
             )
             buf[handle.rows_pos] = expert_out
             return buf
@@ -321,8 +400,11 @@ class HybridEPBackend(Backend):
         self._buffers.clear()
         self._buf = None
 
-    def host_sync_note(self) -> str:
-        return "dispatch: HybridEPBuffer synchronizes the stream on the host (num_dispatched_tokens read from pinned memory)"
+    def host_sync_ops(self) -> dict[str, str]:
+        ops = {"dispatch_fresh": HOST_SYNC, "roundtrip": HOST_SYNC}
+        if not self._settings.permute:
+            ops |= {"layout": "metadata preprocessing (non_blocking=False)", "dispatch": HOST_SYNC}
+        return ops
 
     def library_versions(self) -> dict[str, str]:
         out = common.deep_ep_versions(self._ep, common.api_of(self._ep))
@@ -337,7 +419,6 @@ class HybridEPBackend(Backend):
             "api": "HybridEPBuffer",
             "path": s.path,
             "fused": s.fused,
-            "handle": s.handle,
             "pad_multiple": s.pad_multiple,
             "sms_dispatch": case.sms if case.sms is not None else "default",
             "sms_combine": s.combine_sms or (case.sms if case.sms is not None else "default"),

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from moelab.backends.base import BackendContext, CaseConfig, Dispatched
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.errors import BackendUnavailable, SpecError
-from moelab.plan.workload import payload_bytes_per_token
+from moelab.plan.workload import Workload, payload_bytes_per_token
 from moelab.quant import mxfp8
 
 PAYLOADS = ("bf16", "mxfp8")
-KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer", "layout")  # layout: nccl-a2a's
+KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer")
 DEFAULT_COMBINE_IMPL = "mxfp8"
 
 
@@ -81,6 +81,16 @@ class Mxfp8A2ABackend(NcclA2ABackend):
     name = "mxfp8-a2a"
     description = "all_to_all_single with MXFP8 payloads (E4M3 + E8M0 per 32), dequantized to bf16 on receipt"
     payload_dtypes = ("bf16", "mxfp8")
+    knobs: ClassVar[dict[str, str]] = {
+        "dispatch_impl": "bf16 | mxfp8: the dispatch payload on the wire (must match the workload dtype)",
+        "combine_impl": "bf16 | mxfp8 (default): the combine payload on the wire",
+        "rounding": "rceil (default, torchao's) | floor (OCP)",
+        "quantizer": "auto | torch | triton | torchao",
+    }
+
+    @classmethod
+    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        Mxfp8Settings.from_case(CaseConfig(case_id="", workload=workload, knobs=knobs))
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         super().__init__(ctx, cases)
@@ -161,12 +171,14 @@ class Mxfp8A2ABackend(NcclA2ABackend):
         data, scales = packed[:, :hidden], packed[:, hidden : hidden + hidden // mxfp8.BLOCK]
         return mxfp8.dequantize_mxfp8(data, scales, torch.bfloat16, self._dequant_impl, out=out)
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
         if self._settings.dispatch_impl == "bf16":
-            return super().dispatch(x, topk_idx, topk_weights)
+            return super().dispatch(x, topk_idx, topk_weights, layout=layout)
         hidden = x.shape[1]
         carrier = self._quantize_rows(x, self._pack_src)
-        got = super().dispatch(carrier, topk_idx, topk_weights)
+        got = super().dispatch(carrier, topk_idx, topk_weights, layout=layout)
         got.recv_x = self._dequantize_rows(got.recv_x, hidden, self._recv_deq)
         return got
 

@@ -1,17 +1,19 @@
-"""`nccl-a2a`: dispatch/combine through torch.distributed.all_to_all_single (NCCL on GPU, gloo on CPU).
+"""`nccl-a2a`: dispatch/combine over torch.distributed point-to-point exchanges (NCCL on GPU, gloo on CPU).
 
-Dispatch: (1) from topk_idx, which ranks each token goes to (once per rank, however many of its experts
-live there); (2) exchange per-rank counts with one all_to_all_single; (3) one device→host copy of the
-send/receive counts, the only host synchronisation, needed because all_to_all_single takes split sizes
-on the host; (4) gather the rows into rank order (index_select into a reused buffer); (5) one
-all_to_all_single for the routing metadata (local expert ids, and weights widened to 64 bits) and one
-for the payload; the metadata and gather order are enqueued before the host sync so that only three
-launches follow it.
-Combine: one all_to_all_single back with the splits reversed, then index_add at the source.
-Knob `layout = "cached"` reuses the layout (steps 1-3 and the metadata exchange) of the first dispatch of
-the same routing tensor, as DeepEP's cached-handle mode and a backward pass do: dispatch is then the gather
-and one payload all_to_all_single, with no host sync. The default, "fresh", computes it every call.
---sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
+The baseline every library is compared against, so it is written as a careful torch implementation would be:
+- layout: which ranks each token goes to (once per rank, however many of its experts live there), the
+  per-rank counts and their exchange, the rows' routing metadata (local expert ids, weights) in
+  destination order, one device-to-host copy of the counts (the only host synchronisation: NCCL takes
+  split sizes on the host), and the metadata exchange;
+- dispatch with the layout known: one grouped exchange (ncclGroupStart/End through batch_isend_irecv)
+  of the payload. A destination that receives every token in token order (common when topk covers many
+  experts per rank) is sent `x` itself, with no gather; only partial destinations gather their rows;
+- a fresh dispatch does both, with the metadata and the payload in ONE grouped exchange after the host
+  sync, and everything that does not need the counts on the host (sort, metadata) enqueued before it,
+  while the host waits only on an event behind the count exchange;
+- combine: the rows back along the reversed splits, then a dense sum where a segment holds every token.
+--sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count. On gloo
+(CPU), which cannot send to itself, a rank's own segment is a local copy.
 """
 
 from __future__ import annotations
@@ -24,24 +26,45 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
-from moelab.backends.input_cache import InputCache
 
-LAYOUTS = ("fresh", "cached")
+HOST_SYNC = "one device-to-host copy of the per-rank counts (NCCL takes split sizes on the host)"
 
 
 @dataclass(slots=True)
 class A2AHandle:
-    send_tok: torch.Tensor  # [S] source token of each sent row, rank-major
+    """The layout of one routing: what dispatch needs to move the payload, and combine to bring it back."""
+
+    send_tok: torch.Tensor  # [S] source token of each sent row, destination-major
     send_splits: list[int]
     recv_splits: list[int]
     num_tokens: int
+    recv_topk_idx: torch.Tensor  # [R, K] local expert ids, -1 elsewhere
+    recv_topk_weights: torch.Tensor  # [R, K] float64
+
+    @property
+    def full(self) -> list[bool]:
+        """Per destination: it receives every token in token order, so `x` itself can be sent."""
+        return [c == self.num_tokens for c in self.send_splits]
+
+
+@dataclass(slots=True)
+class _Routed:
+    """A routing's layout before the host knows the counts (everything enqueued ahead of the sync)."""
+
+    counts_host: torch.Tensor  # pinned [2W]: send counts, then receive counts
+    ready: Any  # a CUDA event behind the count exchange's copy (None on CPU)
+    send_tok_all: torch.Tensor  # [T*W] candidate rows, selected ones first, destination-major
+    meta_all: torch.Tensor  # [T*W, 2K] int64: local ids, then weights as float64 bits
+    num_tokens: int
+    topk: int
 
 
 class NcclA2ABackend(Backend):
     name = "nccl-a2a"
-    description = "torch.distributed all_to_all_single (NCCL on GPU, gloo on CPU)"
+    description = "torch.distributed grouped point-to-point exchanges (NCCL on GPU, gloo on CPU)"
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "NCCL communicator per SM count with ncclConfig min_ctas = max_ctas = sms"
+    phases = True
 
     @classmethod
     def availability(cls) -> str | None:
@@ -54,36 +77,24 @@ class NcclA2ABackend(Backend):
         world = ctx.world
         max_rows = max((c.workload.tokens_per_rank * world for c in cases), default=1)
         max_hidden = max((c.workload.hidden for c in cases), default=1)
-        max_topk = max((c.workload.topk for c in cases), default=1)
         dev = ctx.device
         self._send = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
         self._recv = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
         self._back = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
-        self._send_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int64, device=dev)
-        self._recv_meta = torch.empty(max_rows * 2 * max_topk, dtype=torch.int64, device=dev)
         self._counts = torch.empty(2 * world, dtype=torch.int64, device=dev)
+        self._counts_host = torch.empty(2 * world, dtype=torch.int64, pin_memory=dev.type == "cuda")
         self._groups: dict[int | None, Any] = {None: ctx.group}
         self._group = ctx.group
         self._experts_per_rank = 1
-        self._cached_layout = False
-        self._layout_cache = InputCache()
+        self._self_send = ctx.comm_backend == "nccl"  # gloo cannot send to its own rank
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:
-        layout = case.knobs.get("layout", "fresh")
-        if layout not in LAYOUTS:
-            return f"{self.name}: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}"
-        if self.name == "nccl-a2a" and set(case.knobs) - {"layout"}:
-            return (
-                f"nccl-a2a: unknown knob(s) {', '.join(sorted(set(case.knobs) - {'layout'}))} (knobs: layout)"
-            )
         if case.sms is not None and self.ctx.comm_backend != "nccl":
             return f"SM control needs NCCL; {self.ctx.comm_backend} has none (run sms = default)"
         return super().unsupported_reason(case)
 
     def prepare(self, case: CaseConfig) -> None:
         self._experts_per_rank = case.workload.experts_per_rank
-        self._cached_layout = case.knobs.get("layout", "fresh") == "cached"
-        self._layout_cache.clear()
         if case.sms not in self._groups:
             assert case.sms is not None  # None is the default group, present from the start
             opts = dist.ProcessGroupNCCL.Options()
@@ -94,99 +105,155 @@ class NcclA2ABackend(Backend):
             )
         self._group = self._groups[case.sms]
 
-    def host_sync_note(self) -> str:
-        if self._cached_layout:
-            return "none (layout cached from the first dispatch of the routing)"
-        return "dispatch: one device-to-host copy of the per-rank send/receive counts (split sizes for all_to_all_single)"
+    def host_sync_ops(self) -> dict[str, str]:
+        return {"layout": HOST_SYNC, "dispatch_fresh": HOST_SYNC, "roundtrip": HOST_SYNC}
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
-        if self._cached_layout:
-            return self._dispatch_cached(x, topk_idx, topk_weights)
-        return self._dispatch_fresh(x, topk_idx, topk_weights)
+    # -- layout ---------------------------------------------------------------------------------------
 
-    def _dispatch_cached(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
-    ) -> Dispatched:
-        def first() -> Dispatched:
-            d = self._dispatch_fresh(x, topk_idx, topk_weights)
-            # keep the layout and metadata out of the reused buffers
-            return Dispatched(
-                recv_x=d.recv_x,
-                recv_topk_idx=d.recv_topk_idx.clone(),
-                recv_topk_weights=d.recv_topk_weights.clone(),
-                handle=d.handle,
-            )
-
-        cached: Dispatched = self._layout_cache.get([topk_idx, topk_weights], first)
-        handle: A2AHandle = cached.handle
-        hidden = x.shape[1]
-        num_send, num_recv = sum(handle.send_splits), sum(handle.recv_splits)
-        send_x = self._send[: num_send * hidden].view(num_send, hidden)
-        torch.index_select(x, 0, handle.send_tok, out=send_x)
-        recv_x = self._recv[: num_recv * hidden].view(num_recv, hidden)
-        dist.all_to_all_single(recv_x, send_x, handle.recv_splits, handle.send_splits, group=self._group)
-        return Dispatched(
-            recv_x=recv_x,
-            recv_topk_idx=cached.recv_topk_idx,
-            recv_topk_weights=cached.recv_topk_weights,
-            handle=handle,
-        )
-
-    def _dispatch_fresh(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
-    ) -> Dispatched:
-        world, group = self.ctx.world, self._group
-        num_tokens, hidden = x.shape
-        topk = topk_idx.shape[1]
+    def _route(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> _Routed:
+        """Counts, their exchange and the metadata, all enqueued; the host has not waited yet."""
+        world = self.ctx.world
+        num_tokens, topk = topk_idx.shape
         epr = self._experts_per_rank
         dest = topk_idx // epr  # [T, K]
-        in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=x.device)
+        in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=topk_idx.device)
         in_rank.scatter_(1, dest, True)
         counts = self._counts
         torch.sum(in_rank, dim=0, out=counts[:world])
-        dist.all_to_all_single(counts[world:], counts[:world], group=group)
-
-        # Everything that does not need the counts on the host is enqueued before the sync, so that after
-        # it only the gather and the two collectives are launched (the GPU idles while the host launches).
+        dist.all_to_all_single(counts[world:], counts[:world], group=self._group)
+        self._counts_host.copy_(counts, non_blocking=True)
+        ready = None
+        if counts.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        # Enqueued behind the copy, so the GPU works on them while the host waits for the counts.
         flat = in_rank.t().reshape(-1)  # (destination rank, token) order
-        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices  # selected entries first
+        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices  # selected first
         send_tok_all = order % num_tokens
-        send_rank_all = order // num_tokens
-        local = topk_idx.index_select(0, send_tok_all) - (send_rank_all * epr).unsqueeze(1)
+        local = topk_idx.index_select(0, send_tok_all) - ((order // num_tokens) * epr).unsqueeze(1)
         on_dest = (local >= 0) & (local < epr)
-        meta_all = self._send_meta[: order.numel() * 2 * topk].view(-1, 2 * topk)
+        meta_all = torch.empty(order.numel(), 2 * topk, dtype=torch.int64, device=topk_idx.device)
         meta_all[:, :topk].copy_(torch.where(on_dest, local, -1))
         meta_all[:, topk:].view(torch.float64).copy_(
-            torch.where(on_dest, topk_weights.index_select(0, send_tok_all), 0.0)
+            torch.where(on_dest, topk_weights.index_select(0, send_tok_all).double(), 0.0)
+        )
+        return _Routed(self._counts_host, ready, send_tok_all, meta_all, num_tokens, topk)
+
+    def _splits(self, routed: _Routed) -> tuple[list[int], list[int]]:
+        if routed.ready is not None:
+            routed.ready.synchronize()  # the one host sync
+        both = routed.counts_host.tolist()
+        world = self.ctx.world
+        return both[:world], both[world:]
+
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
+        routed = self._route(topk_idx, topk_weights)
+        send_splits, recv_splits = self._splits(routed)
+        num_send, num_recv = sum(send_splits), sum(recv_splits)
+        recv_meta = torch.empty(num_recv, 2 * routed.topk, dtype=torch.int64, device=topk_idx.device)
+        self._exchange(
+            [(list(routed.meta_all[:num_send].split(send_splits)), recv_meta)], send_splits, recv_splits
+        )
+        return self._handle(routed, send_splits, recv_splits, recv_meta)
+
+    @staticmethod
+    def _handle(
+        routed: _Routed, send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor
+    ) -> A2AHandle:
+        k = routed.topk
+        return A2AHandle(
+            send_tok=routed.send_tok_all[: sum(send_splits)],
+            send_splits=send_splits,
+            recv_splits=recv_splits,
+            num_tokens=routed.num_tokens,
+            recv_topk_idx=recv_meta[:, :k],
+            recv_topk_weights=recv_meta[:, k:].view(torch.float64),
         )
 
-        both = counts.tolist()  # the one host sync: all_to_all_single takes split sizes on the host
-        send_splits, recv_splits = both[:world], both[world:]
+    # -- the exchange ---------------------------------------------------------------------------------
+
+    def _exchange(
+        self,
+        pairs: list[tuple[list[torch.Tensor], torch.Tensor]],
+        send_splits: list[int],
+        recv_splits: list[int],
+    ) -> None:
+        """One grouped exchange (one NCCL group) of several (per-destination send segments, receive rows)
+        pairs along the same splits."""
+        me = self.ctx.rank
+        ops = []
+        for s_parts, recv in pairs:
+            r_parts = list(recv.split(recv_splits))
+            for peer in range(self.ctx.world):
+                if peer == me and not self._self_send:
+                    if send_splits[peer]:
+                        r_parts[peer].copy_(s_parts[peer])
+                    continue
+                if send_splits[peer]:
+                    ops.append(dist.P2POp(dist.isend, s_parts[peer], peer, group=self._group))
+                if recv_splits[peer]:
+                    ops.append(dist.P2POp(dist.irecv, r_parts[peer], peer, group=self._group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+    def _payload_segments(self, x: torch.Tensor, handle: A2AHandle) -> list[torch.Tensor]:
+        """Per destination, the rows to send: `x` itself where the destination takes every token in token
+        order (no gather), else its rows gathered into the send buffer."""
+        hidden = x.shape[1]
+        num_send = sum(handle.send_splits)
+        send_x = self._send[: num_send * hidden].view(num_send, hidden).view(x.dtype)
+        segments = []
+        start = 0
+        for count, whole in zip(handle.send_splits, handle.full, strict=True):
+            if whole:
+                segments.append(x)
+            else:
+                seg = send_x[start : start + count]
+                if count:
+                    torch.index_select(x, 0, handle.send_tok[start : start + count], out=seg)
+                segments.append(seg)
+            start += count
+        return segments
+
+    # -- dispatch / combine ---------------------------------------------------------------------------
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
+        if layout is not None:
+            handle: A2AHandle = layout
+            recv_x = self._recv_rows(x, handle)
+            self._exchange(
+                [(self._payload_segments(x, handle), recv_x)], handle.send_splits, handle.recv_splits
+            )
+            return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
+        routed = self._route(topk_idx, topk_weights)
+        send_splits, recv_splits = self._splits(routed)
         num_send, num_recv = sum(send_splits), sum(recv_splits)
-        send_tok = send_tok_all[:num_send]
-        send_x = self._send[: num_send * hidden].view(num_send, hidden)
-        torch.index_select(x, 0, send_tok, out=send_x)
-        recv_meta = self._recv_meta[: num_recv * 2 * topk].view(num_recv, 2 * topk)
-        dist.all_to_all_single(recv_meta, meta_all[:num_send], recv_splits, send_splits, group=group)
-        recv_x = self._recv[: num_recv * hidden].view(num_recv, hidden)
-        dist.all_to_all_single(recv_x, send_x, recv_splits, send_splits, group=group)
-        handle = A2AHandle(send_tok, send_splits, recv_splits, num_tokens)
-        return Dispatched(
-            recv_x=recv_x,
-            recv_topk_idx=recv_meta[:, :topk],
-            recv_topk_weights=recv_meta[:, topk:].view(torch.float64),
-            handle=handle,
+        recv_meta = torch.empty(num_recv, 2 * routed.topk, dtype=torch.int64, device=x.device)
+        handle = self._handle(routed, send_splits, recv_splits, recv_meta)
+        recv_x = self._recv_rows(x, handle)
+        meta_segments = list(routed.meta_all[:num_send].split(send_splits))
+        self._exchange(
+            [(meta_segments, recv_meta), (self._payload_segments(x, handle), recv_x)],
+            send_splits,
+            recv_splits,
         )
+        return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
+
+    def _recv_rows(self, x: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        num_recv, width = sum(handle.recv_splits), x.shape[1]
+        return self._recv[: num_recv * width].view(num_recv, width).view(x.dtype)
 
     def combine(self, expert_out: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
         return self._sum_at_source(self._exchange_back(expert_out, handle), handle)
 
     def _exchange_back(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
         """Send each received row back to its source rank (splits reversed); rows may be any 2-byte type."""
-        num_send = sum(handle.send_splits)
-        width = rows.shape[1]
+        num_send, width = sum(handle.send_splits), rows.shape[1]
         back = self._back[: num_send * width].view(num_send, width).view(rows.dtype)
-        dist.all_to_all_single(back, rows, handle.send_splits, handle.recv_splits, group=self._group)
+        self._exchange([(list(rows.split(handle.recv_splits)), back)], handle.recv_splits, handle.send_splits)
         return back
 
     def _sum_at_source(self, back: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
@@ -227,11 +294,7 @@ class NcclA2ABackend(Backend):
         return versions
 
     def record(self, case: CaseConfig) -> dict[str, Any]:
-        return {
-            "comm_backend": self.ctx.comm_backend,
-            "nccl_ctas": case.sms,
-            "layout": case.knobs.get("layout", "fresh"),
-        }
+        return {"comm_backend": self.ctx.comm_backend, "nccl_ctas": case.sms}
 
     def dispatch_with_handle(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
         """Send one row per source token (`rows` [T, H], e.g. the gradient of combine's output) to where an
@@ -242,5 +305,5 @@ class NcclA2ABackend(Backend):
         """
         send = rows.index_select(0, handle.send_tok)
         recv = torch.empty(sum(handle.recv_splits), rows.shape[1], dtype=rows.dtype, device=rows.device)
-        dist.all_to_all_single(recv, send, handle.recv_splits, handle.send_splits, group=self._group)
+        self._exchange([(list(send.split(handle.send_splits)), recv)], handle.send_splits, handle.recv_splits)
         return recv

@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 
 from moelab.backends.base import Backend
 from moelab.errors import BackendUnavailable, MoelabError
+from moelab.plan.spec import LaunchSpec
 
 ENTRY_POINT_GROUP = "moelab.backends"
 
@@ -18,6 +19,7 @@ BUILTIN: dict[str, str] = {
     "deepep": "moelab.backends.deepep:DeepEPBackend",
     "deepep-ll": "moelab.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybrid-ep": "moelab.backends.hybrid_ep:HybridEPBackend",
+    "nccl-tests": "moelab.backends.nccl_tests_job:NcclTestsBackend",
 }
 
 
@@ -63,14 +65,14 @@ def load(name: str) -> type[Backend]:
     return cls
 
 
-def availability(name: str, extra_path: str | None = None) -> str | None:
+def availability(name: str, extra_path: str | None = None, launch: LaunchSpec | None = None) -> str | None:
     """None when `name` can run here, else why not (one line). With `extra_path` (the backend's own library
     build, --backend-path) the check runs in a child process with that path first, as the backend's job will."""
     if extra_path is not None:
         return _availability_in_child(name, extra_path)
     try:
         cls = load(name)
-        return cls.availability()
+        return cls.availability_for(launch) if launch is not None else cls.availability()
     except BackendUnavailable as exc:
         return str(exc)
     except Exception as exc:  # a broken plugin must not break the listing

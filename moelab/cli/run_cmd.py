@@ -5,250 +5,281 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-import torch
 import typer
 
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
-from moelab.launch.rundir import now_iso
 from moelab.launch.runner import execute, is_launching_host, new_run_id
-from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.plan.planning import HostFacts, RunRequest, plan_run
+from moelab.plan.spec import RunSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.store.labels import set_label
-from moelab.suites.loader import expand, load_suite
-
-
-def _backend_defaults(names: list[str]) -> dict[str, dict[str, Any]]:
-    """Per-backend workload defaults (e.g. the low-latency kernels' own sizes), below the suite's values."""
-    out = {}
-    for name in names:
-        cls = registry.load(name)
-        defaults = getattr(cls, "default_workload", None)
-        if defaults:
-            out[name] = dict(defaults)
-    return out
 
 
 @user_errors
 def run(
     backend: str = typer.Option(
-        "nccl-a2a", "--backend", "-b", help="Backend(s), comma-separated; see `moelab backends`"
+        "nccl-a2a",
+        "--backend",
+        "-b",
+        help="Backend(s), comma-separated; see `moelab backends`",
+        rich_help_panel="Backends and knobs",
     ),
     suite: str = typer.Option(
-        "dispatch-combine", "--suite", "-s", help="Built-in suite name or a suite TOML file"
+        "dispatch-combine",
+        "--suite",
+        "-s",
+        help="Built-in suite name or a suite TOML file",
+        rich_help_panel="Workload",
     ),
     gpus: int | None = typer.Option(
-        None, "--gpus", help="Ranks on this host (default: every local GPU, else 2 CPU ranks)"
+        None,
+        "--gpus",
+        help="Ranks on this host (default: every local GPU, else 2 CPU ranks)",
+        rich_help_panel="Launch",
     ),
     gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="Ranks per node for byte accounting (default: ranks on this host)"
+        None,
+        "--gpus-per-node",
+        help="Ranks per node for byte accounting (default: ranks on this host)",
+        rich_help_panel="Launch",
     ),
-    cpu: bool = typer.Option(False, "--cpu", help="Run on CPU ranks (gloo) even when GPUs are present"),
-    hidden: str | None = typer.Option(None, help="Hidden size(s), comma-separated; replaces the suite's"),
+    cpu: bool = typer.Option(
+        False, "--cpu", help="Run on CPU ranks (gloo) even when GPUs are present", rich_help_panel="Launch"
+    ),
+    hidden: str | None = typer.Option(
+        None, help="Hidden size(s), comma-separated; replaces the suite's", rich_help_panel="Workload"
+    ),
     tokens_per_rank: str | None = typer.Option(
-        None, "--tokens-per-rank", help="Tokens per rank, comma-separated"
+        None, "--tokens-per-rank", help="Tokens per rank, comma-separated", rich_help_panel="Workload"
     ),
-    topk: str | None = typer.Option(None, help="Experts per token, comma-separated"),
+    topk: str | None = typer.Option(
+        None, help="Experts per token, comma-separated", rich_help_panel="Workload"
+    ),
     experts_per_rank: str | None = typer.Option(
-        None, "--experts-per-rank", help="Experts per rank, comma-separated"
+        None, "--experts-per-rank", help="Experts per rank, comma-separated", rich_help_panel="Workload"
     ),
-    routing: str | None = typer.Option(None, help="Routing kind(s): uniform, zipf, hot"),
-    seed: str | None = typer.Option(None, help="Routing seed(s)"),
-    dtype: str | None = typer.Option(None, help="Dispatch payload(s): bf16, fp8, mxfp8"),
+    routing: str | None = typer.Option(
+        None, help="Routing kind(s): uniform, zipf, hot", rich_help_panel="Workload"
+    ),
+    seed: str | None = typer.Option(None, help="Routing seed(s)", rich_help_panel="Workload"),
+    dtype: str | None = typer.Option(
+        None, help="Dispatch payload(s): bf16, fp8, mxfp8", rich_help_panel="Workload"
+    ),
     sms: str | None = typer.Option(
-        None, help="SM counts, comma-separated ('default' = the library's own choice)"
+        None,
+        help="SM counts, comma-separated ('default' = the library's own choice)",
+        rich_help_panel="Backends and knobs",
     ),
-    iters: int | None = typer.Option(None, help="Timed iterations per op (default: 100 on GPU, 10 on CPU)"),
-    warmup: int | None = typer.Option(None, help="Warm-up iterations per op"),
-    label: str | None = typer.Option(None, help="A name for this run (baselines, comparisons)"),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    iters: int | None = typer.Option(
+        None,
+        help="A fixed count of timed iterations per op (default: stop once the median is stable, see --noise-target)",
+        rich_help_panel="Timing",
+    ),
+    warmup: int | None = typer.Option(None, help="Warm-up iterations per op", rich_help_panel="Timing"),
+    label: str | None = typer.Option(
+        None, help="A name for this run (baselines, comparisons)", rich_help_panel="Store"
+    ),
+    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP, rich_help_panel="Store"),
     out: Path | None = typer.Option(
-        None, "--out", help="Folder for run directories (default: runs/ in the user's data directory)"
+        None,
+        "--out",
+        help="Folder for run directories (default: runs/ in the user's data directory)",
+        rich_help_panel="Store",
     ),
     timeout: float = typer.Option(
-        900.0, help="Wall-clock limit of one backend job, seconds; then it is killed and recorded as failed"
+        900.0,
+        help="Wall-clock limit of one backend job, seconds; then it is killed and recorded as failed",
+        rich_help_panel="Launch",
     ),
     collective_timeout: float = typer.Option(
-        300.0, "--collective-timeout", help="torch.distributed timeout of a hung collective, seconds"
+        300.0,
+        "--collective-timeout",
+        help="torch.distributed timeout of a hung collective, seconds",
+        rich_help_panel="Launch",
     ),
     report: Path | None = typer.Option(
-        None, "--report", help="Also write the HTML report of this run to this file"
+        None, "--report", help="Also write the HTML report of this run to this file", rich_help_panel="Store"
     ),
     launcher: str = typer.Option(
         "auto",
         "--launcher",
         help="auto (SLURM inside an allocation, else local), local, torchrun, slurm or mpirun",
+        rich_help_panel="Launch",
     ),
     nodes: int = typer.Option(
-        1, "--nodes", help="Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node"
+        1,
+        "--nodes",
+        help="Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node",
+        rich_help_panel="Launch",
     ),
     rdzv_endpoint: str | None = typer.Option(
-        None, "--rdzv-endpoint", help="torchrun multi-node: HOST:PORT of the c10d rendezvous (node 0's)"
+        None,
+        "--rdzv-endpoint",
+        help="torchrun multi-node: HOST:PORT of the c10d rendezvous (node 0's)",
+        rich_help_panel="Launch",
     ),
     node_rank: int | None = typer.Option(
         None,
         "--node-rank",
         help="torchrun multi-node: this node's rank; node 0 hosts the rendezvous and stores the run",
+        rich_help_panel="Launch",
     ),
     run_id: str | None = typer.Option(
-        None, "--run-id", help="Run id (multi-node torchrun: give every node the same one)"
+        None,
+        "--run-id",
+        help="Run id (multi-node torchrun: give every node the same one)",
+        rich_help_panel="Store",
     ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the exact launch command(s) (or batch script with --sbatch) and exit"
+        False,
+        "--dry-run",
+        help="Print the exact launch command(s) (or batch script with --sbatch) and exit",
+        rich_help_panel="Launch",
     ),
     sbatch: bool = typer.Option(
         False,
         "--sbatch",
         help="Outside a SLURM allocation: write a batch script that runs this command and submit it",
+        rich_help_panel="Launch",
     ),
-    partition: str | None = typer.Option(None, help="--sbatch: SLURM partition"),
-    account: str | None = typer.Option(None, help="--sbatch: SLURM account"),
-    time_limit: str = typer.Option("00:30:00", "--time", help="--sbatch: SLURM time limit"),
+    partition: str | None = typer.Option(None, help="--sbatch: SLURM partition", rich_help_panel="Launch"),
+    account: str | None = typer.Option(None, help="--sbatch: SLURM account", rich_help_panel="Launch"),
+    time_limit: str = typer.Option(
+        "00:30:00", "--time", help="--sbatch: SLURM time limit", rich_help_panel="Launch"
+    ),
     container_image: str | None = typer.Option(
-        None, "--container-image", help="srun/sbatch with pyxis: container image"
+        None, "--container-image", help="srun/sbatch with pyxis: container image", rich_help_panel="Launch"
     ),
     container_mounts: str | None = typer.Option(
-        None, "--container-mounts", help="srun/sbatch with pyxis: SRC:DST[,...]"
+        None, "--container-mounts", help="srun/sbatch with pyxis: SRC:DST[,...]", rich_help_panel="Launch"
     ),
     backend_path: list[str] = typer.Option(
         [],
         "--backend-path",
         help="NAME=DIR: put DIR first on PYTHONPATH for backend NAME's job (e.g. its deep_ep build)",
+        rich_help_panel="Backends and knobs",
     ),
     trace: str = typer.Option(
         "none",
         "--trace",
         help="none, torch (torch.profiler Chrome traces + kernel-only times) or nsys (each rank under nsys profile)",
+        rich_help_panel="Tracing",
     ),
-    trace_iters: int = typer.Option(5, "--trace-iters", help="Profiled iterations per op with --trace torch"),
-    nsys_osrt: bool = typer.Option(False, "--nsys-osrt", help="--trace nsys: also trace OS runtime calls"),
+    trace_iters: int = typer.Option(
+        5, "--trace-iters", help="Profiled iterations per op with --trace torch", rich_help_panel="Tracing"
+    ),
+    nsys_osrt: bool = typer.Option(
+        False, "--nsys-osrt", help="--trace nsys: also trace OS runtime calls", rich_help_panel="Tracing"
+    ),
     wrap: str | None = typer.Option(
         None,
         "--wrap",
         help="Run each rank under a tool, e.g. 'ncu --profile-from-start off -o {out}'; {out} and {rank} are expanded",
+        rich_help_panel="Tracing",
     ),
     case: list[str] = typer.Option(
-        [], "--case", help="Run only these case ids (see the suite's expansion in a --dry-run)"
+        [],
+        "--case",
+        help="Run only these case ids (see the suite's expansion in a --dry-run)",
+        rich_help_panel="Workload",
     ),
     bind: str | None = typer.Option(
-        None, "--bind", help="numa: pin each rank to the CPUs and memory of its GPU's NUMA node"
+        None,
+        "--bind",
+        help="numa: pin each rank to the CPUs and memory of its GPU's NUMA node",
+        rich_help_panel="Launch",
     ),
     emulate_internode: bool = typer.Option(
         False,
         "--emulate-internode",
         help="Force NCCL's network (socket) transport between every pair of ranks, as between nodes",
+        rich_help_panel="Launch",
     ),
     nccl_tests_bin: str | None = typer.Option(
-        None, "--nccl-tests-bin", help="alltoall_perf (or its folder) for --backend nccl-tests; default: PATH"
+        None,
+        "--nccl-tests-bin",
+        help="alltoall_perf (or its folder) for --backend nccl-tests; default: PATH",
+        rich_help_panel="Backends and knobs",
     ),
     require_healthy: bool = typer.Option(
-        False, "--require-healthy", help="Refuse to start a backend job on a node whose health check fails"
+        False,
+        "--require-healthy",
+        help="Refuse to start a backend job on a node whose health check fails",
+        rich_help_panel="Health",
     ),
     health: bool = typer.Option(
-        True, "--health/--no-health", help="Health snapshot (NVML, sysfs) before and after each backend job"
+        True,
+        "--health/--no-health",
+        help="Health snapshot (NVML, sysfs) before and after each backend job",
+        rich_help_panel="Health",
+    ),
+    noise_target: float | None = typer.Option(
+        None,
+        "--noise-target",
+        help="Stop timing an op once its median is known within this fraction (default 0.02 on GPU)",
+        rich_help_panel="Timing",
+    ),
+    max_iters: int | None = typer.Option(
+        None,
+        "--max-iters",
+        help="Most timed iterations per op when stopping on noise",
+        rich_help_panel="Timing",
+    ),
+    list_cases: bool = typer.Option(
+        False,
+        "--list-cases",
+        help="Print the case ids this run would measure and exit",
+        rich_help_panel="Workload",
     ),
 ) -> None:
-    """Run dispatch/combine benchmarks: each backend as its own torchrun job, results stored in DuckDB.
+    """Run dispatch/combine benchmarks: each backend as its own job, results stored in DuckDB.
 
-    Example: moelab run --backend nccl-a2a --experts-per-rank 8 --sms default,16,24 --report report.html
+    Example: moelab run --backend nccl-a2a --sms default,16,24 --report report.html
     """
-    names = parse_list(backend, str, "backend") or []
-    paths = _parse_backend_paths(backend_path)
-    for name in names:
-        if name == NCCL_TESTS:
-            reason = nccl_tests_availability(nccl_tests_bin)
-        else:
-            registry.resolve(name)
-            reason = registry.availability(name, paths.get(name))
-        if reason and not dry_run:
-            raise MoelabError(f"backend {name} is unavailable: {reason}")
     if sbatch:
         launcher = "slurm"
-    launcher = commands.auto_launcher(os.environ) if launcher == "auto" else launcher
-    if launcher not in commands.LAUNCHERS:
-        raise SpecError(f"unknown launcher {launcher!r}: choose one of auto, {', '.join(commands.LAUNCHERS)}")
-    if trace not in ("none", "torch", "nsys"):
-        raise SpecError(f"unknown --trace {trace!r}: choose none, torch or nsys")
-    if trace == "nsys" and not dry_run:
-        from moelab.tracing.nsys import nsys_available
-
-        found, why = nsys_available()
-        if found is None:
-            raise MoelabError(f"--trace nsys: {why}")
-    if bind not in (None, "numa"):
-        raise SpecError(f"unknown --bind {bind!r}: the only binding is numa")
-    use_cuda = torch.cuda.is_available() and not cpu
-    device = "cuda" if use_cuda else "cpu"
-    if nodes < 1:
-        raise SpecError(f"--nodes must be >= 1, got {nodes}")
-    if nodes > 1 and launcher == "local":
-        raise SpecError(f"--nodes {nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)")
-    # ranks per node: --gpus on one host; across nodes --gpus-per-node is both the launch and the accounting unit
-    nproc = (
-        gpus
-        or (gpus_per_node if nodes > 1 and gpus_per_node else None)
-        or (torch.cuda.device_count() if use_cuda else 2)
-    )
-    if nproc < 1:
-        raise SpecError(f"--gpus must be >= 1, got {nproc}")
-    if use_cuda and launcher == "local" and nproc > torch.cuda.device_count():
-        raise SpecError(f"--gpus {nproc} but this host has {torch.cuda.device_count()} GPUs")
-    if not use_cuda:
-        console.print(
-            f"no GPU in use ({'--cpu' if cpu else 'CUDA not available'}): running {nproc * nodes} CPU ranks on gloo"
-        )
-    per_node = gpus_per_node or nproc
-    if per_node < 1:
-        raise SpecError(f"--gpus-per-node must be >= 1, got {per_node}")
-    world = nproc * nodes
-    overrides: dict[str, list[Any]] = {}
-    for key, value, kind in (
-        ("hidden", hidden, int), ("tokens_per_rank", tokens_per_rank, int), ("topk", topk, int),
-        ("experts_per_rank", experts_per_rank, int), ("routing", routing, str), ("seed", seed, int),
-        ("dtype", dtype, str), ("sms", sms, int),
-    ):  # fmt: skip
-        parsed = parse_list(value, kind, key.replace("_", "-"))
-        if parsed is not None:
-            overrides[key] = parsed
-    suite_obj = load_suite(suite)
-    cases = expand(
-        suite_obj, names, world, overrides, _backend_defaults([n for n in names if n != NCCL_TESTS])
-    )
-    if case:
-        unknown = sorted(set(case) - {c.case_id for c in cases})
-        if unknown:
-            raise SpecError(
-                f"no case {unknown[0]!r} in this run; cases are: {', '.join(sorted({c.case_id for c in cases}))[:1500]}"
-            )
-        cases = [c for c in cases if c.case_id in case]
-    runnable = [c for c in cases if not c.skip_reason]
-    if not runnable:
-        raise SpecError(cases[0].skip_reason if cases else f"suite {suite_obj.name} has no cases")
-    timing = TimingSpec.for_device(device)
-    if iters is not None or warmup is not None:
-        timing = TimingSpec(
-            warmup=warmup if warmup is not None else timing.warmup, iters=iters if iters is not None else timing.iters,
-            pair_reps=timing.pair_reps, pair_iters=timing.pair_iters, flush_l2=timing.flush_l2,
+    workload = {
+        key: parsed
+        for key, value, kind in (
+            ("hidden", hidden, int),
+            ("tokens_per_rank", tokens_per_rank, int),
+            ("topk", topk, int),
+            ("experts_per_rank", experts_per_rank, int),
+            ("routing", routing, str),
+            ("seed", seed, int),
+            ("dtype", dtype, str),
+            ("sms", sms, int),
         )  # fmt: skip
-        if timing.iters < 1 or timing.warmup < 0:
-            raise SpecError("--iters must be >= 1 and --warmup >= 0")
-    if trace_iters < 1:
-        raise SpecError("--trace-iters must be >= 1")
-    spec = RunSpec(
-        run_id=run_id or new_run_id(), created_at=now_iso(), suite=suite_obj.name, backends=tuple(names), cases=tuple(cases),
-        timing=timing,
-        launch=LaunchSpec(device=device, nproc_per_node=nproc, nodes=nodes, gpus_per_node=per_node, launcher=launcher,
-                          job_timeout_s=timeout, collective_timeout_s=collective_timeout, rdzv_endpoint=rdzv_endpoint,
-                          node_rank=node_rank, backend_paths=paths, bind=bind, emulate_internode=emulate_internode,
-                          nccl_tests_bin=nccl_tests_bin),
-        label=label, command=tuple(["moelab", *sys.argv[1:]]),
-        trace=TraceSpec(mode=trace, iters=trace_iters, nsys_osrt=nsys_osrt, wrap=wrap),
-        health=HealthSpec(snapshots=health, require_healthy=require_healthy),
+        if (parsed := parse_list(value, kind, key.replace("_", "-"))) is not None
+    }
+    req = RunRequest(
+        backends=parse_list(backend, str, "backend") or [], suite=suite, workload=workload, cases=case, gpus=gpus,
+        gpus_per_node=gpus_per_node, cpu=cpu, nodes=nodes,
+        launcher=commands.auto_launcher(os.environ) if launcher == "auto" else launcher, iters=iters, warmup=warmup,
+        noise_target=noise_target, max_iters=max_iters, label=label, run_id=run_id, timeout_s=timeout,
+        collective_timeout_s=collective_timeout, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank,
+        backend_paths=_parse_backend_paths(backend_path), trace=trace, trace_iters=trace_iters, nsys_osrt=nsys_osrt,
+        wrap=wrap, bind=bind, emulate_internode=emulate_internode, nccl_tests_bin=nccl_tests_bin,
+        require_healthy=require_healthy, health=health, command=["moelab", *sys.argv[1:]],
     )  # fmt: skip
+    planned = plan_run(req, HostFacts(cuda_devices=_cuda_devices()), new_run_id=new_run_id())
+    spec = planned.spec
+    if list_cases:
+        for c in spec.cases:
+            console.print(
+                f"{c.backend}\t{c.case_id}" + (f"\tskipped: {c.skip_reason}" if c.skip_reason else "")
+            )
+        return
+    for note in planned.notes:
+        console.print(note)
+    if spec.launch.device == "cpu":
+        console.print(f"no GPU in use: running {spec.launch.world} CPU ranks on gloo")
+    if not dry_run:
+        _check_available(spec)
     runs_root = out or (data_dir() / "runs")
     if dry_run or sbatch:
         _print_or_submit(
@@ -263,15 +294,16 @@ def run(
             container_mounts,
         )
         return
-    if launcher == "torchrun" and nodes > 1 and node_rank is None:
+    if spec.launch.launcher == "torchrun" and nodes > 1 and node_rank is None:
         raise SpecError(
             "torchrun across nodes needs --node-rank on every node (0 on the host that stores the run)"
         )
     db_path = resolve_db_path(db)
     if is_launching_host(spec):
         check_writable(db_path)  # fail now, not after measuring; other nodes never open the database
+    skipped = len(spec.cases) - len(planned.runnable)
     console.print(
-        f"run {spec.run_id}: {len(runnable)} cases ({len(cases) - len(runnable)} skipped), run directory {runs_root / spec.run_id}"
+        f"run {spec.run_id}: {len(planned.runnable)} cases ({skipped} skipped), run directory {runs_root / spec.run_id}"
     )
     outcome = execute(spec, runs_root, db_path, progress=console.print)
     if not outcome.ingested:
@@ -287,19 +319,29 @@ def run(
     if report is not None:
         from moelab.reports.html import write_report
 
-        path = write_report(db_path, [spec.run_id], report)
-        console.print(f"report: {path}")
+        console.print(f"report: {write_report(db_path, [spec.run_id], report)}")
     if failed or not outcome.all_jobs_ok:
         raise typer.Exit(1)
 
 
-NCCL_TESTS = "nccl-tests"
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def nccl_tests_availability(binary: str | None) -> str | None:
-    from moelab.backends.nccl_tests_job import availability
+def _check_available(spec: RunSpec) -> None:
+    """Each backend importable and runnable here (with its --backend-path in a child process), or one line why."""
+    if spec.trace.mode == "nsys":
+        from moelab.tracing.nsys import nsys_available
 
-    return availability(binary)
+        found, why = nsys_available()
+        if found is None:
+            raise MoelabError(f"--trace nsys: {why}")
+    for name in spec.backends:
+        reason = registry.availability(name, spec.launch.backend_paths.get(name), launch=spec.launch)
+        if reason:
+            raise MoelabError(f"backend {name} is unavailable: {reason}")
 
 
 def _parse_backend_paths(values: list[str]) -> dict[str, str]:
@@ -361,8 +403,8 @@ def _print_or_submit(
         console.print(done.stdout.strip())
         return
     for backend in spec.backends:
-        if backend == NCCL_TESTS:
-            console.print(f"# {backend}: alltoall_perf at the cases' sizes (run by this process)")
+        if registry.load(backend).job_kind == "host":
+            console.print(f"# {backend}: run by this process on the launching host")
             continue
         plan = launch_plan(spec, run_dir, backend)
         argvs = (

@@ -363,14 +363,14 @@ def run_e2e_case(
             timed["layer_serial"] = lambda: layer.forward(x, idx, w)
             timed["compute_only_chunked"] = lambda: compute_chunked(layer, chunked)
         for op, fn in timed.items():
-            local[op] = clock.sample(fn, t.iters, t.warmup)
+            local[op] = clock.sample(fn, t.bounds[1], t.warmup)
     if settings.backward:
 
         def fwd_bwd() -> None:
             weights.zero_grad()
             forward(x.detach().requires_grad_(True)).backward(gout)
 
-        local["layer_fwd_bwd"] = clock.sample(fwd_bwd, t.iters, t.warmup)
+        local["layer_fwd_bwd"] = clock.sample(fwd_bwd, t.bounds[1], t.warmup)
         weights.zero_grad()
     all_samples: list[Any] = [None] * ctx.world
     dist.all_gather_object(all_samples, {"samples": local, "pairs": full.grouped.num_pairs}, group=ctx.group)

@@ -26,7 +26,7 @@ import numpy as np
 from moelab.gate.samples import Side, key_text
 from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, differ
 
-OPS = ("dispatch", "combine", "pair")
+OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")
 FAILING = ("regression", "broken")
 STATUS_ORDER = ("broken", "regression", "missing", "inconclusive", "noise", "improvement", "new", "unchanged")
 

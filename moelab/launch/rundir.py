@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.plan.spec import RunSpec
+from moelab.record.case_record import CaseRecord
 
 RUNDIR_VERSION = 1
 
@@ -55,14 +56,17 @@ class JobFiles:
     def launcher_log(self) -> Path:
         return self.dir / "launcher.log"
 
-    def append_result(self, record: dict[str, Any]) -> None:
+    def append_result(self, record: CaseRecord | dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        line = (
+            record.to_json() if isinstance(record, CaseRecord) else json.dumps(record, default=_json_default)
+        )
         with self.results.open("a") as fh:
-            fh.write(json.dumps(record, default=_json_default) + "\n")
+            fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def read_results(self) -> list[dict[str, Any]]:
+    def read_results(self) -> list[CaseRecord]:
         if not self.results.exists():
             return []
         out = []
@@ -70,7 +74,7 @@ class JobFiles:
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                out.append(CaseRecord.from_json(line))
             except json.JSONDecodeError:
                 break  # a line cut by a crash mid-write: everything before it is good
         return out

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import moelab
+from moelab.backends import registry
 from moelab.errors import MoelabError
 from moelab.launch import commands
 from moelab.launch.local import JobOutcome, run_job
@@ -104,11 +105,15 @@ def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
 def _health(spec: RunSpec, files: JobFiles, phase: str) -> object | None:
     if not spec.health.snapshots:
         return None
+    from moelab.health import rules
     from moelab.health.snapshot import dumps, take_snapshot_subprocess
 
     snap = take_snapshot_subprocess(load_ms=spec.health.load_ms if spec.launch.device == "cuda" else 0.0)
     files.dir.mkdir(parents=True, exist_ok=True)
     (files.dir / f"health_{phase}.json").write_text(dumps(snap))
+    findings = rules.evaluate(snap)
+    verdict = {"worst": rules.worst(findings), "findings": [f.to_dict() for f in findings]}
+    (files.dir / f"health_{phase}_verdict.json").write_text(json.dumps(verdict, indent=2))
     return snap
 
 
@@ -127,8 +132,18 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str) -> JobOutcome:
         from moelab.health.snapshot import diff, is_suspect
 
         found = diff(before, after)  # type: ignore[arg-type]
+        bad = [f for f in found if f.status in ("warn", "fail")]
+        reason = "; ".join(f"{f.subject}: {f.reason}" for f in bad)[:1000] or "health worsened during the run"
+        suspect = is_suspect(found)
         (files.dir / "health_diff.json").write_text(
-            json.dumps({"suspect": is_suspect(found), "findings": [f.to_dict() for f in found]}, indent=2)
+            json.dumps(
+                {
+                    "suspect": suspect,
+                    "suspect_reason": reason if suspect else None,
+                    "findings": [f.to_dict() for f in found],
+                },
+                indent=2,
+            )  # fmt: skip
         )
     return outcome
 
@@ -195,10 +210,9 @@ def execute(
         progress(
             f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
         )
-        if backend == "nccl-tests":
-            from moelab.backends.nccl_tests_job import run_nccl_tests_job
-
-            outcome = run_nccl_tests_job(spec, rd.job(backend))
+        cls = registry.load(backend)
+        if cls.job_kind == "host":
+            outcome = cls.run_host_job(spec, rd.job(backend))
         else:
             outcome = run_backend(spec, rd, backend)
         jobs[backend] = outcome

@@ -1,19 +1,47 @@
-"""Timing of one rank's iterations: CUDA events on GPU, a monotonic clock on CPU.
+"""Timing of one rank's iterations: CUDA events on GPU, a monotonic clock on CPU, and when to stop.
 
 Before each timed iteration every rank passes a barrier (on GPU an all-reduce enqueued on the stream,
 so the start events line up without a host sync), and on GPU a buffer larger than L2 is overwritten so
-each iteration starts cold, as DeepEP's bench does.
+each iteration starts cold, as DeepEP's bench does. Iterations run in batches; after each batch the ranks
+share their times, and all of them stop together once the median is known well enough (nvbench's stdrel
+idea: a noise target after a minimum count and time, with a maximum count).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from moelab.plan.spec import TimingSpec
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def median_noise(per_iter: np.ndarray) -> float:
+    """Relative half-width of a ~95% distribution-free confidence interval of the median (order statistics
+    n/2 ± 0.98·sqrt(n)); inf below 6 samples. The figure the stopping rule and the record use."""
+    n = int(per_iter.size)
+    if n < 6:
+        return math.inf
+    s = np.sort(per_iter)
+    half = 0.98 * math.sqrt(n)
+    lo = s[max(0, int(math.floor(n / 2 - half)))]
+    hi = s[min(n - 1, int(math.ceil(n / 2 + half)))]
+    med = float(np.median(s))
+    return float((hi - lo) / (2 * med)) if med > 0 else math.inf
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sampled:
+    samples_us: list[list[float]]  # [rank][iteration]
+    noise: float  # achieved median_noise of the slowest-rank iteration times
+    seconds: float  # wall time spent timing
 
 
 class Clock:
@@ -44,6 +72,11 @@ class Clock:
         for _ in range(warmup):
             fn()
         self.sync()
+        times = self._batch(fn, iters, repeat)
+        self.sync()
+        return times
+
+    def _batch(self, fn: Callable[[], object], iters: int, repeat: int = 1) -> list[float]:
         if self.cuda:
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -56,14 +89,47 @@ class Clock:
                     fn()
                 ends[i].record()
             torch.cuda.synchronize(self.device)
-            times = [s.elapsed_time(e) * 1e3 / repeat for s, e in zip(starts, ends, strict=True)]
-        else:
-            times = []
-            for _ in range(iters):
-                self._barrier()
-                t0 = time.perf_counter_ns()
-                for _ in range(repeat):
-                    fn()
-                times.append((time.perf_counter_ns() - t0) / 1e3 / repeat)
-        self.sync()
+            return [s.elapsed_time(e) * 1e3 / repeat for s, e in zip(starts, ends, strict=True)]
+        times = []
+        for _ in range(iters):
+            self._barrier()
+            t0 = time.perf_counter_ns()
+            for _ in range(repeat):
+                fn()
+            times.append((time.perf_counter_ns() - t0) / 1e3 / repeat)
         return times
+
+    def _share(self, times: list[float]) -> list[list[float]]:
+        """Every rank's batch, on every rank (small: one float per iteration)."""
+        world = dist.get_world_size(self.group)  # type: ignore[arg-type]
+        local = torch.tensor(times, dtype=torch.float64)
+        if self.cuda:
+            local = local.to(self.device)
+        out = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(out, local, group=self.group)  # type: ignore[arg-type]
+        return [t.cpu().tolist() for t in out]
+
+    def sample_until_stable(self, fn: Callable[[], object], timing: TimingSpec) -> Sampled:
+        """Warm up, then time batches until the slowest-rank median's noise is under the target (after
+        `min_iters` and `min_time_s`) or `max_iters` is reached; every rank stops at the same batch."""
+        for _ in range(timing.warmup):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        per_rank: list[list[float]] | None = None
+        noise = math.inf
+        least, most = timing.bounds
+        step = most if timing.iters is not None else timing.batch
+        while True:
+            done = 0 if per_rank is None else len(per_rank[0])
+            batch = min(step, most - done)
+            shared = self._share(self._batch(fn, batch))
+            per_rank = shared if per_rank is None else [a + b for a, b in zip(per_rank, shared, strict=True)]
+            n = len(per_rank[0])
+            noise = median_noise(np.asarray(per_rank).max(axis=0))
+            elapsed = time.perf_counter() - t0
+            enough = n >= least and elapsed >= timing.min_time_s and noise <= timing.noise_target
+            if enough or n >= most:
+                break
+        self.sync()
+        return Sampled(samples_us=per_rank, noise=noise, seconds=time.perf_counter() - t0)

@@ -16,19 +16,48 @@ SPEC_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingSpec:
-    """Warm-up and iteration counts; the slowest rank of each iteration is that iteration's time."""
+    """How long to time: warm-up, then batches until the median's noise is under `noise_target` (after
+    `min_iters` and `min_time_s`, at most `max_iters`), or exactly `iters` when that is set."""
 
-    warmup: int = 20
-    iters: int = 100
-    pair_reps: int = 5  # back-to-back dispatch→combine: this many samples of `pair_iters` pairs each
+    warmup: int = 10
+    iters: int | None = None  # a fixed count (--iters); None: stop on noise
+    min_iters: int = 20
+    max_iters: int = 300
+    noise_target: float = 0.02  # relative half-width of the median's ~95% confidence interval
+    min_time_s: float = 0.0
+    batch: int = 10  # iterations between two looks at the noise
+    pair_reps: int = 5  # e2e layer: samples of `pair_iters` back-to-back layers each
     pair_iters: int = 10
     flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
 
+    def __post_init__(self) -> None:
+        if self.iters is not None and self.iters < 1:
+            raise ValueError(f"iters must be at least 1, got {self.iters}")
+        if self.warmup < 0 or self.min_iters < 1 or self.max_iters < self.min_iters or self.batch < 1:
+            raise ValueError("timing: need warmup >= 0, 1 <= min_iters <= max_iters and batch >= 1")
+        if not 0 < self.noise_target < 1:
+            raise ValueError(f"noise target must be in (0, 1), got {self.noise_target}")
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(least, most) iterations per op."""
+        return (self.iters, self.iters) if self.iters is not None else (self.min_iters, self.max_iters)
+
     @classmethod
     def for_device(cls, device: str) -> TimingSpec:
-        """GPU: DeepEP-like counts. CPU (gloo): fewer, since one reference iteration takes ~0.1 s."""
-        return (
-            cls() if device == "cuda" else cls(warmup=2, iters=10, pair_reps=3, pair_iters=2, flush_l2=False)
+        """GPU: stop on 2% noise between 20 and 300 iterations. CPU (gloo): fewer, since one reference
+        iteration takes ~0.1 s there."""
+        if device == "cuda":
+            return cls()
+        return cls(
+            warmup=2,
+            min_iters=6,
+            max_iters=20,
+            batch=6,
+            noise_target=0.05,
+            pair_reps=3,
+            pair_iters=2,
+            flush_l2=False,
         )
 
 
@@ -114,6 +143,7 @@ class RunSpec:
     command: tuple[str, ...] = ()
     trace: TraceSpec = field(default_factory=TraceSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    notes: tuple[str, ...] = ()  # what the planner chose for the user (e.g. the nearest workload variant)
     spec_version: int = SPEC_VERSION
 
     def cases_for(self, backend: str) -> list[CaseSpec]:
@@ -133,6 +163,7 @@ class RunSpec:
             "command": list(self.command),
             "trace": dataclasses.asdict(self.trace),
             "health": dataclasses.asdict(self.health),
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -151,6 +182,7 @@ class RunSpec:
             command=tuple(d.get("command") or ()),
             trace=TraceSpec(**d.get("trace", {})),
             health=HealthSpec(**d.get("health", {})),
+            notes=tuple(d.get("notes") or ()),
         )
 
     def write(self, path: Path) -> None:

@@ -45,6 +45,10 @@ class RoutingSpec:
         return self.kind
 
 
+LIMITS = {"hidden": 1 << 18, "tokens_per_rank": 1 << 20, "topk": 256, "experts_per_rank": 1 << 12}
+MAX_TOKEN_BYTES = 16 << 30  # one rank's bf16 tokens; dispatch buffers hold up to world x that
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
     """One dispatch/combine workload, per rank."""
@@ -59,12 +63,26 @@ class Workload:
     def num_experts(self, world: int) -> int:
         return self.experts_per_rank * world
 
-    def validate(self, world: int | None = None) -> None:
-        """Raise SpecError with one line when the workload cannot run on `world` ranks."""
+    def check_values(self) -> None:
+        """Raise SpecError for a value no run could use (a user error, refused before anything launches):
+        not a positive integer, or past what a GPU buffer and the store's INTEGER columns can hold."""
         for name in ("hidden", "tokens_per_rank", "topk", "experts_per_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SpecError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if value > LIMITS[name]:
+                raise SpecError(
+                    f"{name.replace('_', '-')} {value} is above the largest supported, {LIMITS[name]}"
+                )
+        if self.tokens_per_rank * self.hidden * 2 > MAX_TOKEN_BYTES:
+            raise SpecError(
+                f"tokens-per-rank x hidden x 2 bytes = {self.tokens_per_rank * self.hidden * 2 / 2**30:.0f} GiB per rank "
+                f"is above {MAX_TOKEN_BYTES / 2**30:.0f} GiB"
+            )
+
+    def validate(self, world: int | None = None) -> None:
+        """Raise SpecError with one line when the workload cannot run on `world` ranks."""
+        self.check_values()
         if self.dtype not in PAYLOAD_DTYPES:
             raise SpecError(
                 f"unknown payload dtype {self.dtype!r}: choose one of {', '.join(PAYLOAD_DTYPES)}"

@@ -153,7 +153,11 @@ def build(
         gpu = (env or {}).get("gpu_name")
         peak = peaks.gpu(gpu)
         gbps = r[METRICS[metric]]
-        frac = fraction_of_peak(gbps, peak.gbps if peak else None) if r["op"] != "pair" else None
+        frac = (
+            fraction_of_peak(gbps, peak.gbps if peak else None)
+            if r["op"] not in ("roundtrip", "layout")
+            else None
+        )
         row.cells[g] = Cell(
             run_id=r["run_id"], median_us=r["median_us"], gbps=gbps, frac_peak=frac, gpu_name=gpu
         )

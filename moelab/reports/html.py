@@ -18,7 +18,7 @@ from moelab.reports import compare, query, sections
 from moelab.reports.peaks import PeakTable, load_peaks
 from moelab.store.db import open_db
 
-OPS = ("dispatch", "combine", "pair")
+OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
 

@@ -18,7 +18,11 @@ ABOVE_PEAK_NOTE = (
     "nvl_recv counts the rows a rank sends to itself, which never cross NVLink, so it can exceed the link "
     "peak (DeepEP#633); nvl_remote counts only rows from other ranks and is the figure to hold against the peak."
 )
-FLAGGED_OPS = ("dispatch", "combine")  # pair moves both directions: a per-direction peak does not bound it
+FLAGGED_OPS = (
+    "dispatch",
+    "dispatch_fresh",
+    "combine",
+)  # roundtrip moves both directions: a per-direction peak does not bound it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,7 +282,7 @@ def fallback_bars(
 ) -> list[dict[str, Any]]:
     """Without any sweep, one bar per case and op so that every run still has a picture."""
     out = []
-    for op in ("dispatch", "combine", "pair"):
+    for op in ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip"):
         rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
         if not rows:
             continue

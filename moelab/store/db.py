@@ -13,6 +13,7 @@ import platformdirs
 
 from moelab.accounting.bandwidth import DEFINITIONS
 from moelab.errors import MoelabError
+from moelab.measure.ops import OPS
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 
 LOCK_WAIT_S = 60.0
@@ -112,11 +113,14 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         except Exception:
             con.execute("ROLLBACK")
             raise
+    texts = [(d.name, d.text) for d in DEFINITIONS.values()] + [
+        (f"op:{o.name}", o.text) for o in OPS.values()
+    ]
     con.execute(
         "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
-        + ", ".join(["(?, ?)"] * len(DEFINITIONS))
+        + ", ".join(["(?, ?)"] * len(texts))
         + ")",
-        [v for d in DEFINITIONS.values() for v in (d.name, d.text)],
+        [v for pair in texts for v in pair],
     )
     return current_version(con)
 

@@ -1,7 +1,8 @@
 """Read a run directory into the database in one transaction (all of it, or nothing).
 
-Summaries (median, percentiles, bandwidths) are computed here from the raw samples, so every number in
-the database is derived by one code path from samples the database also keeps.
+Ingest only stores: every summary, figure, health verdict and suspect mark was made before, in the
+worker's CaseRecord (moelab.record) or by the runner next to the job's files. Rows are built as
+{column: value} and inserted by column name, so the schema's column order never matters.
 """
 
 from __future__ import annotations
@@ -13,23 +14,12 @@ from typing import Any
 
 import duckdb
 
-from moelab.accounting.bandwidth import RankRows, bandwidths, library_figure
-from moelab.launch.rundir import RunDir
-from moelab.measure.stats import summarize
+from moelab.launch.rundir import JobFiles, RunDir
+from moelab.plan.spec import CaseSpec, RunSpec
+from moelab.record.case_record import CaseRecord, OpResult
 from moelab.store.schema import RUN_TABLES
 
-# Column lists of the version-1 tables: later migrations add columns, so inserts name theirs.
-COLUMNS = {
-    "cases": (
-        "run_id", "backend", "case_id", "status", "reason", "hidden", "tokens_per_rank", "topk", "experts_per_rank",
-        "world", "gpus_per_node", "routing", "routing_seed", "routing_params", "dtype", "sms", "knobs",
-        "backend_record", "dispatch_err", "combine_err", "host_sync", "suspect", "suspect_reason",
-    ),
-    "results": (
-        "run_id", "backend", "case_id", "op", "n", "median_us", "p10_us", "p90_us", "p99_us", "min_us", "max_us",
-        "mean_us", "rank_spread_us", "rel_iqr", "bytes_per_row", "kernel_us", "kernel_source",
-    ),
-}  # fmt: skip
+Row = dict[str, Any]
 
 
 def _job_status(job: dict[str, Any] | None) -> str:
@@ -56,282 +46,6 @@ def _failure_reason(job: dict[str, Any] | None) -> str:
     return f"backend job failed (exit code {job.get('returncode')})"
 
 
-def collect(run_dir: Path) -> dict[str, list[Any]]:
-    """Rows for every table (tuples), from the run directory alone; `_samples` holds the samples columns."""
-    rd = RunDir(run_dir)
-    spec = rd.spec
-    info = rd.info()
-    env0: dict[str, Any] = {}
-    tables: dict[str, list[tuple[Any, ...]]] = {
-        k: []
-        for k in (
-            "environment",
-            "jobs",
-            "cases",
-            "results",
-            "bandwidths",
-            "traces",
-            "trace_kernels",
-            "health",
-            "ib_counters",
-            "nccl_tests",
-            "case_metrics",
-        )
-    }
-    samples: dict[str, list[Any]] = {k: [] for k in ("backend", "case_id", "op", "rank", "iter", "time_us")}
-    for backend in spec.backends:
-        files = rd.job(backend)
-        job = files.read_job()
-        status = _job_status(job)
-        tables["jobs"].append((
-            spec.run_id, backend, status, (job or {}).get("description") or _failure_reason(job) if status != "ok" else "ok",
-            (job or {}).get("returncode"), (job or {}).get("signal"), bool((job or {}).get("timed_out")),
-            (job or {}).get("duration_s"), json.dumps((job or {}).get("failed_ranks", [])),
-            json.dumps({str(k): v for k, v in (job or {}).get("stderr_tails", {}).items()}), json.dumps((job or {}).get("argv", [])),
-        ))  # fmt: skip
-        for env in files.read_env():
-            env0 = env0 or env
-            tables["environment"].append((
-                spec.run_id, backend, env.get("rank"), env.get("node"), env.get("host"), env.get("gpu_name"),
-                env.get("gpu_count"), env.get("sm_count"), env.get("driver"), env.get("cuda"), env.get("nccl"),
-                env.get("torch"), env.get("python"), env.get("moelab_version"), env.get("moelab_git_sha"),
-                json.dumps(env.get("library_versions", {})), json.dumps(env.get("env_vars", {})), json.dumps(env),
-            ))  # fmt: skip
-        records = {r["case_id"]: r for r in files.read_results()}
-        suspect = _suspect(files.dir / "health_diff.json")
-        for case in spec.cases_for(backend):
-            rec = records.get(case.case_id)
-            if rec is None:
-                rec = {
-                    "status": "skipped" if case.skip_reason else "failed",
-                    "reason": case.skip_reason or _failure_reason(job),
-                }
-                if status == "unavailable":
-                    rec["status"] = "unavailable"
-            wl = case.workload
-            check = rec.get("check", {})
-            is_suspect = suspect is not None and rec["status"] == "ok" and "nccl_tests" not in rec
-            tables["cases"].append((
-                spec.run_id, backend, case.case_id, rec["status"], rec.get("reason"), wl.hidden, wl.tokens_per_rank,
-                wl.topk, wl.experts_per_rank, spec.launch.world, spec.launch.gpus_per_node, wl.routing.kind,
-                wl.routing.seed, json.dumps(wl.to_dict()["routing"]), wl.dtype, case.sms, json.dumps(case.knobs),
-                json.dumps(rec.get("backend_record", {})), _finite(check.get("dispatch_err")),
-                _finite(check.get("combine_err")), rec.get("host_sync"), is_suspect, suspect if is_suspect else None,
-            ))  # fmt: skip
-            if rec["status"] != "ok":
-                continue
-            if "nccl_tests" in rec:
-                _nccl_tests_rows(tables, spec.run_id, case.case_id, rec["nccl_tests"])
-                continue
-            rows = [RankRows(**r) for r in rec.get("rows", [])]
-            for op, opdata in rec["ops"].items():
-                s = summarize(opdata["samples_us"])
-                kernel_us = _slowest_kernel_us(opdata.get("kernel"))
-                tables["results"].append((
-                    spec.run_id, backend, case.case_id, op, s.n, s.median_us, s.p10_us, s.p90_us, s.p99_us,
-                    s.min_us, s.max_us, s.mean_us, s.rank_spread_us, s.rel_iqr, opdata.get("bytes_per_row", 0),
-                    kernel_us, "torch" if kernel_us is not None else None,
-                ))  # fmt: skip
-                if rows and opdata.get("bytes_per_row"):
-                    for bw in bandwidths(rows, opdata["bytes_per_row"], s.median_us):
-                        tables["bandwidths"].append(
-                            (
-                                spec.run_id,
-                                backend,
-                                case.case_id,
-                                op,
-                                bw.definition,
-                                bw.bytes_mean,
-                                bw.bytes_max,
-                                bw.gbps,
-                            )
-                        )
-                    lib = (
-                        library_figure(backend, rows, opdata["bytes_per_row"], opdata["samples_us"])
-                        if op != "pair"
-                        else None
-                    )
-                    if lib is not None:
-                        tables["bandwidths"].append(
-                            (
-                                spec.run_id,
-                                backend,
-                                case.case_id,
-                                op,
-                                lib.definition,
-                                lib.bytes_mean,
-                                lib.bytes_max,
-                                lib.gbps,
-                            )
-                        )
-                    if kernel_us:
-                        for bw in bandwidths(rows, opdata["bytes_per_row"], kernel_us):
-                            if bw.definition in ("nvl_recv", "nvl_remote"):
-                                tables["bandwidths"].append(
-                                    (
-                                        spec.run_id,
-                                        backend,
-                                        case.case_id,
-                                        op,
-                                        bw.definition + "_kernel",
-                                        bw.bytes_mean,
-                                        bw.bytes_max,
-                                        bw.gbps,
-                                    )
-                                )
-                for rank, k in enumerate(opdata.get("kernel") or []):
-                    for kern in (k or {}).get("kernels", []):
-                        tables["trace_kernels"].append(
-                            (
-                                spec.run_id,
-                                backend,
-                                case.case_id,
-                                op,
-                                rank,
-                                kern["name"],
-                                kern["count"],
-                                kern["total_us"],
-                                kern["share"],
-                            )
-                        )
-                for rank, per_rank in enumerate(opdata["samples_us"]):
-                    for i, t in enumerate(per_rank):
-                        samples["backend"].append(backend)
-                        samples["case_id"].append(case.case_id)
-                        samples["op"].append(op)
-                        samples["rank"].append(rank)
-                        samples["iter"].append(i)
-                        samples["time_us"].append(float(t))
-            for m in rec.get("metrics", []):
-                tables["case_metrics"].append(
-                    (
-                        spec.run_id,
-                        backend,
-                        case.case_id,
-                        m["name"],
-                        _finite(m.get("value")),
-                        m.get("unit"),
-                        m.get("definition"),
-                    )
-                )
-            for t in rec.get("traces", []) or []:
-                tables["traces"].append(
-                    (
-                        spec.run_id,
-                        backend,
-                        case.case_id,
-                        t.get("rank"),
-                        t.get("kind"),
-                        t.get("path"),
-                        t.get("size_bytes"),
-                    )
-                )
-            for node in rec.get("ib") or []:
-                delta = node.get("delta") or {}
-                for port in delta.get("ports", []):
-                    tables["ib_counters"].append((
-                        spec.run_id, backend, case.case_id, node.get("node"), node.get("host"), port.get("device"),
-                        port.get("port"), port.get("status"), port.get("xmit_bytes"), port.get("rcv_bytes"),
-                        port.get("xmit_gbps"), port.get("rcv_gbps"), port.get("rate_gbps"), delta.get("elapsed_s"),
-                    ))  # fmt: skip
-        nsys = files.dir / "nsys_traces.json"
-        if nsys.exists():
-            nsys_data = json.loads(nsys.read_text())
-            for t in nsys_data.get("traces", []):
-                tables["traces"].append(
-                    (
-                        spec.run_id,
-                        backend,
-                        None,
-                        t.get("rank"),
-                        t.get("kind"),
-                        t.get("path"),
-                        t.get("size_bytes"),
-                    )
-                )
-            if nsys_data.get("note"):
-                job_row = tables["jobs"][-1]
-                tables["jobs"][-1] = (*job_row[:3], f"{job_row[3]}; {nsys_data['note']}", *job_row[4:])
-        for phase in ("before", "after"):
-            snap_path = files.dir / f"health_{phase}.json"
-            if snap_path.exists():
-                tables["health"].append(_health_row(spec.run_id, backend, phase, snap_path))
-    created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
-    tables["runs"] = [(
-        spec.run_id, created, datetime.now(timezone.utc).replace(tzinfo=None), spec.label, spec.suite, info.get("status", "unknown"),
-        list(spec.backends), " ".join(spec.command), spec.launch.device, spec.launch.world, spec.launch.nodes,
-        spec.launch.gpus_per_node, env0.get("moelab_version"), env0.get("moelab_git_sha"), str(run_dir.resolve()),
-        json.dumps(spec.to_dict()),
-    )]  # fmt: skip
-    return {**tables, "_samples": [samples]}
-
-
-def _slowest_kernel_us(per_rank: list[dict[str, Any] | None] | None) -> float | None:
-    """Kernel-only time of an op: the slowest rank's, as for the event-timed figure."""
-    values = [k["kernel_us"] for k in (per_rank or []) if k and k.get("kernel_us") is not None]
-    return max(values) if values else None
-
-
-def _suspect(path: Path) -> str | None:
-    """The reason a job's results are suspect (health worsened during it), or None."""
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    if not data.get("suspect"):
-        return None
-    bad = [f for f in data.get("findings", []) if f.get("status") in ("warn", "fail")]
-    return (
-        "; ".join(f"{f.get('subject')}: {f.get('reason')}" for f in bad)[:1000]
-        or "health worsened during the run"
-    )
-
-
-def _health_row(run_id: str, backend: str, phase: str, path: Path) -> tuple[Any, ...]:
-    from moelab.health import rules
-    from moelab.health.snapshot import loads
-
-    snap = loads(path.read_text())
-    findings = rules.evaluate(snap)
-    return (
-        run_id,
-        backend,
-        phase,
-        snap.host,
-        0,
-        rules.worst(findings),
-        json.dumps([f.to_dict() for f in findings]),
-        path.read_text(),
-    )
-
-
-def _nccl_tests_rows(
-    tables: dict[str, list[tuple[Any, ...]]], run_id: str, case_id: str, data: dict[str, Any]
-) -> None:
-    row, res = data["row"], data["result"]
-    tables["nccl_tests"].append((
-        run_id, row["size_bytes"], row["count"], row["dtype"], row["time_us_oop"], row["algbw_gbps_oop"],
-        row["busbw_gbps_oop"], row["wrong_oop"], row["time_us_ip"], row["algbw_gbps_ip"], row["busbw_gbps_ip"],
-        row["wrong_ip"], res.get("avg_busbw_gbps"), res.get("status"), res.get("source"), json.dumps(res.get("argv")),
-    ))  # fmt: skip
-    t = row["time_us_oop"]
-    tables["results"].append(
-        (run_id, "nccl-tests", case_id, "alltoall", 1, t, t, t, t, t, t, t, 0.0, 0.0, 0, None, None)
-    )
-    for name, gbps in (("nccl_algbw", row["algbw_gbps_oop"]), ("nccl_busbw", row["busbw_gbps_oop"])):
-        tables["bandwidths"].append(
-            (
-                run_id,
-                "nccl-tests",
-                case_id,
-                "alltoall",
-                name,
-                float(row["size_bytes"]),
-                float(row["size_bytes"]),
-                gbps,
-            )
-        )
-
-
 def _finite(v: Any) -> float | None:
     try:
         f = float(v)
@@ -340,34 +54,228 @@ def _finite(v: Any) -> float | None:
     return f if f == f and abs(f) != float("inf") else None
 
 
+class RunRows:
+    """Rows of every table for one run, gathered from its directory before the transaction opens."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.tables: dict[str, list[Row]] = {}
+        self.samples: dict[str, list[Any]] = {
+            k: [] for k in ("backend", "case_id", "op", "rank", "iter", "time_us")
+        }
+        self.definitions: dict[str, str] = {}
+
+    def add(self, table: str, **row: Any) -> None:
+        self.tables.setdefault(table, []).append({"run_id": self.run_id} | row)
+
+
+def job_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any] | None:
+    job = files.read_job()
+    status = _job_status(job)
+    j = job or {}
+    description = j.get("description") or _failure_reason(job) if status != "ok" else "ok"
+    nsys = files.dir / "nsys_traces.json"
+    nsys_data = json.loads(nsys.read_text()) if nsys.exists() else {}
+    if nsys_data.get("note"):
+        description = f"{description}; {nsys_data['note']}"
+    rows.add(
+        "jobs", backend=backend, status=status, description=description, returncode=j.get("returncode"),
+        signal=j.get("signal"), timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"),
+        failed_ranks=json.dumps(j.get("failed_ranks", [])),
+        stderr_tails=json.dumps({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
+        argv=json.dumps(j.get("argv", [])),
+    )  # fmt: skip
+    for t in nsys_data.get("traces", []):
+        rows.add("traces", backend=backend, case_id=None, rank=t.get("rank"), kind=t.get("kind"),
+                 path=t.get("path"), size_bytes=t.get("size_bytes"))  # fmt: skip
+    return job
+
+
+def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any]:
+    first: dict[str, Any] = {}
+    for env in files.read_env():
+        first = first or env
+        rows.add(
+            "environment", backend=backend, rank=env.get("rank"), node=env.get("node"), host=env.get("host"),
+            gpu_name=env.get("gpu_name"), gpu_count=env.get("gpu_count"), sm_count=env.get("sm_count"),
+            driver=env.get("driver"), cuda=env.get("cuda"), nccl=env.get("nccl"), torch=env.get("torch"),
+            python=env.get("python"), moelab_version=env.get("moelab_version"), git_sha=env.get("moelab_git_sha"),
+            library_versions=json.dumps(env.get("library_versions", {})), env_vars=json.dumps(env.get("env_vars", {})),
+            raw=json.dumps(env),
+        )  # fmt: skip
+    return first
+
+
+def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
+    """Snapshots and the verdicts the runner wrote beside them (moelab.launch.runner judges, not ingest)."""
+    for phase in ("before", "after"):
+        snap_path = files.dir / f"health_{phase}.json"
+        verdict_path = files.dir / f"health_{phase}_verdict.json"
+        if not snap_path.exists():
+            continue
+        snapshot = snap_path.read_text()
+        verdict = json.loads(verdict_path.read_text()) if verdict_path.exists() else {}
+        rows.add(
+            "health", backend=backend, phase=phase, host=json.loads(snapshot).get("host"), node=0,
+            worst=verdict.get("worst"), findings=json.dumps(verdict.get("findings", [])), snapshot=snapshot,
+        )  # fmt: skip
+
+
+def suspect_reason(files: JobFiles) -> str | None:
+    """The reason the runner found this job's results suspect (health worsened during it), or None."""
+    path = files.dir / "health_diff.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return data.get("suspect_reason") if data.get("suspect") else None
+
+
+def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | None) -> None:
+    case, wl = rec.case, rec.case.workload
+    check = rec.check
+    measured = rec.status == "ok" and rec.nccl_tests is None
+    suspect = rec.suspect_reason or (job_suspect if measured else None)
+    rows.add(
+        "cases", backend=rec.backend, case_id=rec.case_id, status=rec.status, reason=rec.reason, hidden=wl.hidden,
+        tokens_per_rank=wl.tokens_per_rank, topk=wl.topk, experts_per_rank=wl.experts_per_rank, world=spec.launch.world,
+        gpus_per_node=spec.launch.gpus_per_node, routing=wl.routing.kind, routing_seed=wl.routing.seed,
+        routing_params=json.dumps(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=json.dumps(case.knobs),
+        backend_record=json.dumps(rec.backend_record), dispatch_err=_finite(check.dispatch_err) if check else None,
+        combine_err=_finite(check.combine_err) if check else None, host_sync=rec.host_sync,
+        suspect=suspect is not None, suspect_reason=suspect,
+    )  # fmt: skip
+    if rec.status != "ok":
+        return
+    if rec.nccl_tests is not None:
+        nccl_tests_rows(rows, rec)
+        return
+    for op in rec.ops:
+        op_rows(rows, rec, op)
+    for m in rec.metrics:
+        rows.add("case_metrics", backend=rec.backend, case_id=rec.case_id, name=m.name, value=_finite(m.value),
+                 unit=m.unit, definition=m.definition)  # fmt: skip
+    for t in rec.traces:
+        rows.add("traces", backend=rec.backend, case_id=rec.case_id, rank=t.rank, kind=t.kind, path=t.path,
+                 size_bytes=t.size_bytes)  # fmt: skip
+    for node in rec.ib or ():
+        for p in node.ports:
+            rows.add(
+                "ib_counters", backend=rec.backend, case_id=rec.case_id, node=node.node, host=node.host,
+                device=p.device, port=p.port, status=p.status, xmit_bytes=p.xmit_bytes, rcv_bytes=p.rcv_bytes,
+                xmit_gbps=p.xmit_gbps, rcv_gbps=p.rcv_gbps, rate_gbps=p.rate_gbps, elapsed_s=node.elapsed_s,
+            )  # fmt: skip
+
+
+def op_rows(rows: RunRows, rec: CaseRecord, op: OpResult) -> None:
+    s = op.summary
+    key = {"backend": rec.backend, "case_id": rec.case_id, "op": op.op}
+    rows.add(
+        "results", **key, n=s.n, median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
+        min_us=s.min_us, max_us=s.max_us, mean_us=s.mean_us, rank_spread_us=s.rank_spread_us, rel_iqr=_finite(s.rel_iqr),
+        bytes_per_row=op.bytes_per_row, kernel_us=op.kernel_us, kernel_source="torch" if op.kernel_us is not None else None,
+        noise=_finite(s.noise), host_sync=op.host_sync, stability=op.stability,
+    )  # fmt: skip
+    for f in op.figures:
+        rows.add("bandwidths", **key, definition=f.definition, bytes_mean=f.bytes_mean, bytes_max=f.bytes_max,
+                 gbps=_finite(f.gbps))  # fmt: skip
+        if f.text:
+            rows.definitions[f.definition] = f.text
+    for rank, k in enumerate(op.kernel or ()):
+        for kern in k.kernels if k is not None else ():
+            rows.add("trace_kernels", **key, rank=rank, kernel_name=kern.name, count=kern.count,
+                     total_us=kern.total_us, share=kern.share)  # fmt: skip
+    for rank, per_rank in enumerate(op.samples_us):
+        n = len(per_rank)
+        rows.samples["backend"] += [rec.backend] * n
+        rows.samples["case_id"] += [rec.case_id] * n
+        rows.samples["op"] += [op.op] * n
+        rows.samples["rank"] += [rank] * n
+        rows.samples["iter"] += list(range(n))
+        rows.samples["time_us"] += [float(t) for t in per_rank]
+
+
+def nccl_tests_rows(rows: RunRows, rec: CaseRecord) -> None:
+    r = rec.nccl_tests
+    assert r is not None
+    rows.add(
+        "nccl_tests", size_bytes=r.size_bytes, count=r.count, dtype=r.dtype, time_us_oop=r.time_us_oop,
+        algbw_gbps_oop=r.algbw_gbps_oop, busbw_gbps_oop=r.busbw_gbps_oop, wrong_oop=r.wrong_oop, time_us_ip=r.time_us_ip,
+        algbw_gbps_ip=r.algbw_gbps_ip, busbw_gbps_ip=r.busbw_gbps_ip, wrong_ip=r.wrong_ip,
+        avg_busbw_gbps=r.avg_busbw_gbps, status=r.status, source=r.source, argv=json.dumps(list(r.argv)),
+    )  # fmt: skip
+    for op in rec.ops:  # the alltoall line as an op, with nccl-tests' own algbw/busbw as its figures
+        op_rows(rows, rec, op)
+
+
+def _record_for(
+    case: CaseSpec, got: CaseRecord | None, job: dict[str, Any] | None, world: int, gpn: int
+) -> CaseRecord:
+    """The worker's record, or what the case became when the worker never wrote one."""
+    if got is not None:
+        return got
+    if case.skip_reason:
+        return CaseRecord.skipped(case, case.skip_reason, world=world, gpus_per_node=gpn)
+    return CaseRecord.failed(case, _failure_reason(job), world=world, gpus_per_node=gpn)
+
+
+def collect(run_dir: Path) -> RunRows:
+    """Rows for every table, from the run directory alone."""
+    rd = RunDir(run_dir)
+    spec = rd.spec
+    rows = RunRows(spec.run_id)
+    env0: dict[str, Any] = {}
+    for backend in spec.backends:
+        files = rd.job(backend)
+        job = job_rows(rows, backend, files)
+        first_env = environment_rows(rows, backend, files)
+        env0 = env0 or first_env
+        records = {r.case_id: r for r in files.read_results()}
+        job_suspect = suspect_reason(files)
+        for case in spec.cases_for(backend):
+            rec = _record_for(
+                case, records.get(case.case_id), job, spec.launch.world, spec.launch.gpus_per_node
+            )
+            case_rows(rows, spec, rec, job_suspect)
+        health_rows(rows, backend, files)
+    created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
+    rows.add(
+        "runs", created_at=created, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None), label=spec.label,
+        suite=spec.suite, status=rd.info().get("status", "unknown"), backends=list(spec.backends),
+        command=" ".join(spec.command), device=spec.launch.device, world=spec.launch.world, nodes=spec.launch.nodes,
+        gpus_per_node=spec.launch.gpus_per_node, moelab_version=env0.get("moelab_version"),
+        git_sha=env0.get("moelab_git_sha"), run_dir=str(run_dir.resolve()), spec=json.dumps(spec.to_dict()),
+    )  # fmt: skip
+    return rows
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[Row]) -> None:
+    columns = list(rows[0])
+    marks = ", ".join(["?"] * len(columns))
+    con.executemany(
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})",
+        [[r[c] for c in columns] for r in rows],
+    )
+
+
 def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
     """Replace the run's rows with what its directory holds, atomically. Returns the run id."""
-    tables = collect(run_dir)
-    samples: dict[str, list[Any]] = tables.pop("_samples")[0]
-    run_id = tables["runs"][0][0]
+    rows = collect(run_dir)
+    run_id = rows.run_id
     con.execute("BEGIN TRANSACTION")
     try:
         for table in RUN_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        for table, rows in tables.items():
-            if rows:
-                marks = ", ".join(["?"] * len(rows[0]))
-                columns = ", ".join(COLUMNS[table]) if table in COLUMNS else ""
-                target = f"{table} ({columns})" if columns else table
-                con.executemany(f"INSERT INTO {target} VALUES ({marks})", rows)
-        if samples["time_us"]:
+        for table, table_rows in rows.tables.items():
+            if table_rows:
+                _insert(con, table, table_rows)
+        for name, text in rows.definitions.items():
+            con.execute("INSERT OR REPLACE INTO definitions VALUES (?, ?)", [name, text])
+        s = rows.samples
+        if s["time_us"]:
             con.execute(
                 "INSERT INTO samples SELECT ?, UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), "
                 "UNNEST(?::INTEGER[]), UNNEST(?::INTEGER[]), UNNEST(?::DOUBLE[])",
-                [
-                    run_id,
-                    samples["backend"],
-                    samples["case_id"],
-                    samples["op"],
-                    samples["rank"],
-                    samples["iter"],
-                    samples["time_us"],
-                ],
+                [run_id, s["backend"], s["case_id"], s["op"], s["rank"], s["iter"], s["time_us"]],
             )
         con.execute("COMMIT")
     except Exception:

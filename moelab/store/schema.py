@@ -87,6 +87,18 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        3,
+        "per-op noise, host sync and stability; op definitions",
+        (
+            "ALTER TABLE results ADD COLUMN noise DOUBLE",
+            "ALTER TABLE results ADD COLUMN host_sync VARCHAR",
+            "ALTER TABLE results ADD COLUMN stability VARCHAR",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics",

@@ -85,6 +85,14 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         raise SpecError(
             f"{source}: unknown suite key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(known_top))})"
         )
+    for key in ("workload", "axes", "backend"):
+        if key in data and not isinstance(data[key], dict):
+            raise SpecError(
+                f"{source}: [{key}] must be a table, got {type(data[key]).__name__} {data[key]!r}"
+            )
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise SpecError(f"{source}: {key} must be a string, got {data[key]!r}")
     workload = dict(data.get("workload", {}))
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:
@@ -103,6 +111,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     for bname, section in dict(data.get("backend", {})).items():
         if not isinstance(section, dict) or set(section) - {"workload", "axes"}:
             raise SpecError(f"{source}: [backend.{bname}] may hold only 'workload' and 'axes'")
+        for part in ("workload", "axes"):
+            if part in section and not isinstance(section[part], dict):
+                raise SpecError(f"{source}: [backend.{bname}.{part}] must be a table")
         backend_workload[bname] = dict(section.get("workload", {}))
         backend_axes[bname] = {k: _as_list(k, v) for k, v in dict(section.get("axes", {})).items()}
     return Suite(
@@ -169,6 +180,7 @@ def expand(
                 workload = _build_workload(values)
             except TypeError as exc:
                 raise SpecError(f"{suite.source}: bad workload values {values}: {exc}") from exc
+            workload.check_values()  # a value no run could use is an error, not a skipped case
             skip: str | None = None
             try:
                 workload.validate(world)

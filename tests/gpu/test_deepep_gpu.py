@@ -22,14 +22,14 @@ CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], int | None]]] = {
     # (workload fields, knobs, sms)
     "deepep": [
         ({"hidden": 7168, "dtype": "bf16"}, {}, 24),
-        ({"hidden": 7168, "dtype": "bf16"}, {"handle": "cached"}, 24),
+        ({"hidden": 7168, "dtype": "bf16"}, {}, 24),
         ({"hidden": 7168, "dtype": "fp8"}, {}, None),
-        ({"hidden": 8192, "dtype": "fp8"}, {"handle": "cached"}, 16),
+        ({"hidden": 8192, "dtype": "fp8"}, {}, 16),
         ({"hidden": 8192, "dtype": "bf16"}, {}, 24),  # must come back unsupported, not trap
     ],
     "hybrid-ep": [
         ({"hidden": 8192, "dtype": "bf16"}, {}, None),
-        ({"hidden": 8192, "dtype": "bf16"}, {"handle": "cached"}, 16),
+        ({"hidden": 8192, "dtype": "bf16"}, {}, 16),
         ({"hidden": 8192, "dtype": "fp8"}, {}, None),
         ({"hidden": 8192, "dtype": "bf16"}, {"fused": True, "pad_multiple": 32}, None),
         ({"hidden": 8192, "dtype": "bf16"}, {"permute": True}, None),

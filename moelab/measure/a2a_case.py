@@ -1,0 +1,199 @@
+"""One dispatch/combine case on one rank: check, then time each op, then build the record (rank 0's is
+the one written). The e2e layer has its own case function (moelab.e2e.bench) built from the same parts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from moelab.accounting.rows import count_rows
+from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.launch.rundir import JobFiles
+from moelab.measure import environment, ib_counters
+from moelab.measure.correctness import CaseInputs, Checked, check_case, make_inputs
+from moelab.measure.ops import ops_for
+from moelab.measure.timing import Clock, Sampled
+from moelab.plan.spec import CaseSpec, RunSpec
+from moelab.record.build import OpMeasurement, op_result
+from moelab.record.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, TraceFile
+from moelab.tracing.nvtx_ranges import nvtx_range, range_name
+
+
+@dataclass(frozen=True, slots=True)
+class CaseContext:
+    backend: Backend
+    ctx: BackendContext
+    spec: RunSpec
+    clock: Clock
+    files: JobFiles | None
+
+
+def case_config(case: CaseSpec) -> CaseConfig:
+    return CaseConfig(case_id=case.case_id, workload=case.workload, sms=case.sms, knobs=dict(case.knobs))
+
+
+def op_calls(backend: Backend, inputs: CaseInputs, checked: Checked) -> dict[str, Callable[[], object]]:
+    """What each op runs; a backend without the phase split gets the ops it can time whole."""
+    x, r = inputs.x, inputs.routing
+    idx, w = r.topk_idx, r.topk_weights
+    expert_out, handle = checked.expert_out, checked.handle
+    assert expert_out is not None  # only a passed check is timed
+
+    def roundtrip() -> object:
+        return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
+
+    calls: dict[str, Callable[[], object]] = {
+        "layout": lambda: backend.layout(idx, w),
+        "dispatch": lambda: backend.dispatch(x, idx, w, layout=handle),
+        "dispatch_fresh": lambda: backend.dispatch(x, idx, w),
+        "combine": lambda: backend.combine(expert_out, handle),
+        "roundtrip": roundtrip,
+    }
+    return {op: calls[op] for op in ops_for(backend.splits_phases())}
+
+
+def time_ops(
+    cc: CaseContext, case_id: str, calls: dict[str, Callable[[], object]], counts: Counter[str]
+) -> dict[str, Sampled]:
+    """Each op in turn, inside its own NVTX range, until its median is stable (TimingSpec)."""
+    out = {}
+    for op, fn in calls.items():
+        rname = range_name(cc.backend.name, op, case_id)
+
+        def ranged(fn: Callable[[], object] = fn, rname: str = rname) -> object:
+            with nvtx_range(rname, counts):
+                return fn()
+
+        out[op] = cc.clock.sample_until_stable(ranged, cc.spec.timing)
+    return out
+
+
+def measure_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
+    ctx, backend = cc.ctx, cc.backend
+    where = {"world": ctx.world, "gpus_per_node": ctx.gpus_per_node}
+    if case.skip_reason:
+        return CaseRecord.skipped(case, case.skip_reason, **where)
+    cfg = case_config(case)
+    reason = backend.unsupported_reason(cfg)
+    if reason:
+        return CaseRecord.unsupported(case, reason, **where)
+    backend.prepare(cfg)
+    inputs = make_inputs(cfg, ctx)
+    counts: Counter[str] = Counter()
+    with nvtx_range(range_name(backend.name, "check", case.case_id), counts):
+        checked = check_case(backend, cfg, inputs, ctx)
+    backend_record = backend.record(cfg)
+    if not checked.ok:
+        return CaseRecord(
+            case=case, status="incorrect", reason="; ".join(checked.check.messages)[:2000], check=checked.check,
+            backend_record=backend_record, world=ctx.world, gpus_per_node=ctx.gpus_per_node,
+        )  # fmt: skip
+    calls = op_calls(backend, inputs, checked)
+    ib_before = ib_counters.sample() if ctx.local_rank == 0 else None
+    sampled = time_ops(cc, case.case_id, calls, counts)
+    ib_after = ib_counters.sample() if ctx.local_rank == 0 else None
+    traced = trace_ops(cc, case.case_id, calls) if cc.spec.trace.mode == "torch" else {}
+    extras = gather_extras(ctx, ib_counters.delta(ib_before, ib_after), traced)
+    return build_record(cc, case, cfg, inputs, sampled, extras, checked, backend_record, dict(counts))
+
+
+def trace_ops(cc: CaseContext, case_id: str, calls: dict[str, Callable[[], object]]) -> dict[str, Any]:
+    """A few more iterations of each op under torch.profiler: a per-rank Chrome trace and kernel-only times."""
+    if cc.files is None:
+        return {}
+    from moelab.tracing.kernel_time import op_kernel_times
+    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, summarize_chrome_trace, trace_path
+
+    ctx, name = cc.ctx, cc.backend.name
+    ops = [TracedOp(op=op, fn=fn) for op, fn in calls.items()]
+    cap = capture_torch_trace(
+        ops, backend=name, case_id=case_id, iters=cc.spec.trace.iters,
+        path=trace_path(cc.files.dir, case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
+        device=ctx.device, group=ctx.group,
+    )  # fmt: skip
+    kt = op_kernel_times(summarize_chrome_trace(cap.path), name, case_id, cap.calls)
+    rel = str(cap.path.relative_to(cc.files.run_dir))
+    return {
+        "trace": {"rank": ctx.rank, "kind": "torch", "path": rel, "size_bytes": cap.size_bytes},
+        "ops": {op: k.to_record() for op, k in kt.items()},
+    }
+
+
+def gather_extras(ctx: BackendContext, ib: Any, traced: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each rank's trace file, kernel times, IB counter delta and host, on every rank."""
+    mine = {"traced": traced, "ib": ib.to_dict() if ib is not None else None,
+            "host": environment.fingerprint_host(), "node": ctx.node}  # fmt: skip
+    out: list[Any] = [None] * ctx.world
+    dist.all_gather_object(out, mine, group=ctx.group)
+    return out
+
+
+def _kernel_time(d: dict[str, Any] | None) -> RankKernelTime | None:
+    if not d:
+        return None
+    from moelab.record.case_record import KernelShare
+
+    return RankKernelTime(
+        kernel_us=d.get("kernel_us"),
+        kernels=tuple(KernelShare(**{k: v for k, v in s.items() if k in KernelShare.__dataclass_fields__})
+                      for s in d.get("kernels", [])),
+    )  # fmt: skip
+
+
+def _ib_nodes(extras: list[dict[str, Any]]) -> tuple[IbNode, ...] | None:
+    nodes = []
+    for e in extras:
+        delta = e["ib"]
+        if delta is None:
+            continue
+        ports = tuple(
+            IbPort(**{k: p.get(k) for k in IbPort.__dataclass_fields__}) for p in delta.get("ports", [])
+        )
+        nodes.append(IbNode(node=e["node"], host=e["host"], elapsed_s=delta.get("elapsed_s"), ports=ports))
+    return tuple(nodes) or None
+
+
+def build_record(
+    cc: CaseContext,
+    case: CaseSpec,
+    cfg: CaseConfig,
+    inputs: CaseInputs,
+    sampled: dict[str, Sampled],
+    extras: list[dict[str, Any]],
+    checked: Checked,
+    backend_record: dict[str, Any],
+    nvtx_counts: dict[str, int],
+) -> CaseRecord:
+    backend, ctx = cc.backend, cc.ctx
+    wl = cfg.workload
+    rows = count_rows(inputs.routings, wl.experts_per_rank, ctx.gpus_per_node)
+    bpt_d, bpt_c = backend.bytes_per_token(cfg, "dispatch"), backend.bytes_per_token(cfg, "combine")
+    per_op_bytes = {
+        "layout": 0,
+        "dispatch": bpt_d,
+        "dispatch_fresh": bpt_d,
+        "combine": bpt_c,
+        "roundtrip": bpt_d + bpt_c,
+    }
+    syncs = backend.host_sync_ops()
+    traced = any(e["traced"] for e in extras)
+    results = []
+    for op, s in sampled.items():
+        m = OpMeasurement(
+            op=op, samples_us=s.samples_us, bytes_per_row=per_op_bytes[op], noise=s.noise,
+            noise_target=cc.spec.timing.noise_target if cc.spec.timing.iters is None else None,
+            host_sync=syncs.get(op),
+            kernel=[_kernel_time(e["traced"].get("ops", {}).get(op)) for e in extras] if traced else None,
+        )  # fmt: skip
+        library = {op: type(backend).library_figures(op, rows, m.bytes_per_row, s.samples_us)}
+        results.append(op_result(m, rows, library))
+    traces = tuple(TraceFile(**e["traced"]["trace"]) for e in extras if e["traced"].get("trace"))
+    return CaseRecord(
+        case=case, status="ok", world=ctx.world, gpus_per_node=ctx.gpus_per_node, backend_record=backend_record,
+        check=checked.check, ops=tuple(results), rows=tuple(rows), traces=traces, ib=_ib_nodes(extras),
+        host_sync=backend.host_sync_note(), nvtx_counts=nvtx_counts,
+    )  # fmt: skip

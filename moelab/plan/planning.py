@@ -1,0 +1,245 @@
+"""From plain arguments to a checked RunSpec: every user error is found here, before anything launches.
+
+`moelab run` only parses its flags into a RunRequest, probes the host (how many GPUs), calls plan_run and
+prints; tests and other commands (verify, tune) build runs the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moelab.backends import registry
+from moelab.errors import MoelabError, SpecError
+from moelab.launch import commands
+from moelab.launch.rundir import now_iso
+from moelab.plan.names import validate_label, validate_run_id
+from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.suites.loader import Suite, expand, load_suite
+
+TRACE_MODES = ("none", "torch", "nsys")
+WORKLOAD_FLAGS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "routing", "seed", "dtype", "sms")
+NEAREST_EXPERTS_PER_RANK = 8  # Hybrid-EP's tests' NUM_LOCAL_EXPERTS: the variant used when 2/rank cannot fit
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """What a user asked for, as plain values (None: the default)."""
+
+    backends: Sequence[str] = ("nccl-a2a",)
+    suite: str = "dispatch-combine"
+    workload: Mapping[str, Sequence[Any]] = field(
+        default_factory=dict
+    )  # axis -> values, replaces the suite's
+    cases: Sequence[str] = ()  # only these case ids
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    cpu: bool = False
+    nodes: int = 1
+    launcher: str = "local"  # resolved: not "auto"
+    iters: int | None = None
+    warmup: int | None = None
+    noise_target: float | None = None
+    max_iters: int | None = None
+    label: str | None = None
+    run_id: str | None = None
+    timeout_s: float = 900.0
+    collective_timeout_s: float = 300.0
+    rdzv_endpoint: str | None = None
+    node_rank: int | None = None
+    backend_paths: Mapping[str, str] = field(default_factory=dict)
+    trace: str = "none"
+    trace_iters: int = 5
+    nsys_osrt: bool = False
+    wrap: str | None = None
+    bind: str | None = None
+    emulate_internode: bool = False
+    nccl_tests_bin: str | None = None
+    require_healthy: bool = False
+    health: bool = True
+    command: Sequence[str] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFacts:
+    """What the launching host has, probed by the caller."""
+
+    cuda_devices: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRun:
+    spec: RunSpec
+    notes: tuple[str, ...]  # said once at the start and stored with the run
+
+    @property
+    def runnable(self) -> list[CaseSpec]:
+        return [c for c in self.spec.cases if not c.skip_reason]
+
+
+def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{name} must be a finite number, got {value}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def check_request(req: RunRequest) -> None:
+    """Flag values that are wrong whatever the suite."""
+    if not req.backends:
+        raise SpecError("--backend names no backend")
+    dupes = sorted({b for b in req.backends if list(req.backends).count(b) > 1})
+    if dupes:
+        raise SpecError(f"--backend names {', '.join(dupes)} more than once")
+    for name, value in (("--gpus", req.gpus), ("--gpus-per-node", req.gpus_per_node), ("--nodes", req.nodes),
+                        ("--iters", req.iters), ("--timeout", req.timeout_s),
+                        ("--collective-timeout", req.collective_timeout_s), ("--trace-iters", req.trace_iters),
+                        ("--max-iters", req.max_iters)):  # fmt: skip
+        _positive(name, value)
+    _positive("--warmup", req.warmup, allow_zero=True)
+    if req.noise_target is not None and not 0 < req.noise_target < 1:
+        raise SpecError(f"--noise-target must be between 0 and 1 (a fraction), got {req.noise_target}")
+    if req.launcher not in commands.LAUNCHERS:
+        raise SpecError(
+            f"unknown launcher {req.launcher!r}: choose one of auto, {', '.join(commands.LAUNCHERS)}"
+        )
+    if req.trace not in TRACE_MODES:
+        raise SpecError(f"unknown --trace {req.trace!r}: choose none, torch or nsys")
+    if req.bind not in (None, "numa"):
+        raise SpecError(f"unknown --bind {req.bind!r}: the only binding is numa")
+    if req.nodes > 1 and req.launcher == "local":
+        raise SpecError(
+            f"--nodes {req.nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)"
+        )
+    if req.node_rank is not None and req.node_rank < 0:
+        raise SpecError(f"--node-rank must be >= 0, got {req.node_rank}")
+    if req.run_id is not None:
+        validate_run_id(req.run_id)
+    if req.label is not None:
+        validate_label(req.label)
+    unknown = sorted(set(req.workload) - set(WORKLOAD_FLAGS))
+    if unknown:
+        raise SpecError(f"unknown workload axis {', '.join(unknown)}")
+    known = registry.entries()
+    for name in req.backends:
+        if name not in known:
+            raise SpecError(f"unknown backend {name!r}: known backends are {', '.join(known)}")
+
+
+def check_suite_backends(suite: Suite) -> None:
+    """A [backend.NAME] section names a backend moelab knows (a typo there would silently do nothing)."""
+    known = registry.entries()
+    for name in sorted(set(suite.backend_axes) | set(suite.backend_workload)):
+        if name not in known:
+            raise SpecError(
+                f"{suite.source}: [backend.{name}] names no known backend (known: {', '.join(known)})"
+            )
+
+
+def check_knobs(cases: Sequence[CaseSpec]) -> None:
+    """Every case's knobs through its backend's own check: an unknown or misspelt knob, or a bad value, is
+    refused here with the valid names, never stored as an unsupported case."""
+    for case in cases:
+        cls = registry.load(case.backend)
+        cls.check_knobs(case.knobs, case.workload)
+
+
+def _world(req: RunRequest, host: HostFacts) -> tuple[str, int, int]:
+    """(device, ranks per node, ranks per node for accounting)."""
+    use_cuda = host.cuda_devices > 0 and not req.cpu
+    nproc = req.gpus or (req.gpus_per_node if req.nodes > 1 and req.gpus_per_node else None)
+    if nproc is None:
+        nproc = host.cuda_devices if use_cuda else 2
+    if use_cuda and req.launcher == "local" and nproc > host.cuda_devices:
+        raise SpecError(f"--gpus {nproc} but this host has {host.cuda_devices} GPUs")
+    return ("cuda" if use_cuda else "cpu"), nproc, req.gpus_per_node or nproc
+
+
+def _fit_experts(req: RunRequest, suite: Suite, world: int) -> tuple[dict[str, list[Any]], list[str]]:
+    """The reference workload needs topk <= experts/rank x ranks. When the user did not set experts per rank
+    and the suite's value cannot fit this world size, use the documented nearest variant (8 per rank, as
+    Hybrid-EP's tests do), and say so. A user's explicit flags are never overridden."""
+    overrides = {k: list(v) for k, v in req.workload.items()}
+    if "experts_per_rank" in overrides or "experts_per_rank" in suite.axes:
+        return overrides, []
+    epr = suite.workload.get("experts_per_rank")
+    topks = overrides.get("topk") or suite.axes.get("topk") or [suite.workload.get("topk", 8)]
+    if not isinstance(epr, int) or not all(isinstance(k, int) for k in topks):
+        return overrides, []
+    need = max(int(k) for k in topks)
+    if epr * world >= need:
+        return overrides, []
+    fitted = max(NEAREST_EXPERTS_PER_RANK, -(-need // world))
+    overrides["experts_per_rank"] = [fitted]
+    note = (
+        f"note: {epr} experts/rank x {world} ranks < topk {need}: using the nearest variant, {fitted} experts/rank "
+        f"(as Hybrid-EP's tests do); set --experts-per-rank to choose"
+    )
+    return overrides, [note]
+
+
+def timing_for(req: RunRequest, device: str) -> TimingSpec:
+    base = TimingSpec.for_device(device)
+    try:
+        return TimingSpec(
+            warmup=req.warmup if req.warmup is not None else base.warmup,
+            iters=req.iters,
+            min_iters=min(base.min_iters, req.max_iters) if req.max_iters else base.min_iters,
+            max_iters=req.max_iters or base.max_iters,
+            noise_target=req.noise_target or base.noise_target,
+            min_time_s=base.min_time_s, batch=base.batch, pair_reps=base.pair_reps, pair_iters=base.pair_iters,
+            flush_l2=base.flush_l2,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
+
+
+def _backend_defaults(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-backend workload defaults (e.g. the low-latency kernels' own sizes), below the suite's values."""
+    out = {}
+    for name in names:
+        defaults = getattr(registry.load(name), "default_workload", None)
+        if defaults:
+            out[name] = dict(defaults)
+    return out
+
+
+def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun:
+    """The checked RunSpec for `req` on this host; raises SpecError (one line) for any user error."""
+    check_request(req)
+    device, nproc, per_node = _world(req, host)
+    world = nproc * req.nodes
+    suite = load_suite(req.suite)
+    check_suite_backends(suite)
+    overrides, notes = _fit_experts(req, suite, world)
+    try:
+        cases = expand(suite, list(req.backends), world, overrides, _backend_defaults(req.backends))
+    except MoelabError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{suite.source}: {exc}") from exc
+    if req.cases:
+        ids = {c.case_id for c in cases}
+        unknown = sorted(set(req.cases) - ids)
+        if unknown:
+            raise SpecError(f"no case {unknown[0]!r} in this run; list them with `moelab run --list-cases`")
+        cases = [c for c in cases if c.case_id in req.cases]
+    check_knobs([c for c in cases if not c.skip_reason])
+    if not any(not c.skip_reason for c in cases):
+        raise SpecError(cases[0].skip_reason if cases else f"suite {suite.name} has no cases")
+    spec = RunSpec(
+        run_id=req.run_id or new_run_id, created_at=now_iso(), suite=suite.name, backends=tuple(req.backends),
+        cases=tuple(cases), timing=timing_for(req, device),
+        launch=LaunchSpec(device=device, nproc_per_node=nproc, nodes=req.nodes, gpus_per_node=per_node,
+                          launcher=req.launcher, job_timeout_s=req.timeout_s, collective_timeout_s=req.collective_timeout_s,
+                          rdzv_endpoint=req.rdzv_endpoint, node_rank=req.node_rank, backend_paths=dict(req.backend_paths),
+                          bind=req.bind, emulate_internode=req.emulate_internode, nccl_tests_bin=req.nccl_tests_bin),
+        label=req.label, command=tuple(req.command),
+        trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
+        health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy), notes=tuple(notes),
+    )  # fmt: skip
+    return PlannedRun(spec=spec, notes=tuple(notes))

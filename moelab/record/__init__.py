@@ -1,0 +1,1 @@
+"""The typed case record every producer writes and ingest reads."""
