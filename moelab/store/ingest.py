@@ -256,6 +256,9 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
             snap_path = files.dir / f"health_{phase}.json"
             if snap_path.exists():
                 tables["health"].append(_health_row(spec.run_id, backend, phase, snap_path))
+    from moelab.verify.store import rows_from_run_dir
+
+    tables["library_figures"] = rows_from_run_dir(run_dir)  # written by `moelab verify`
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     tables["runs"] = [(
         spec.run_id, created, datetime.now(timezone.utc).replace(tzinfo=None), spec.label, spec.suite, info.get("status", "unknown"),
