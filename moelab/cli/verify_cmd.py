@@ -70,6 +70,9 @@ def verify(
     health: bool = typer.Option(True, "--health/--no-health", help="Health snapshots around each moelab job"),
     label: str | None = typer.Option(None, help="A name for this run"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    report: Path | None = typer.Option(
+        None, "--report", help="Also write the HTML report of this run to this file"
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for run directories (default: runs/ in the user's data directory)"
     ),
@@ -131,6 +134,10 @@ def verify(
         verify_store.store(con, spec.run_id, rows, VERIFY_DEFINITIONS)
     print_verify_rows(rows, f"verify run {spec.run_id} (moelab / library, tolerance ±{tolerance:.0%})")
     console.print(f"stored run {spec.run_id} in {db_path}; library logs in {outcome.run_dir / 'verify'}")
+    if report is not None:
+        from moelab.reports.html import write_report
+
+        console.print(f"report: {write_report(db_path, [spec.run_id], report)}")
     if any(r.verdict in FAILING for r in rows) or not outcome.all_jobs_ok:
         raise typer.Exit(1)
 
