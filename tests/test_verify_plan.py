@@ -28,13 +28,15 @@ def _req(**kw: object) -> VerifyRequest:
 
 def test_deepep_intranode_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    c = commands.deepep_intranode(TREE, WL, 2, python="python3")
+    c = commands.deepep_intranode(TREE, WL, 2, python="python3", master_port=29517)
     assert c.argv == ("python3", "test_intranode.py", "--num-processes", "2", "--num-tokens", "4096", "--hidden", "7168",
                       "--num-topk", "8", "--num-experts", "16")  # fmt: skip
-    assert c.cwd == "/src/DeepEP/tests" and c.env == {"PYTHONPATH": "/src/DeepEP", "PYTHONUNBUFFERED": "1"}
+    assert c.cwd == "/src/DeepEP/tests"
+    assert c.env == {"PYTHONPATH": "/src/DeepEP", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": "29517", "WORLD_SIZE": "1", "RANK": "0"}  # fmt: skip
     assert c.shell_line() == (
-        "cd /src/DeepEP/tests && PYTHONPATH=/src/DeepEP PYTHONUNBUFFERED=1 python3 test_intranode.py --num-processes 2 "
-        "--num-tokens 4096 --hidden 7168 --num-topk 8 --num-experts 16"
+        "cd /src/DeepEP/tests && MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 PYTHONPATH=/src/DeepEP PYTHONUNBUFFERED=1 RANK=0 "
+        "WORLD_SIZE=1 python3 test_intranode.py --num-processes 2 --num-tokens 4096 --hidden 7168 --num-topk 8 --num-experts 16"
     )
 
 
@@ -54,7 +56,8 @@ def test_hybrid_ep_command(monkeypatch: pytest.MonkeyPatch) -> None:
     wl = Workload(hidden=4096, tokens_per_rank=2048, topk=8, experts_per_rank=16)
     c = commands.hybrid_ep(tree, wl, 2, sms=None, python="py")
     assert c.argv == ("py", "test_hybrid_ep.py", "--num-processes", "2") and c.cwd == "/src/hybrid/tests"
-    assert c.env == {"PYTHONPATH": "/src/hybrid", "PYTHONUNBUFFERED": "1", "HIDDEN_DIM": "4096", "NUM_TOKENS_PER_RANK": "2048",
+    assert c.env == {"PYTHONPATH": "/src/hybrid", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "8361",
+                     "WORLD_SIZE": "1", "RANK": "0", "HIDDEN_DIM": "4096", "NUM_TOKENS_PER_RANK": "2048",
                      "MAX_NUM_OF_TOKENS_PER_RANK": "2048", "NUM_LOCAL_EXPERTS": "16", "TOPK": "8"}  # fmt: skip
     with_sms = commands.hybrid_ep(tree, wl, 2, sms=16, python="py")
     assert with_sms.env["NUM_SMS_DISPATCH"] == with_sms.env["NUM_SMS_COMBINE"] == "16"

@@ -17,6 +17,7 @@ from moelab.verify.commands import (
     alltoall_perf,
     deepep_intranode,
     deepep_low_latency,
+    free_port,
     hybrid_ep,
 )
 from moelab.verify.execute import LibraryRun, run_library
@@ -131,9 +132,7 @@ def unsupported_reason(backend: str, req: VerifyRequest, world: int, gpus_per_no
     return f"{library_test(backend)} cannot run this configuration: {found}" if found else None
 
 
-def _commands(
-    backend: str, req: VerifyRequest, ctx: VerifyContext, con: duckdb.DuckDBPyConnection
-) -> dict[str, LibraryCommand]:
+def _commands(backend: str, req: VerifyRequest, ctx: VerifyContext) -> dict[str, LibraryCommand]:
     """Commands keyed by the moelab dtype whose figures they print ('*': all of them)."""
     from moelab.plan.workload import Workload
 
@@ -143,12 +142,15 @@ def _commands(
         topk=req.topk,
         experts_per_rank=req.experts_per_rank,
     )
+    port = free_port()
     if backend == "deepep":
-        return {"*": deepep_intranode(ctx.trees[backend], wl, ctx.world)}
+        return {"*": deepep_intranode(ctx.trees[backend], wl, ctx.world, master_port=port)}
     if backend == "deepep-ll":
-        return {"*": deepep_low_latency(ctx.trees["deepep-ll"], wl, ctx.world)}
+        return {"*": deepep_low_latency(ctx.trees["deepep-ll"], wl, ctx.world, master_port=port)}
     if backend == "hybrid-ep":
-        return {"*": hybrid_ep(ctx.trees[backend], wl, ctx.world, case_sms(backend, req.sms))}
+        return {
+            "*": hybrid_ep(ctx.trees[backend], wl, ctx.world, case_sms(backend, req.sms), master_port=port)
+        }
     from moelab.backends.nccl_tests import find_alltoall_perf
     from moelab.backends.nccl_tests_job import case_size_bytes
     from moelab.plan.spec import RunSpec
@@ -191,8 +193,7 @@ def verify_backend(
     reason = unsupported_reason(backend, req, ctx.world, ctx.gpus_per_node)
     if reason:
         return [row(e, verdict="unsupported", note=reason) for e in exp]
-    with ctx.connect() as con:
-        commands = _commands(backend, req, ctx, con)
+    commands = _commands(backend, req, ctx)
     runs: dict[str, LibraryRun] = {}
     for key, cmd in commands.items():
         progress(f"[verify {backend}] {cmd.shell_line()}")
