@@ -231,3 +231,23 @@ def test_backend_path_without_the_test(tmp_path: Path) -> None:
         app, _args(tmp_path, "--backend", "hybrid-ep", "--backend-path", f"hybrid-ep={tmp_path / 'tree'}")
     )
     assert res.exit_code == 2 and "tests/test_hybrid_ep.py not found" in res.output
+
+
+def test_dry_run_prints_cases_and_library_commands(tmp_path: Path) -> None:
+    tree = tmp_path / "DeepEP"
+    (tree / "tests").mkdir(parents=True)
+    res = runner.invoke(app, _args(tmp_path, "--dry-run", "--backend", "deepep,hybrid-ep,nccl-tests", "--hidden", "7168",
+                                   "--backend-path", f"deepep={tree}", "--nccl-tests-bin", str(tmp_path)))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "# moelab deepep: case h7168-t64-k8-e8-uniform-s0-bf16-sm24" in out
+    assert (
+        f"cd {tree}/tests && " in out
+        and "test_intranode.py --num-processes 2 --num-tokens 64 --hidden 7168" in out
+    )
+    assert "# hybrid-ep: needs --backend-path hybrid-ep=DIR" in out
+    assert f"{tmp_path}/alltoall_perf -b " in out and not (tmp_path / "m.duckdb").exists()
+    res = runner.invoke(
+        app, _args(tmp_path, "--dry-run", "--backend", "deepep", "--backend-path", f"deepep={tree}")
+    )
+    assert res.exit_code == 0 and "# deepep: not run: tests/test_intranode.py cannot run" in res.output

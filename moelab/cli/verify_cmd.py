@@ -13,7 +13,7 @@ from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, 
 from moelab.errors import SpecError
 from moelab.launch.rundir import now_iso
 from moelab.launch.runner import new_run_id
-from moelab.plan.spec import HealthSpec, LaunchSpec, TimingSpec, TraceSpec
+from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.store.db import check_writable, connect, data_dir, open_db, resolve_db_path
 from moelab.verify import measure
 from moelab.verify import store as verify_store
@@ -70,6 +70,9 @@ def verify(
     health: bool = typer.Option(True, "--health/--no-health", help="Health snapshots around each moelab job"),
     label: str | None = typer.Option(None, help="A name for this run"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print moelab's cases and each library's command, run nothing"
+    ),
     report: Path | None = typer.Option(
         None, "--report", help="Also write the HTML report of this run to this file"
     ),
@@ -107,7 +110,8 @@ def verify(
     nproc = gpus or (torch.cuda.device_count() if use_cuda else 2)
     if nproc < 1 or (use_cuda and nproc > torch.cuda.device_count()):
         raise SpecError(f"--gpus {nproc}: this host has {torch.cuda.device_count()} GPUs")
-    measure.check_available(names, paths, nccl_tests_bin)
+    if not dry_run:
+        measure.check_available(names, paths, nccl_tests_bin)
     timing = TimingSpec.for_device("cuda" if use_cuda else "cpu")
     if iters is not None or warmup is not None:
         timing = TimingSpec(warmup=timing.warmup if warmup is None else warmup, iters=timing.iters if iters is None else iters,
@@ -117,12 +121,15 @@ def verify(
     spec = verify_spec(req, run_id=new_run_id(), created_at=now_iso(), launch=launch, timing=timing,
                        trace=TraceSpec(mode=trace), health=HealthSpec(snapshots=health),
                        command=("moelab", *sys.argv[1:]), label=label)  # fmt: skip
+    if dry_run:
+        _print_plan(spec, req, paths, nccl_tests_bin)
+        return
     db_path = resolve_db_path(db)
     check_writable(db_path)
     runs_root = out or (data_dir() / "runs")
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, runs_root, db_path, console.print)
-    ctx = VerifyContext(run_id=spec.run_id, run_dir=outcome.run_dir, world=launch.world, gpus_per_node=launch.gpus_per_node,
+    ctx = VerifyContext(run_id=spec.run_id, run_dir=outcome.run_dir, spec=spec, world=launch.world, gpus_per_node=launch.gpus_per_node,
                         trees={k: Path(v) for k, v in paths.items()}, nccl_tests_bin=nccl_tests_bin,
                         timeout_s=library_timeout, tolerance=tolerance,
                         connect=lambda: connect(db_path, read_only=True))  # fmt: skip
@@ -152,3 +159,25 @@ def print_verify_rows(rows: list[VerifyRow], title: str) -> None:
     for r in rows:
         if r.verdict == "error" and r.note and "\n" in r.note:
             console.print(f"[{r.backend} {r.op} {r.dtype}] {r.note}")
+
+
+def _print_plan(spec: RunSpec, req: VerifyRequest, paths: dict[str, str], nccl_tests_bin: str | None) -> None:
+    from moelab.verify.commands import DEFAULT_MASTER_PORT
+    from moelab.verify.libraries import library_commands, unsupported_reason
+
+    for case in spec.cases:
+        skip = f"  (skipped: {case.skip_reason})" if case.skip_reason else ""
+        console.print(
+            f"# moelab {case.backend}: case {case.case_id} sms={case.sms or 'default'} knobs={case.knobs}{skip}"
+        )
+    for name in spec.backends:
+        reason = unsupported_reason(name, req, spec.launch.world, spec.launch.gpus_per_node)
+        if reason:
+            console.print(f"# {name}: not run: {reason}")
+            continue
+        if name != "nccl-tests" and name not in paths:
+            console.print(f"# {name}: needs --backend-path {name}=DIR")
+            continue
+        trees = {k: Path(v) for k, v in paths.items()}
+        for cmd in library_commands(name, req, spec, trees, nccl_tests_bin, DEFAULT_MASTER_PORT).values():
+            console.print(cmd.shell_line())

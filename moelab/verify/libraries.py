@@ -3,13 +3,15 @@ and which moelab figure each library figure must equal. `verify_backend` returns
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
 from moelab.backends import deepep_rules
+from moelab.plan.spec import RunSpec
+from moelab.plan.workload import Workload
 from moelab.verify import moelab_figures as mf
 from moelab.verify import parse_deepep, parse_hybrid_ep
 from moelab.verify.commands import (
@@ -55,6 +57,7 @@ class Expected:
 class VerifyContext:
     run_id: str
     run_dir: Path
+    spec: RunSpec
     world: int
     gpus_per_node: int
     trees: dict[str, Path]  # backend -> library source tree (--backend-path)
@@ -132,38 +135,42 @@ def unsupported_reason(backend: str, req: VerifyRequest, world: int, gpus_per_no
     return f"{library_test(backend)} cannot run this configuration: {found}" if found else None
 
 
-def _commands(backend: str, req: VerifyRequest, ctx: VerifyContext) -> dict[str, LibraryCommand]:
-    """Commands keyed by the moelab dtype whose figures they print ('*': all of them)."""
-    from moelab.plan.workload import Workload
-
+def library_commands(
+    backend: str, req: VerifyRequest, spec: RunSpec, trees: Mapping[str, Path], nccl_tests_bin: str | None,
+    master_port: int | None = None,
+) -> dict[str, LibraryCommand]:  # fmt: skip
+    """Commands keyed by the moelab dtype whose figures they print ('*': all of them). nccl-tests runs one
+    alltoall_perf per moelab case, at that case's bytes (as moelab's nccl-tests backend sizes it)."""
+    world = spec.launch.world
     wl = Workload(
         hidden=req.hidden,
         tokens_per_rank=req.tokens_per_rank,
         topk=req.topk,
         experts_per_rank=req.experts_per_rank,
     )
-    port = free_port()
+    port = master_port if master_port is not None else free_port()
     if backend == "deepep":
-        return {"*": deepep_intranode(ctx.trees[backend], wl, ctx.world, master_port=port)}
+        return {"*": deepep_intranode(trees[backend], wl, world, master_port=port)}
     if backend == "deepep-ll":
-        return {"*": deepep_low_latency(ctx.trees["deepep-ll"], wl, ctx.world, master_port=port)}
+        return {"*": deepep_low_latency(trees[backend], wl, world, master_port=port)}
     if backend == "hybrid-ep":
-        return {
-            "*": hybrid_ep(ctx.trees[backend], wl, ctx.world, case_sms(backend, req.sms), master_port=port)
-        }
-    from moelab.backends.nccl_tests import find_alltoall_perf
+        return {"*": hybrid_ep(trees[backend], wl, world, case_sms(backend, req.sms), master_port=port)}
+    from moelab.backends.nccl_tests import BINARY, find_alltoall_perf
     from moelab.backends.nccl_tests_job import case_size_bytes
-    from moelab.plan.spec import RunSpec
+    from moelab.errors import BackendUnavailable
 
-    spec = RunSpec.read(ctx.run_dir / "spec.json")
-    binary = find_alltoall_perf(ctx.nccl_tests_bin)
-    out = {}
-    for case in spec.cases_for("nccl-tests"):
-        if not case.skip_reason:
-            out[case.workload.dtype] = alltoall_perf(
-                binary, case_size_bytes(case, ctx.world, ctx.gpus_per_node), ctx.world
-            )
-    return out
+    try:
+        binary = find_alltoall_perf(nccl_tests_bin)
+    except BackendUnavailable:  # a --dry-run on a machine without it: print the command as given
+        given = Path(nccl_tests_bin or BINARY)
+        binary = given / BINARY if given.is_dir() else given
+    return {
+        case.workload.dtype: alltoall_perf(
+            binary, case_size_bytes(case, world, spec.launch.gpus_per_node), world
+        )
+        for case in spec.cases_for("nccl-tests")
+        if not case.skip_reason
+    }
 
 
 def _parse(backend: str, run: LibraryRun, dtype: str) -> list[LibraryFigure]:
@@ -193,7 +200,7 @@ def verify_backend(
     reason = unsupported_reason(backend, req, ctx.world, ctx.gpus_per_node)
     if reason:
         return [row(e, verdict="unsupported", note=reason) for e in exp]
-    commands = _commands(backend, req, ctx)
+    commands = library_commands(backend, req, ctx.spec, ctx.trees, ctx.nccl_tests_bin)
     runs: dict[str, LibraryRun] = {}
     for key, cmd in commands.items():
         progress(f"[verify {backend}] {cmd.shell_line()}")
