@@ -248,6 +248,16 @@ def test_dry_run_prints_cases_and_library_commands(tmp_path: Path) -> None:
     assert "# hybrid-ep: needs --backend-path hybrid-ep=DIR" in out
     assert f"{tmp_path}/alltoall_perf -b " in out and not (tmp_path / "m.duckdb").exists()
     res = runner.invoke(
-        app, _args(tmp_path, "--dry-run", "--backend", "deepep", "--backend-path", f"deepep={tree}")
+        app,
+        _args(
+            tmp_path,
+            "--dry-run",
+            "--backend",
+            "deepep",
+            "--hidden",
+            "8192",
+            "--backend-path",
+            f"deepep={tree}",
+        ),
     )
     assert res.exit_code == 0 and "# deepep: not run: tests/test_intranode.py cannot run" in res.output
