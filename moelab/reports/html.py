@@ -14,7 +14,7 @@ import duckdb
 import jinja2
 
 from moelab.errors import MoelabError
-from moelab.reports import compare, query, sections
+from moelab.reports import compare, query, sections, verification
 from moelab.reports.peaks import PeakTable, load_peaks
 from moelab.store.db import open_db
 
@@ -39,6 +39,7 @@ class ReportData:
     health: list[dict[str, Any]] = field(default_factory=list)
     traces: list[dict[str, Any]] = field(default_factory=list)
     case_metrics: list[dict[str, Any]] = field(default_factory=list)
+    library_figures: list[dict[str, Any]] = field(default_factory=list)  # moelab verify rows
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
     above_peak_note: str = sections.ABOVE_PEAK_NOTE
@@ -71,7 +72,7 @@ def load(
         runs=query.runs(con), environment=env, results=results, not_measured=query.not_measured(con),
         jobs=query.jobs(con), definitions=query.definitions(con), suspects=query.suspects(con),
         health=query.health(con), traces=sections.trace_links(query.traces(con), trace_base),
-        case_metrics=query.case_metrics(con), peaks_source=peaks.source,
+        case_metrics=query.case_metrics(con), library_figures=verification.library_figures(con), peaks_source=peaks.source,
     )  # fmt: skip
     data.nodes = sections.nodes_panel(env, peaks)
     data.flags = sections.annotate_results(results, env, peaks)

@@ -97,10 +97,20 @@ MIGRATIONS = MIGRATIONS + (
             "ALTER TABLE results ADD COLUMN stability VARCHAR",
         ),
     ),
+    Migration(
+        4,
+        "library figures: each library's own benchmark figure beside moelab's (moelab verify)",
+        (
+            """CREATE TABLE library_figures (
+                run_id VARCHAR, backend VARCHAR, library_test VARCHAR, op VARCHAR, dtype VARCHAR, figure VARCHAR,
+                case_id VARCHAR, library_label VARCHAR, library_gbps DOUBLE, moelab_gbps DOUBLE, ratio DOUBLE,
+                tolerance DOUBLE, verdict VARCHAR, source_log VARCHAR, note VARCHAR)""",
+        ),
+    ),
 )
 
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
-    "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics",
+    "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures",
 )  # fmt: skip
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,5 +1,5 @@
 """DeepEP, DeepEP low-latency and Hybrid-EP against moelab's reference on 2 GPUs (NCCL), correctness only;
-the timing comparison is `moelab run` beside the libraries' own tests (see benchmarks/deepep_compare.py).
+the timing comparison is `moelab verify` (moelab beside the libraries' own tests).
 
     python -m pytest -q -m gpu tests/gpu/test_deepep_gpu.py
 """

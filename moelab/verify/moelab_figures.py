@@ -1,0 +1,65 @@
+"""Reading the moelab side of a verification out of the store: the case of a (backend, payload), its stored
+bandwidth under a definition, and per-rank times for figures the libraries define by time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoelabCase:
+    case_id: str
+    status: str
+    reason: str | None
+
+
+def case_for(con: duckdb.DuckDBPyConnection, run_id: str, backend: str, dtype: str) -> MoelabCase | None:
+    row = con.execute(
+        "SELECT case_id, status, reason FROM cases WHERE run_id = ? AND backend = ? AND dtype = ? ORDER BY case_id LIMIT 1",
+        [run_id, backend, dtype],
+    ).fetchone()
+    return MoelabCase(case_id=row[0], status=row[1], reason=row[2]) if row else None
+
+
+def bandwidth(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str, definition: str
+) -> float | None:
+    row = con.execute(
+        "SELECT gbps FROM bandwidths WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ? AND definition = ?",
+        [run_id, backend, case_id, op, definition],
+    ).fetchone()
+    return float(row[0]) if row and row[0] is not None else None
+
+
+def rank0_mean_us(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
+) -> float | None:
+    """Rank 0's mean time after dropping its first sample: how DeepEP's tests' `bench` averages."""
+    row = con.execute(
+        """SELECT CASE WHEN count(*) > 1 THEN avg(time_us) FILTER (WHERE iter > 0) ELSE avg(time_us) END
+           FROM samples WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ? AND rank = 0""",
+        [run_id, backend, case_id, op],
+    ).fetchone()
+    return float(row[0]) if row and row[0] is not None else None
+
+
+def kernel_us(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
+) -> float | None:
+    row = con.execute(
+        "SELECT kernel_us FROM results WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
+        [run_id, backend, case_id, op],
+    ).fetchone()
+    return float(row[0]) if row and row[0] is not None else None
+
+
+def first_op(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, ops: tuple[str, ...]
+) -> str | None:
+    """The first of `ops` the case stored (op names that changed between versions: roundtrip, pair)."""
+    stored = {r[0] for r in con.execute(
+        "SELECT op FROM results WHERE run_id = ? AND backend = ? AND case_id = ?", [run_id, backend, case_id]
+    ).fetchall()}  # fmt: skip
+    return next((op for op in ops if op in stored), None)

@@ -1,0 +1,80 @@
+"""Hybrid-EP's own test, tests/test_hybrid_ep.py (branch hybrid-ep, 94a9f8f), as printed on rank 0.
+
+Per payload (BF16, then FP8) a `=== Torch API Benchmark (BF16, 2 ranks) ===` section with lines
+
+    dispatch (BF16):    368.77 GB/s (NVL), t: 364.0 us [min=363.4, max=364.5], nvl_recv_bytes: 134.22 MB
+    combine:            463.70 GB/s (NVL), t: 289.5 us [min=289.5, max=289.5], combine_send_bytes: 134.22 MB
+
+(`_report_bw`: rank 0's bytes over the mean across ranks of each rank's mean time, cached handle: moelab's
+`hybrid_ep_rank0_bytes_over_mean_time`), also dispatch+permute, combine+unpermute and their fused forms;
+then a `=== Kernel Benchmark (...) ===` section of kernel-only (kineto) figures `label(NVL): X GB/s, avg_t=..`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from moelab.verify.figures import LibraryFigure
+
+TEST = "tests/test_hybrid_ep.py"
+
+_SECTION = re.compile(r"=== (Torch API|Kernel) Benchmark \((BF16|FP8), (\d+) ranks\) ===")
+_API = re.compile(
+    r"^(.+?):\s+([\d.]+) GB/s \((NVL|RDMA)\), t: ([\d.]+) us \[min=([\d.]+), max=([\d.]+)\](?:, (\w+): ([\d.]+) MB)?"
+)
+_KERNEL = re.compile(
+    r"^(.+?)\((NVL|RDMA)\):\s+([\d.]+) GB/s, avg_t=([\d.]+) us \[min=([\d.]+), max=([\d.]+)\]"
+)
+_DTYPE_SUFFIX = re.compile(r"\s*\((BF16|FP8)\)\s*$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HybridLine:
+    label: str  # dispatch, combine, dispatch+permute, fused combine+unpermute, dispatch kernel, ...
+    dtype: str  # the section's payload: bf16 | fp8
+    timing: str  # api | kernel
+    link: str  # NVL | RDMA
+    gbps: float
+    time_us: float
+    mbytes: float | None
+    line: str
+
+
+def parse(text: str) -> list[HybridLine]:
+    out: list[HybridLine] = []
+    timing: str | None = None
+    dtype: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if m := _SECTION.search(line):
+            timing, dtype = ("api" if m[1] == "Torch API" else "kernel"), m[2].lower()
+            continue
+        if timing is None or dtype is None:
+            continue
+        if timing == "api" and (m := _API.match(line)):
+            out.append(HybridLine(label=_DTYPE_SUFFIX.sub("", m[1]).strip(), dtype=dtype, timing="api", link=m[3],
+                                  gbps=float(m[2]), time_us=float(m[4]), mbytes=float(m[8]) if m[8] else None, line=line))  # fmt: skip
+        elif timing == "kernel" and (m := _KERNEL.match(line)):
+            out.append(HybridLine(label=_DTYPE_SUFFIX.sub("", m[1].strip()).strip(), dtype=dtype, timing="kernel",
+                                  link=m[2], gbps=float(m[3]), time_us=float(m[4]), mbytes=None, line=line))  # fmt: skip
+        elif line.startswith("==="):
+            timing = dtype = None  # another section (e.g. a correctness check)
+    return out
+
+
+def figures(text: str) -> list[LibraryFigure]:
+    """The API-timed NVL dispatch and combine figures per payload: what moelab's plain dispatch/combine time."""
+    return [
+        LibraryFigure(
+            library="hybrid-ep",
+            op=h.label,
+            dtype=h.dtype,
+            label=f"{h.label} ({h.dtype.upper()} run)",
+            gbps=h.gbps,
+            time_us=h.time_us,
+            line=h.line,
+        )  # fmt: skip
+        for h in parse(text)
+        if h.timing == "api" and h.link == "NVL" and h.label in ("dispatch", "combine")
+    ]

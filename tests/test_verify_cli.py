@@ -1,0 +1,263 @@
+"""`moelab verify` end to end on CPU: the library's benchmark runs through the real subprocess path (a fake
+alltoall_perf; a fake DeepEP test_intranode.py in a fake source tree, both test fixtures), its figures are
+parsed, stored in the run beside moelab's, printed with verdicts, and shown in the report.
+
+The nccl-tests case is real on both sides (moelab's nccl-tests backend runs the same fake binary). For DeepEP,
+which cannot run on CPU, moelab's measurement is replaced by a run directory written here with known
+`deepep_nvl` figures; everything after it (the library run, parsing, comparison, store, exit code) is real."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from moelab.cli.main import app
+from moelab.launch.local import JobOutcome
+from moelab.launch.rundir import RunDir
+from moelab.launch.runner import RunOutcome
+from moelab.plan.spec import RunSpec
+from moelab.store.db import connect
+from moelab.store.ingest import ingest
+from moelab.verify import measure
+from moelab.verify import store as verify_store
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "verify"
+runner = CliRunner()
+
+
+def _fake_binary(tmp_path: Path, rates: list[float], monkeypatch: pytest.MonkeyPatch) -> Path:
+    exe = tmp_path / "bin" / "alltoall_perf"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\n" + (FIX / "fake_alltoall_perf.py").read_text())
+    exe.chmod(0o755)
+    (tmp_path / "rates").write_text("\n".join(map(str, rates)))
+    monkeypatch.setenv("FAKE_A2A_GBPS", str(tmp_path / "rates"))
+    return exe
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["verify", "--cpu", "--no-health", "--hidden", "1024", "--tokens-per-rank", "64", "--db",
+            str(tmp_path / "m.duckdb"), "--out", str(tmp_path / "runs"), *extra]  # fmt: skip
+
+
+def _stored(tmp_path: Path) -> list[tuple[Any, ...]]:
+    con = connect(tmp_path / "m.duckdb", read_only=True)
+    try:
+        return con.execute(
+            "SELECT backend, op, dtype, figure, library_gbps, moelab_gbps, ratio, verdict, source_log, note "
+            "FROM library_figures ORDER BY backend, dtype, op, figure"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def test_nccl_tests_pass_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exe = _fake_binary(tmp_path, [200.0], monkeypatch)
+    res = runner.invoke(app, _args(tmp_path, "--backend", "nccl-tests", "--nccl-tests-bin", str(exe), "--dtype", "bf16",
+                                   "--report", str(tmp_path / "r.html")))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = _stored(tmp_path)
+    assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[7]) for r in rows] == [
+        ("nccl-tests", "alltoall", "bf16", "nccl_algbw", 200.0, 200.0, "pass"),
+        ("nccl-tests", "alltoall", "bf16", "nccl_busbw", 100.0, 100.0, "pass"),
+    ]
+    run_dir = next((tmp_path / "runs").iterdir())
+    log = run_dir / rows[0][8]
+    assert log.read_text().startswith(f"# {exe} -b ") and "nccl_algbw" in res.output and "pass" in res.output
+    assert json.loads((run_dir / verify_store.FILE).read_text())[0]["verdict"] == "pass"
+    html = (tmp_path / "r.html").read_text()
+    assert 'id="verification"' in html and "alltoall_perf" in html
+
+
+def test_nccl_tests_mismatch_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # moelab's backend job is the first invocation (200 GB/s), the library's own the second (250 GB/s)
+    exe = _fake_binary(tmp_path, [200.0, 250.0], monkeypatch)
+    res = runner.invoke(
+        app, _args(tmp_path, "--backend", "nccl-tests", "--nccl-tests-bin", str(exe), "--dtype", "bf16")
+    )
+    assert res.exit_code == 1, res.output
+    algbw = _stored(tmp_path)[0]
+    assert (algbw[4], algbw[5], algbw[6], algbw[7]) == (250.0, 200.0, pytest.approx(0.8), "fail")
+
+
+# --- DeepEP through a fake source tree --------------------------------------------------------------------
+
+MOELAB_NVL = {
+    ("bf16", "dispatch"): 330.0,
+    ("fp8", "dispatch"): 230.0,
+    ("bf16", "combine"): 280.0,
+    ("fp8", "combine"): 279.0,
+}
+
+
+def _fake_measure(spec: RunSpec, runs_root: Path, db_path: Path, progress: Any) -> RunOutcome:
+    """A run directory with one ok record per case, ingested, then moelab's deepep_nvl set to MOELAB_NVL."""
+    rd = RunDir.create(runs_root, spec)
+    for backend in spec.backends:
+        files = rd.job(backend)
+        files.write_job({"backend": backend, "returncode": 0, "signal": None, "timed_out": False, "duration_s": 1.0,
+                         "failed_ranks": [], "stderr_tails": {}, "argv": [], "description": "ok"})  # fmt: skip
+        for case in spec.cases_for(backend):
+            rows = [{"rank": r, "recv_rows": 64, "recv_rows_remote": 32, "send_rows": 64, "send_rows_remote": 32,
+                     "rdma_pairs": 64, "rdma_pairs_remote": 0} for r in range(2)]  # fmt: skip
+            ops = {op: {"samples_us": [[100.0] * 5] * 2, "bytes_per_row": 2048, "kernel": None}
+                   for op in ("dispatch", "combine", "pair")}  # fmt: skip
+            files.append_result({"case_id": case.case_id, "backend": backend, "case": case.to_dict(), "world": 2,
+                                 "status": "ok", "reason": None, "rows": rows, "ops": ops, "check": {}})  # fmt: skip
+    rd.set_status("complete")
+    con = connect(db_path)
+    try:
+        ingest(con, rd.path)
+        for (dtype, op), gbps in MOELAB_NVL.items():
+            case_id = con.execute(
+                "SELECT case_id FROM cases WHERE run_id = ? AND dtype = ?", [spec.run_id, dtype]
+            ).fetchone()[0]  # type: ignore[index]
+            con.execute("DELETE FROM bandwidths WHERE run_id = ? AND case_id = ? AND op = ? AND definition = 'deepep_nvl'",
+                        [spec.run_id, case_id, op])  # fmt: skip
+            con.execute(
+                "INSERT INTO bandwidths VALUES (?, 'deepep', ?, ?, 'deepep_nvl', 0, 0, ?)",
+                [spec.run_id, case_id, op, gbps],
+            )
+    finally:
+        con.close()
+    job = JobOutcome(
+        backend="deepep", argv=[], returncode=0, signal=None, timed_out=False, duration_s=1.0, started_at=""
+    )
+    return RunOutcome(spec.run_id, rd.path, {"deepep": job}, True)
+
+
+@pytest.fixture
+def deepep_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    tree = tmp_path / "DeepEP"
+    (tree / "tests").mkdir(parents=True)
+    shutil.copy(FIX / "fake_test_intranode.py", tree / "tests" / "test_intranode.py")
+    monkeypatch.setattr(measure, "check_available", lambda *a: None)  # deep_ep cannot be imported on CPU
+    monkeypatch.setattr(measure, "run_moelab", _fake_measure)
+    return tree
+
+
+def _library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **figures: Any) -> None:
+    (tmp_path / "fake_deepep.json").write_text(json.dumps(figures))
+    monkeypatch.setenv("FAKE_DEEPEP", str(tmp_path / "fake_deepep.json"))
+
+
+def test_deepep_default_chunk_lines_compared(
+    tmp_path: Path, deepep_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _library(tmp_path, monkeypatch, fp8=231.0, bf16=340.0, combine=400.0)
+    res = runner.invoke(
+        app,
+        _args(tmp_path, "--hidden", "7168", "--backend", "deepep", "--backend-path", f"deepep={deepep_tree}"),
+    )
+    assert res.exit_code == 1, res.output  # combine is off by 30%: a finding
+    rows = {(r[1], r[2]): r for r in _stored(tmp_path)}
+    assert set(rows) == {("dispatch", "bf16"), ("dispatch", "fp8"), ("combine", "bf16")}
+    # the default-chunk figures, not the tuned chunk 8 / Best lines (1.1x)
+    assert rows[("dispatch", "fp8")][4:8] == (231.0, 230.0, pytest.approx(230 / 231), "pass")
+    assert rows[("dispatch", "bf16")][4:8] == (340.0, 330.0, pytest.approx(330 / 340), "pass")
+    assert rows[("combine", "bf16")][4:8] == (400.0, 280.0, pytest.approx(0.7), "fail")
+    log = next((tmp_path / "runs").iterdir()) / rows[("combine", "bf16")][8]
+    assert (
+        "test_intranode.py --num-processes 2 --num-tokens 64 --hidden 7168 --num-topk 8 --num-experts 16"
+        in log.read_text()
+    )
+    # a wider tolerance passes the same figures
+    res = runner.invoke(app, _args(tmp_path, "--hidden", "7168", "--backend", "deepep", "--backend-path",
+                                   f"deepep={deepep_tree}", "--tolerance", "0.35"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+
+
+def test_deepep_library_test_failing(
+    tmp_path: Path, deepep_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _library(tmp_path, monkeypatch, fp8=230.0, bf16=330.0, combine=280.0, die_after_fp8=True)
+    res = runner.invoke(
+        app,
+        _args(tmp_path, "--hidden", "7168", "--backend", "deepep", "--backend-path", f"deepep={deepep_tree}"),
+    )
+    assert res.exit_code == 1, res.output
+    rows = {(r[1], r[2]): r for r in _stored(tmp_path)}
+    assert rows[("dispatch", "fp8")][7] == "pass" and "exit code 1" in rows[("dispatch", "fp8")][9]
+    for key in (("dispatch", "bf16"), ("combine", "bf16")):
+        assert rows[key][7] == "error" and rows[key][4] is None
+        assert (
+            "printed no" in rows[key][9] and "illegal memory access" in rows[key][9]
+        )  # the log's last lines
+    assert "illegal memory access" in res.output
+
+
+def test_deepep_unsupported_hidden_runs_no_library_test(
+    tmp_path: Path, deepep_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _library(tmp_path, monkeypatch, fp8=230.0, bf16=330.0, combine=280.0)
+    res = runner.invoke(
+        app,
+        _args(tmp_path, "--hidden", "8192", "--backend", "deepep", "--backend-path", f"deepep={deepep_tree}"),
+    )
+    assert res.exit_code == 0, res.output  # nothing mismatched: the configuration is recorded as unsupported
+    rows = _stored(tmp_path)
+    assert {r[7] for r in rows} == {"unsupported"} and all("DeepEP#722" in r[9] for r in rows)
+    assert not (next((tmp_path / "runs").iterdir()) / "verify" / "deepep_test_intranode.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--backend", "uccl"], "verify knows no backend 'uccl'"),
+        (["--backend", "deepep", "--sms", "16"], "runs 24 SMs only"),
+        (["--backend", "hybrid-ep", "--dtype", "mxfp8"], "verify compares payloads"),
+        (["--backend", "deepep"], "--backend-path deepep=DIR"),
+        (["--backend", "nccl-tests", "--hidden", "8192,4096"], "one whole number"),
+        (["--backend", "nccl-tests", "--tolerance", "2"], "--tolerance must be within"),
+        (["--backend", "deepep", "--backend-path", "deepep=/nonexistent"], "is not a directory"),
+    ],
+)
+def test_bad_input(tmp_path: Path, extra: list[str], message: str) -> None:
+    res = runner.invoke(app, _args(tmp_path, *extra))
+    assert res.exit_code == 2, res.output
+    assert "error: " in res.output and message in res.output
+    assert not (tmp_path / "m.duckdb").exists()
+
+
+def test_backend_path_without_the_test(tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    res = runner.invoke(
+        app, _args(tmp_path, "--backend", "hybrid-ep", "--backend-path", f"hybrid-ep={tmp_path / 'tree'}")
+    )
+    assert res.exit_code == 2 and "tests/test_hybrid_ep.py not found" in res.output
+
+
+def test_dry_run_prints_cases_and_library_commands(tmp_path: Path) -> None:
+    tree = tmp_path / "DeepEP"
+    (tree / "tests").mkdir(parents=True)
+    res = runner.invoke(app, _args(tmp_path, "--dry-run", "--backend", "deepep,hybrid-ep,nccl-tests", "--hidden", "7168",
+                                   "--backend-path", f"deepep={tree}", "--nccl-tests-bin", str(tmp_path)))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "# moelab deepep: case h7168-t64-k8-e8-uniform-s0-bf16-sm24" in out
+    assert (
+        f"cd {tree}/tests && " in out
+        and "test_intranode.py --num-processes 2 --num-tokens 64 --hidden 7168" in out
+    )
+    assert "# hybrid-ep: needs --backend-path hybrid-ep=DIR" in out
+    assert f"{tmp_path}/alltoall_perf -b " in out and not (tmp_path / "m.duckdb").exists()
+    res = runner.invoke(
+        app,
+        _args(
+            tmp_path,
+            "--dry-run",
+            "--backend",
+            "deepep",
+            "--hidden",
+            "8192",
+            "--backend-path",
+            f"deepep={tree}",
+        ),
+    )
+    assert res.exit_code == 0 and "# deepep: not run: tests/test_intranode.py cannot run" in res.output
