@@ -18,6 +18,9 @@ BUILTIN: dict[str, str] = {
     "deepep": "moelab.backends.deepep:DeepEPBackend",
     "deepep-ll": "moelab.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybrid-ep": "moelab.backends.hybrid_ep:HybridEPBackend",
+    "torch-symm-a2a": "moelab.backends.torch_symm_a2a:TorchSymmA2ABackend",
+    "nccl-ep": "moelab.backends.nccl_ep:NcclEPBackend",
+    "uccl-ep": "moelab.backends.uccl_ep:UcclEPBackend",
 }
 
 
