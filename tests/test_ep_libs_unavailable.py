@@ -147,7 +147,29 @@ def test_uccl_load_failure_is_reported_exactly(tmp_path: Path, clean_modules: py
         tmp_path, {"uccl/__init__.py": "", "uccl/ep.py": f"raise ImportError({message!r}, name='uccl.ep')\n"}
     )
     clean_modules.syspath_prepend(str(tmp_path))
+    clean_modules.setattr(uccl_ep, "find_cudart12", lambda paths=None: None)
+    assert uccl_ep.UcclEPBackend.availability() == (
+        f"import uccl.ep failed: {message} (pip install nvidia-cuda-runtime-cu12 supplies it)"
+    )
+
+
+def test_uccl_other_load_failures_have_no_cudart_hint(
+    tmp_path: Path, clean_modules: pytest.MonkeyPatch
+) -> None:
+    message = "libibverbs.so.1: cannot open shared object file: No such file or directory"
+    _fake_package(
+        tmp_path, {"uccl/__init__.py": "", "uccl/ep.py": f"raise ImportError({message!r}, name='uccl.ep')\n"}
+    )
+    clean_modules.syspath_prepend(str(tmp_path))
     assert uccl_ep.UcclEPBackend.availability() == f"import uccl.ep failed: {message}"
+
+
+def test_find_cudart12(tmp_path: Path) -> None:
+    assert uccl_ep.find_cudart12([str(tmp_path)]) is None
+    lib = tmp_path / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    assert uccl_ep.find_cudart12(["/nonexistent", str(tmp_path)]) == lib
 
 
 def test_uccl_needs_its_wrapper_not_deepep(tmp_path: Path, clean_modules: pytest.MonkeyPatch) -> None:

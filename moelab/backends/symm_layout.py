@@ -116,12 +116,19 @@ def empty_meta(rows: int, topk: int, device: torch.device) -> torch.Tensor:
     return meta
 
 
-def mask_received_meta(meta: torch.Tensor, recv_counts: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Received metadata with rows past sum(recv_counts) set to no expert (ids -1, weights 0), into `out`."""
+def mask_received_meta(
+    meta: torch.Tensor,
+    recv_counts: torch.Tensor,
+    out: torch.Tensor,
+    row_ids: torch.Tensor | None = None,
+    fill: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Received metadata with rows past sum(recv_counts) set to no expert (ids -1, weights 0), into `out`.
+    `row_ids` (arange of the rows) and `fill` (empty_meta(1, topk)) may be passed in to reuse them."""
     rows, cols = meta.shape
-    topk = cols // 2
-    valid = torch.arange(rows, device=meta.device) < recv_counts.sum()
-    fill = empty_meta(1, topk, meta.device)
+    row_ids = torch.arange(rows, device=meta.device) if row_ids is None else row_ids
+    fill = empty_meta(1, cols // 2, meta.device) if fill is None else fill
+    valid = row_ids < recv_counts.sum()
     return torch.where(valid.unsqueeze(1), meta, fill, out=out)
 
 

@@ -35,6 +35,7 @@ from moelab.backends.symm_layout import (
     SPARE_ROWS,
     RowLayout,
     SymmLayout,
+    empty_meta,
     mask_received_meta,
     meta_ids,
     meta_weights,
@@ -91,6 +92,8 @@ class SymmBuffers:
     back_out_splits_offsets: torch.Tensor
     recv_meta: torch.Tensor  # [capacity, 2*topk] int32, received metadata with padding rows masked
     combined: torch.Tensor  # [tokens + SPARE_ROWS, hidden] bf16, combine's sum
+    row_ids: torch.Tensor  # [capacity] int64 arange, to mark the padding rows
+    meta_fill: torch.Tensor  # [1, 2*topk] int32, metadata of a padding row
     rows: RowLayout
 
 
@@ -166,6 +169,8 @@ class TorchSymmA2ABackend(Backend):
             back_out_splits_offsets=symm(2, world, dtype=torch.int64),
             recv_meta=torch.empty(capacity, 2 * rows.topk, dtype=torch.int32, device=dev),
             combined=torch.empty(tokens + SPARE_ROWS, rows.hidden, dtype=torch.bfloat16, device=dev),
+            row_ids=torch.arange(capacity, device=dev),
+            meta_fill=empty_meta(1, rows.topk, dev),
             rows=rows,
         )
         bufs.send.zero_()  # padding rows are sent nowhere, but keep them finite
@@ -206,7 +211,9 @@ class TorchSymmA2ABackend(Backend):
         rows.meta(bufs.send).copy_(lay.meta)
         self._exchange(bufs.send, bufs.recv, bufs.in_splits, bufs.out_splits_offsets)
         recv_counts = bufs.out_splits_offsets[0].clone()  # the handle outlives the next dispatch
-        meta = mask_received_meta(rows.meta(bufs.recv), recv_counts, bufs.recv_meta)
+        meta = mask_received_meta(
+            rows.meta(bufs.recv), recv_counts, bufs.recv_meta, bufs.row_ids, bufs.meta_fill
+        )
         return PaddedDispatched(
             recv_x=rows.payload(bufs.recv),
             recv_topk_idx=meta_ids(meta, rows.topk),

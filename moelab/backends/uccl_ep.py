@@ -9,6 +9,8 @@ it: `--backend-path uccl-ep=<uccl>/ep/deep_ep_wrapper`. Knobs, SM control and ru
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from moelab.errors import BackendUnavailable
 PACKAGE = "uccl==0.1.1"
 WRAPPER_HINT = "UCCL's DeepEP wrapper (ep/deep_ep_wrapper in github.com/uccl-project/uccl) is not on the path"
 WRAPPER_MARK = "uccl"
+CUDART12 = "libcudart.so.12"
+CUDART12_HINT = "pip install nvidia-cuda-runtime-cu12 supplies it"
 
 
 def import_problem(exc: BaseException) -> str:
@@ -28,14 +32,33 @@ def import_problem(exc: BaseException) -> str:
     if name == "uccl":
         return f"uccl not installed (pip install {PACKAGE})"
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return f"import uccl.ep failed: {text}"
+    hint = f" ({CUDART12_HINT})" if CUDART12 in text and find_cudart12() is None else ""
+    return f"import uccl.ep failed: {text}{hint}"
+
+
+def find_cudart12(paths: Sequence[str] | None = None) -> Path | None:
+    """libcudart.so.12 of an installed nvidia-cuda-runtime-cu12 wheel, on `paths` (default sys.path)."""
+    for entry in sys.path if paths is None else paths:
+        lib = Path(entry or ".") / "nvidia" / "cuda_runtime" / "lib" / CUDART12
+        if lib.is_file():
+            return lib
+    return None
 
 
 def _uccl_problem() -> str | None:
+    """None when uccl.ep imports. The wheel finds libcudart.so.12 only on the loader's path; a CUDA 13
+    image has none, so a cu12 runtime wheel's copy is loaded first (by soname) and the import retried."""
     try:
         import uccl.ep  # noqa: F401
     except (ImportError, OSError) as exc:
-        return import_problem(exc)
+        lib = find_cudart12()
+        if CUDART12 not in str(exc) or lib is None:
+            return import_problem(exc)
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        try:
+            import uccl.ep  # noqa: F401,F811
+        except (ImportError, OSError) as retry:
+            return f"{import_problem(retry)} (after loading {lib})"
     return None
 
 
@@ -63,7 +86,7 @@ class UcclEPBackend(DeepEPBackend):
         return super().availability()
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
-        problem = wrapper_problem(common.find_spec_origin("deep_ep"))
+        problem = _uccl_problem() or wrapper_problem(common.find_spec_origin("deep_ep"))
         if problem:
             raise BackendUnavailable(problem)
         super().__init__(ctx, cases)
