@@ -88,7 +88,9 @@ def probe_uccl() -> None:
     if spec is not None and spec.submodule_search_locations:
         pkg = Path(next(iter(spec.submodule_search_locations)))
         for so in sorted(pkg.glob("ep*.so")):
-            print(f"{so.name} unresolved: {_unresolved(so) or 'none'}")
+            # libtorch/libc10 resolve by soname once torch is imported; the rest must come from the loader path
+            missing = [m for m in _unresolved(so) if not m.startswith(("libtorch", "libc10"))]
+            print(f"{so.name} unresolved (besides torch's own): {missing or 'none'}")
     _try("uccl", "uccl.ep")
     _try("deep_ep (UCCL's wrapper?)", "deep_ep")
 
@@ -100,7 +102,9 @@ def main() -> None:
     print("== moelab backends")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's moelab
     from moelab.backends import registry
+    from moelab.backends.uccl_ep import find_cudart12
 
+    print(f"libcudart.so.12 from nvidia-cuda-runtime-cu12: {find_cudart12()}")
     for name in ("torch-symm-a2a", "nccl-ep", "uccl-ep"):
         print(f"{name}: {registry.availability(name) or 'available'}")
 
