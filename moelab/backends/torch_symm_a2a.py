@@ -120,7 +120,8 @@ class TorchSymmA2ABackend(Backend):
         import torch.distributed._symmetric_memory as symm_mem
 
         self._symm_mem = symm_mem
-        if hasattr(symm_mem, "set_backend") and symm_mem.get_backend(ctx.device) != "NVSHMEM":
+        get_backend = getattr(symm_mem, "get_backend", lambda device: None)
+        if hasattr(symm_mem, "set_backend") and get_backend(ctx.device) != "NVSHMEM":
             symm_mem.set_backend("NVSHMEM")  # all_to_all_vdev is an NVSHMEM op; set before any allocation
         self._group_name = ctx.group.group_name
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
