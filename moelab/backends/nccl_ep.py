@@ -114,6 +114,7 @@ class NcclEpLayout:
     state: EpGroupState
     recv_total: torch.Tensor  # [1] int32, written by the handle update
     topk_idx: torch.Tensor  # kept alive: the handle refers to it
+    descriptors: tuple[Any, ...]  # the nccl.ep Tensor/LayoutInfo objects: their C structs hold raw pointers
 
 
 def recv_counts_of(total: torch.Tensor, world: int) -> torch.Tensor:
@@ -217,7 +218,7 @@ class NcclEPBackend(Backend):
             )
         else:
             state.handle.update(idx, layout_info=info, stream=self._stream())
-        return NcclEpLayout(state, total, topk_idx)
+        return NcclEpLayout(state, total, topk_idx, (idx, info))
 
     def _x_descriptor(self, x: torch.Tensor, w: torch.Tensor) -> Any:
         key = (x.data_ptr(), tuple(x.shape))
