@@ -12,10 +12,15 @@ from hypothesis import strategies as st
 from moelab.backends import registry, torch_symm_a2a
 from moelab.backends.padded import PaddedDispatched, pad_rows, received_rows
 from moelab.backends.symm_layout import (
+    EXCHANGE_BLOCK_BYTES,
+    EXCHANGE_MAX_BLOCKS,
+    EXCHANGE_MIN_BYTES,
     ROW_ALIGN_COLS,
     SPARE_ROWS,
     RowLayout,
+    buffer_rows,
     emulate_all_to_all_vdev,
+    exchange_align_cols,
     mask_received_meta,
     meta_ids,
     meta_weights,
@@ -209,3 +214,33 @@ def test_backend_contract_attributes() -> None:
     cls = torch_symm_a2a.TorchSymmA2ABackend
     assert cls.phases is True and cls.sm_control is None
     assert cls.host_sync_ops(object.__new__(cls)) == {}
+
+
+def _torch_nblocks(buffer_bytes: int, world: int, max_blocks: int) -> int:
+    """get_a2a_nblocks of torch's CUDA all_to_all_vdev."""
+    blocks = -(-buffer_bytes // EXCHANGE_BLOCK_BYTES)
+    return min(-(-blocks // world) * world, max_blocks)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    world=st.integers(1, 16),
+    hidden=st.integers(8, 9000).map(lambda h: 2 * h),
+    topk=st.integers(1, 9),
+    tokens=st.integers(1, 5000),
+    sent=st.integers(0, 10**6),
+)
+def test_every_peer_splits_evenly_over_its_blocks(
+    world: int, hidden: int, topk: int, tokens: int, sent: int
+) -> None:
+    """torch's pull kernel traps unless each peer's bytes divide by its blocks per peer."""
+    rows = RowLayout(hidden, topk, exchange_align_cols(world))
+    assert rows.width >= hidden + 4 * topk and rows.back_width >= hidden
+    capacity = buffer_rows(tokens * world, rows.back_width)
+    assert capacity >= tokens * world
+    peer_rows = sent % (capacity + 1)
+    for width in (rows.width, rows.back_width):
+        assert 2 * width * capacity >= EXCHANGE_MIN_BYTES
+        for cap in EXCHANGE_MAX_BLOCKS:
+            per_peer = max(_torch_nblocks(2 * width * capacity, world, cap) // world, 1)
+            assert (peer_rows * 2 * width) % per_peer == 0

@@ -69,7 +69,7 @@ def _rank(rank: int, world: int, workloads: list[Workload]) -> list[dict[str, An
         results = []
         for lay in (None, layout, layout):
             d = backend.dispatch(x, routing.topk_idx, routing.topk_weights, layout=lay)
-            assert d.capacity == wl.tokens_per_rank * world
+            assert d.capacity >= wl.tokens_per_rank * world
             dc = checks.check_dispatch(d, expected, wl, world)
             assert dc.ok and dc.ref_rows is not None, dc.message
             expert_out = checks.expert_out_for(d, dc.ref_rows, rank, wl.experts_per_rank)

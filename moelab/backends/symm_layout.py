@@ -9,17 +9,39 @@ worst case (every token to every rank) and the rows past the real count are mark
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-ROW_ALIGN_COLS = 32  # bf16 columns: rows stay a multiple of 64 bytes (the exchange splits rows by bytes)
+ROW_ALIGN_COLS = 32  # bf16 columns: rows stay a multiple of 64 bytes
 META_COLS_PER_TOPK = 4  # one int32 id and one float32 weight per top-k slot, two bf16 columns each
 SPARE_ROWS = 64  # scratch rows that absorb combine's unsent slots (spread to avoid atomics on one row)
+# torch's CUDA all_to_all_vdev (the pull version, torch <= 2.11 at least) splits each peer's bytes evenly over
+# num_blocks // world thread blocks and traps unless they divide exactly; num_blocks is
+# min(round_up(ceil(buffer bytes / 64 KiB), world), 64 on NVLink or 16 across nodes). A buffer of at least
+# EXCHANGE_MIN_BYTES pins num_blocks at its cap, and rows padded to a multiple of every blocks-per-peer
+# that cap can give keep each peer's bytes divisible.
+EXCHANGE_BLOCK_BYTES = 16 * 512 * 8
+EXCHANGE_MAX_BLOCKS = (64, 16)
+EXCHANGE_MIN_BYTES = max(EXCHANGE_MAX_BLOCKS) * EXCHANGE_BLOCK_BYTES
 
 
 def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def exchange_align_cols(world: int) -> int:
+    """bf16 columns a row must be a multiple of, so that every peer's bytes split evenly over its blocks."""
+    align_bytes = 2 * ROW_ALIGN_COLS
+    for cap in EXCHANGE_MAX_BLOCKS:
+        align_bytes = math.lcm(align_bytes, max(cap // world, 1))
+    return align_bytes // 2
+
+
+def buffer_rows(capacity: int, width: int) -> int:
+    """Rows to allocate for `capacity` rows of `width` bf16 columns: at least EXCHANGE_MIN_BYTES."""
+    return max(capacity, -(-EXCHANGE_MIN_BYTES // (2 * width)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +50,7 @@ class RowLayout:
 
     hidden: int
     topk: int
+    align_cols: int = ROW_ALIGN_COLS  # exchange_align_cols(world)
 
     @property
     def meta_cols(self) -> int:
@@ -35,7 +58,12 @@ class RowLayout:
 
     @property
     def width(self) -> int:
-        return round_up(self.hidden + self.meta_cols, ROW_ALIGN_COLS)
+        return round_up(self.hidden + self.meta_cols, self.align_cols)
+
+    @property
+    def back_width(self) -> int:
+        """Columns of combine's rows (payload only), aligned the same way."""
+        return round_up(self.hidden, self.align_cols)
 
     @property
     def meta_start(self) -> int:

@@ -31,16 +31,16 @@ import torch.distributed as dist
 from moelab.backends.base import Backend, BackendContext, CaseConfig
 from moelab.backends.padded import PaddedDispatched
 from moelab.backends.symm_layout import (
-    ROW_ALIGN_COLS,
     SPARE_ROWS,
     RowLayout,
     SymmLayout,
+    buffer_rows,
     empty_meta,
+    exchange_align_cols,
     mask_received_meta,
     meta_ids,
     meta_weights,
     plan_layout,
-    round_up,
     sum_at_source,
 )
 
@@ -145,14 +145,14 @@ class TorchSymmA2ABackend(Backend):
         self._experts_per_rank = wl.experts_per_rank
         key = (wl.tokens_per_rank, wl.hidden, wl.topk, self.ctx.world)
         if key not in self._buffers:
-            self._buffers[key] = self._allocate(wl.tokens_per_rank, RowLayout(wl.hidden, wl.topk))
+            rows = RowLayout(wl.hidden, wl.topk, exchange_align_cols(self.ctx.world))
+            self._buffers[key] = self._allocate(wl.tokens_per_rank, rows)
         self._current = self._buffers[key]
 
     def _allocate(self, tokens: int, rows: RowLayout) -> SymmBuffers:
         """Collective (every rank prepares the same cases in the same order)."""
         world, dev = self.ctx.world, self.ctx.device
-        capacity = tokens * world
-        back_cols = round_up(rows.hidden, ROW_ALIGN_COLS)  # rows a multiple of 64 bytes, as in dispatch
+        capacity = buffer_rows(tokens * world, rows.back_width)  # >= tokens * world: the worst case
 
         def symm(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             t = self._symm_mem.empty(*shape, dtype=dtype, device=dev)
@@ -162,8 +162,8 @@ class TorchSymmA2ABackend(Backend):
         bufs = SymmBuffers(
             send=symm(capacity, rows.width, dtype=torch.bfloat16),
             recv=symm(capacity, rows.width, dtype=torch.bfloat16),
-            back_send=symm(capacity, back_cols, dtype=torch.bfloat16),
-            back_recv=symm(capacity, back_cols, dtype=torch.bfloat16),
+            back_send=symm(capacity, rows.back_width, dtype=torch.bfloat16),
+            back_recv=symm(capacity, rows.back_width, dtype=torch.bfloat16),
             in_splits=symm(world, dtype=torch.int64),
             out_splits_offsets=symm(2, world, dtype=torch.int64),
             back_in_splits=symm(world, dtype=torch.int64),
@@ -247,10 +247,11 @@ class TorchSymmA2ABackend(Backend):
         return versions
 
     def record(self, case: CaseConfig) -> dict[str, Any]:
-        rows = RowLayout(case.workload.hidden, case.workload.topk)
+        wl = case.workload
+        rows = RowLayout(wl.hidden, wl.topk, exchange_align_cols(self.ctx.world))
         return {
             "op": "torch.ops.symm_mem.all_to_all_vdev",
             "symm_backend": "NVSHMEM",
             "row_bytes": 2 * rows.width,
-            "capacity_rows": case.workload.tokens_per_rank * self.ctx.world,
+            "capacity_rows": buffer_rows(wl.tokens_per_rank * self.ctx.world, rows.back_width),
         }
