@@ -94,6 +94,8 @@ def _symm_op(send: list[int], capacity: int, hidden: int, device: torch.device) 
     """all_to_all_vdev of `send` rows per destination, buffers sized for the worst case as torch-symm-a2a's."""
     import torch.distributed._symmetric_memory as symm_mem
 
+    from moelab.backends.symm_layout import buffer_rows
+
     symm_mem.set_backend("NVSHMEM")
     group_name = dist.group.WORLD.group_name
 
@@ -102,9 +104,10 @@ def _symm_op(send: list[int], capacity: int, hidden: int, device: torch.device) 
         symm_mem.rendezvous(t, group_name)
         return t
 
-    x = symm(capacity, hidden, dtype=torch.bfloat16)
+    rows = buffer_rows(capacity, hidden)  # >= 4 MiB: torch's block split stays exact (see symm_layout)
+    x = symm(rows, hidden, dtype=torch.bfloat16)
     x.normal_()
-    y = symm(capacity, hidden, dtype=torch.bfloat16)
+    y = symm(rows, hidden, dtype=torch.bfloat16)
     splits = symm(len(send), dtype=torch.int64)
     splits.copy_(torch.tensor(send))
     out_splits_offsets = symm(2, len(send), dtype=torch.int64)
