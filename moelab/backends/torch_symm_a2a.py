@@ -145,6 +145,9 @@ class TorchSymmA2ABackend(Backend):
         self._experts_per_rank = wl.experts_per_rank
         key = (wl.tokens_per_rank, wl.hidden, wl.topk, self.ctx.world)
         if key not in self._buffers:
+            # one shape at a time: NVSHMEM's symmetric heap is fixed (1 GiB by default, NVSHMEM_SYMMETRIC_SIZE)
+            self._buffers.clear()
+            self._current = None
             rows = RowLayout(wl.hidden, wl.topk, exchange_align_cols(self.ctx.world))
             self._buffers[key] = self._allocate(wl.tokens_per_rank, rows)
         self._current = self._buffers[key]
