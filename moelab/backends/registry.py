@@ -20,6 +20,9 @@ BUILTIN: dict[str, str] = {
     "deepep-ll": "moelab.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybrid-ep": "moelab.backends.hybrid_ep:HybridEPBackend",
     "nccl-tests": "moelab.backends.nccl_tests_job:NcclTestsBackend",
+    "torch-symm-a2a": "moelab.backends.torch_symm_a2a:TorchSymmA2ABackend",
+    "nccl-ep": "moelab.backends.nccl_ep:NcclEPBackend",
+    "uccl-ep": "moelab.backends.uccl_ep:UcclEPBackend",
 }
 
 

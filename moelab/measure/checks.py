@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from moelab.backends.base import Dispatched
+from moelab.backends.padded import pad_rows, received_rows
 from moelab.measure.reference import (
     COMBINE_TOL,
     DISPATCH_TOL,
@@ -41,6 +42,7 @@ def _dense_weights(idx: torch.Tensor, weights: torch.Tensor, experts_per_rank: i
 def check_dispatch(
     d: Dispatched, expected: ExpectedDispatch, workload: Workload, world: int
 ) -> DispatchCheck:
+    d = received_rows(d)  # a padded result (row count on the GPU) is read here, outside any timed region
     if d.num_rows != expected.num_rows:
         return DispatchCheck(
             ok=False,
@@ -106,8 +108,13 @@ def expert_out_for(d: Dispatched, ref_rows: torch.Tensor, rank: int, experts_per
     """Combine's input: the reference rows through this rank's stand-in experts, in received order.
 
     Built from the exact reference rows, so the combine check does not inherit dispatch's quantization.
+    A padded dispatch (moelab.backends.padded) gets zero rows up to its capacity, the shape its combine takes.
     """
-    return expert_output(ref_rows, d.recv_topk_idx.cpu(), d.recv_topk_weights.cpu(), rank, experts_per_rank)
+    got = received_rows(d)
+    rows = expert_output(
+        ref_rows, got.recv_topk_idx.cpu(), got.recv_topk_weights.cpu(), rank, experts_per_rank
+    )
+    return pad_rows(rows, d)
 
 
 def check_combine(
