@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,7 @@ def run(
     health: bool = typer.Option(
         True, "--health/--no-health", help="Health snapshot (NVML, sysfs) before and after each backend job"
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No per-case progress while jobs run"),
 ) -> None:
     """Run dispatch/combine benchmarks: each backend as its own torchrun job, results stored in DuckDB.
 
@@ -273,7 +275,7 @@ def run(
     console.print(
         f"run {spec.run_id}: {len(runnable)} cases ({len(cases) - len(runnable)} skipped), run directory {runs_root / spec.run_id}"
     )
-    outcome = execute(spec, runs_root, db_path, progress=console.print)
+    outcome = execute(spec, runs_root, db_path, progress=console.print, quiet=quiet)
     if not outcome.ingested:
         console.print(
             f"node {node_rank}: jobs done; node 0 stores run {spec.run_id} (run directory {outcome.run_dir})"
@@ -289,6 +291,9 @@ def run(
 
         path = write_report(db_path, [spec.run_id], report)
         console.print(f"report: {path}")
+    if outcome.interrupted_by:
+        console.print(f"run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored")
+        raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
     if failed or not outcome.all_jobs_ok:
         raise typer.Exit(1)
 
