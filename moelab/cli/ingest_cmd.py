@@ -43,7 +43,9 @@ def ingest(
     """Store a run directory in the database; a run already stored is left as it is (exit 0).
 
     A run whose launching process is gone (kill -9, a lost node) is marked interrupted, and every case
-    its jobs finished is stored. Example: moelab ingest ~/.local/share/moelab/runs/20261122T101500Z-1a2b3c
+    its jobs finished is stored.
+
+    Example: moelab ingest ~/.local/share/moelab/runs/20261122T101500Z-1a2b3c
     """
     rd, run_id, info = _read_run_dir(run_dir)
     db_path = resolve_db_path(db)
