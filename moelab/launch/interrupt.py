@@ -11,7 +11,7 @@
 First SIGINT/SIGTERM: `requested` becomes true and every job this process started (each child that
 leads its own session: torchrun and its ranks) gets SIGTERM, so the launcher's wait returns, the session
 is reaped as after a timeout, and the runner stores every finished case and job and marks the run
-`interrupted`. A second signal does not wait for any of that: the jobs get SIGKILL, run.json says
+`interrupted`. A job launched after the signal (it came during a health snapshot) is stopped as it starts. A second signal does not wait for any of that: the jobs get SIGKILL, run.json says
 `interrupted` (not yet stored), and the process exits with 128 + the signal number; `moelab ingest
 RUN_DIR` stores it later.
 
@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from moelab.launch.rundir import JobFiles, RunDir
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LATE_JOB_POLL_S = 0.2
 
 
 def _proc_pids() -> list[int]:
@@ -59,12 +61,14 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
-def signal_jobs(sig: int, parent: int | None = None) -> list[int]:
+def signal_jobs(sig: int, parent: int | None = None, skip: Collection[int] = ()) -> list[int]:
     """Send `sig` to every job `parent` (this process) started: a child leading its own session gets it
     for its whole session (torchrun and its ranks), any other child for itself. Returns the pids hit."""
     parent = os.getpid() if parent is None else parent
     hit = []
     for child in children(parent):
+        if child in skip:
+            continue
         try:
             targets = session_members(child) if os.getsid(child) == child else [child]
         except ProcessLookupError:
@@ -89,6 +93,28 @@ class RunInterrupt:
         self.run_dir = run_dir
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._stopped: set[int] = set()  # session leaders already sent SIGTERM
+        self._closed = threading.Event()
+
+    def _stop_job_sessions(self) -> None:
+        for child in children(os.getpid()):
+            if child in self._stopped:
+                continue
+            try:
+                if os.getsid(child) != child:
+                    continue
+            except ProcessLookupError:
+                continue
+            self._stopped.add(child)
+            for pid in session_members(child):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+
+    def _stop_late_jobs(self) -> None:
+        """A job that started after the signal (the signal came during a health snapshot, just before the
+        launch) is stopped too, once, so the runner never waits for a whole job after Ctrl-C."""
+        while not self._closed.wait(LATE_JOB_POLL_S):
+            self._stop_job_sessions()
 
     @property
     def requested(self) -> bool:
@@ -111,8 +137,13 @@ class RunInterrupt:
                 f"moelab: {signal.Signals(signum).name}: stopping the running job, then storing every finished "
                 f"case{where}; signal again to quit at once"
             )
-            signal_jobs(signal.SIGTERM)
+            self._stop_job_sessions()
+            signal_jobs(
+                signal.SIGTERM, skip=self._stopped
+            )  # other children too (health probe, alltoall_perf)
+            threading.Thread(target=self._stop_late_jobs, name="moelab-interrupt", daemon=True).start()
             return
+        self._closed.set()
         signal_jobs(signal.SIGKILL)
         self._restore()
         if self.run_dir is not None:
@@ -135,6 +166,7 @@ class RunInterrupt:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self._closed.set()
         self._restore()
 
 
