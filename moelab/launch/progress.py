@@ -149,6 +149,8 @@ class JobWatch:
         return "estimating…" if left is None else f"about {fmt_seconds(left)} left"
 
     def _running(self) -> str:
+        if self.state.done >= self.state.num_cases:
+            return f"done on {self.ranks}"
         if self.state.case_id is None:
             return f"starting on {self.ranks}" if self.state.done == 0 else f"between cases on {self.ranks}"
         op = f" · {self.state.op}" if self.state.op else ""
