@@ -55,7 +55,7 @@ COMMANDS = _command_paths(app)
 
 def test_command_inventory() -> None:
     # a new command shows up here, and so gets the help test below
-    assert {"run", "backends", "runs", "report", "db", "trace"} <= {p[0] for p in COMMANDS}
+    assert {"run", "backends", "runs", "report", "ingest", "db", "trace"} <= {p[0] for p in COMMANDS}
     assert ("db", "query") in COMMANDS and ("db", "export") in COMMANDS and ("trace", "summarize") in COMMANDS
 
 

@@ -10,6 +10,7 @@ from moelab.cli.check_cmd import check
 from moelab.cli.compare_cmd import compare
 from moelab.cli.doctor import doctor
 from moelab.cli.info_cmds import backends, runs
+from moelab.cli.ingest_cmd import ingest
 from moelab.cli.label_cmd import label
 from moelab.cli.report_cmd import report
 from moelab.cli.run_cmd import run
@@ -50,6 +51,7 @@ app.command("report")(report)
 app.command("compare")(compare)
 app.command("check")(check)
 app.command("label")(label)
+app.command("ingest")(ingest)
 app.command("doctor")(doctor)
 app.add_typer(db_cmd.app, name="db")
 app.add_typer(trace.app, name="trace")

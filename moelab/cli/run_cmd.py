@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -235,6 +236,9 @@ def run(
         help="Print the case ids this run would measure and exit",
         rich_help_panel="Workload",
     ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No per-case progress while jobs run", rich_help_panel="Launch"
+    ),
 ) -> None:
     """Run dispatch/combine benchmarks: each backend as its own job, results stored in DuckDB.
 
@@ -305,7 +309,7 @@ def run(
     console.print(
         f"run {spec.run_id}: {len(planned.runnable)} cases ({skipped} skipped), run directory {runs_root / spec.run_id}"
     )
-    outcome = execute(spec, runs_root, db_path, progress=console.print)
+    outcome = execute(spec, runs_root, db_path, progress=console.print, quiet=quiet)
     if not outcome.ingested:
         console.print(
             f"node {node_rank}: jobs done; node 0 stores run {spec.run_id} (run directory {outcome.run_dir})"
@@ -320,6 +324,9 @@ def run(
         from moelab.reports.html import write_report
 
         console.print(f"report: {write_report(db_path, [spec.run_id], report)}")
+    if outcome.interrupted_by:
+        console.print(f"run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored")
+        raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
     if failed or not outcome.all_jobs_ok:
         raise typer.Exit(1)
 

@@ -8,6 +8,8 @@ What we rely on:
 - an outer wall-clock timeout here: the job runs in its own process session, and on timeout the whole
   group (agent and ranks) gets SIGTERM, then SIGKILL. That also covers hangs inside custom kernels,
   which no collective timeout sees.
+- a parent-death signal (moelab/launch/lifeline.py): if this process is killed without warning, the job's
+  leader gets SIGTERM and its ranks follow, so no job outlives the run that started it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.launch.lifeline import job_preexec
 from moelab.launch.rundir import JobFiles, now_iso
 
 KILL_GRACE_S = 10.0
@@ -114,6 +117,7 @@ def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, s
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            preexec_fn=job_preexec(os.getpid()),  # the job dies with this process, even on kill -9
         )
         sid = proc.pid  # a new session's id is its leader's pid
         timed_out = False

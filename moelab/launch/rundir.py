@@ -2,7 +2,9 @@
 into the database, so a crash or a hang leaves what was measured on disk and the database untouched.
 
 RUN_DIR/spec.json                      the RunSpec every rank reads
-RUN_DIR/run.json                       status (running / complete / failed) and timestamps
+RUN_DIR/run.json                       status (running / complete / failed / interrupted), timestamps,
+                                       and the launching process (pid, host) while it runs
+RUN_DIR/<backend>/progress.jsonl       the writing rank's progress events (cases, one-time costs)
 RUN_DIR/<backend>/results.jsonl        one record per case, appended by rank 0 as each case ends
 RUN_DIR/<backend>/env.json             per-rank environment fingerprints
 RUN_DIR/<backend>/rank<R>.log          each rank's stdout and stderr (faulthandler tracebacks land here)
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,6 +31,16 @@ RUNDIR_VERSION = 1
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def process_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid, it names one
+    process even after the pid is reused. None where /proc is missing or the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -51,6 +64,10 @@ class JobFiles:
     @property
     def results(self) -> Path:
         return self.dir / "results.jsonl"
+
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.jsonl"
 
     @property
     def launcher_log(self) -> Path:
@@ -125,7 +142,10 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=False)
         rd = cls(path)
         spec.write(path / "spec.json")
-        rd.set_status("running")
+        # who runs it: `moelab ingest` tells a run still going from one whose launcher died
+        rd.set_status(
+            "running", pid=os.getpid(), host=socket.gethostname(), pid_start=process_start(os.getpid())
+        )
         return rd
 
     @property

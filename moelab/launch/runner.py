@@ -16,7 +16,9 @@ import moelab
 from moelab.backends import registry
 from moelab.errors import MoelabError
 from moelab.launch import commands
+from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.local import JobOutcome, run_job
+from moelab.launch.progress import watch_job
 from moelab.launch.rundir import JobFiles, RunDir
 from moelab.plan.spec import RunSpec
 from moelab.store.db import open_db
@@ -35,6 +37,7 @@ class RunOutcome:
     run_dir: Path
     jobs: dict[str, JobOutcome]
     ingested: bool
+    interrupted_by: str | None = None  # SIGINT / SIGTERM when the run was stopped
 
     @property
     def all_jobs_ok(self) -> bool:
@@ -117,16 +120,18 @@ def _health(spec: RunSpec, files: JobFiles, phase: str) -> object | None:
     return snap
 
 
-def run_backend(spec: RunSpec, rd: RunDir, backend: str) -> JobOutcome:
+def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) -> JobOutcome:
     files = rd.job(backend)
     before = _health(spec, files, "before")
     if before is not None and spec.health.require_healthy:
         from moelab.health.snapshot import require_healthy
 
         require_healthy(before)  # type: ignore[arg-type]
-    outcome = run_job(
-        files, job_argv(spec, rd.path, backend), spec.launch.job_timeout_s, env=job_env(spec, backend)
-    )
+    num_cases, launch = len(spec.cases_for(backend)), spec.launch
+    with watch_job(files.dir, num_cases, launch.world, launch.device, quiet):
+        outcome = run_job(
+            files, job_argv(spec, rd.path, backend), launch.job_timeout_s, env=job_env(spec, backend)
+        )
     after = _health(spec, files, "after")
     if before is not None and after is not None:
         from moelab.health.snapshot import diff, is_suspect
@@ -195,7 +200,11 @@ def is_launching_host(spec: RunSpec) -> bool:
 
 
 def execute(
-    spec: RunSpec, runs_root: Path, db_path: Path, progress: Callable[[str], None] = print
+    spec: RunSpec,
+    runs_root: Path,
+    db_path: Path,
+    progress: Callable[[str], None] = print,
+    quiet: bool = False,
 ) -> RunOutcome:
     # torchrun multi-node runs this on every node with the same run id: a node other than the launching
     # host keeps its copy under node<R>/, so nodes sharing a filesystem (--out, or the default under a
@@ -206,20 +215,28 @@ def execute(
     except FileExistsError:
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
-    for backend in spec.backends:
-        progress(
-            f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
-        )
-        cls = registry.load(backend)
-        if cls.job_kind == "host":
-            outcome = cls.run_host_job(spec, rd.job(backend))
+    with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
+        for backend in spec.backends:
+            if stop.requested:
+                break
+            progress(
+                f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
+            )
+            cls = registry.load(backend)
+            if cls.job_kind == "host":
+                outcome = cls.run_host_job(spec, rd.job(backend))
+            else:
+                outcome = run_backend(spec, rd, backend, quiet)
+            if stop.requested:
+                note_interrupted_job(rd.job(backend), str(stop.signal_name))
+            jobs[backend] = outcome
+            progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
+        if stop.requested:
+            rd.set_status("interrupted", signal=stop.signal_name)
         else:
-            outcome = run_backend(spec, rd, backend)
-        jobs[backend] = outcome
-        progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
-    rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
-    ingested = is_launching_host(spec)
-    if ingested:
-        with open_db(db_path) as con:
-            ingest(con, rd.path)
-    return RunOutcome(spec.run_id, rd.path, jobs, ingested)
+            rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
+        ingested = is_launching_host(spec)
+        if ingested:
+            with open_db(db_path) as con:
+                ingest(con, rd.path)
+    return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name)

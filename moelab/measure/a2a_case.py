@@ -16,6 +16,7 @@ from moelab.launch.rundir import JobFiles
 from moelab.measure import environment, ib_counters
 from moelab.measure.correctness import CaseInputs, Checked, check_case, make_inputs
 from moelab.measure.ops import ops_for
+from moelab.measure.progress_events import ProgressEvents
 from moelab.measure.timing import Clock, Sampled
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.build import OpMeasurement, op_result
@@ -30,6 +31,7 @@ class CaseContext:
     spec: RunSpec
     clock: Clock
     files: JobFiles | None
+    events: ProgressEvents | None = None  # rank 0's progress file: which op of which case is running
 
 
 def case_config(case: CaseSpec) -> CaseConfig:
@@ -62,6 +64,8 @@ def time_ops(
     """Each op in turn, inside its own NVTX range, until its median is stable (TimingSpec)."""
     out = {}
     for op, fn in calls.items():
+        if cc.events is not None:
+            cc.events.case_start(case_id, op)
         rname = range_name(cc.backend.name, op, case_id)
 
         def ranged(fn: Callable[[], object] = fn, rname: str = rname) -> object:

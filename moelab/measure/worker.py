@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
+from moelab.launch.lifeline import die_with_parent
 from moelab.launch.rundir import JobFiles
 from moelab.measure import environment
 from moelab.measure.a2a_case import CaseContext, measure_case
+from moelab.measure.progress_events import ProgressEvents
 from moelab.measure.timing import Clock
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.case_record import CaseRecord
@@ -73,10 +75,12 @@ def run_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent()  # first: if the launcher (torchrun) is killed, this rank must not run on alone
     run_dir, backend_name = Path(argv[0]), argv[1]
     spec = RunSpec.read(run_dir / "spec.json")
     rank, world, local_rank = dist_env(spec)
     files = JobFiles(run_dir, backend_name)
+    events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)
     _redirect_output(files.rank_log(rank))
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
@@ -86,17 +90,18 @@ def main(argv: list[str]) -> int:
         uuid = cuda_uuid(local_rank) if spec.launch.device == "cuda" else None
         binding = apply_binding(resolve_binding(local_rank, uuid=uuid)).to_dict()
         print(f"bound to NUMA: {binding}", flush=True)
-    if spec.launch.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        comm = "nccl"
-        dist.init_process_group(
-            comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s), device_id=device
-        )
-    else:
-        device = torch.device("cpu")
-        comm = "gloo"
-        dist.init_process_group(comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s))
+    with events.timed_setup("communicator"):
+        if spec.launch.device == "cuda":
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+            comm = "nccl"
+            dist.init_process_group(
+                comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s), device_id=device
+            )
+        else:
+            device = torch.device("cpu")
+            comm = "gloo"
+            dist.init_process_group(comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s))
     group = dist.group.WORLD
     ctx = BackendContext(
         rank=rank,
@@ -111,7 +116,8 @@ def main(argv: list[str]) -> int:
     cls = registry.load(backend_name)
     from moelab.e2e import backend_case_config
 
-    backend = cls(ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
+    with events.timed_setup("buffers"):
+        backend = cls(ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
     env = environment.fingerprint(device) | {
         "rank": rank,
         "local_rank": local_rank,
@@ -126,12 +132,14 @@ def main(argv: list[str]) -> int:
         files.write_env(envs)
     clock = Clock(device, group, spec.timing.flush_l2)
     profiled = spec.trace.mode == "nsys" or spec.trace.wrap is not None
-    cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=files)
+    cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=files, events=events)
     with cuda_profiler_range() if profiled else nullcontext():
         for case in cases:
+            events.case_start(case.case_id)
             record = run_case(cc, case)
             if writer:
                 files.append_result(record)
+            events.case_end(case.case_id, record.status)
             print(f"case {case.case_id}: {record.status}", flush=True)
     backend.close()
     dist.barrier(group=group)

@@ -1,0 +1,257 @@
+"""The console's view of a running backend job, from the events its writing rank appends to
+RUN_DIR/BACKEND/progress.jsonl (moelab/measure/progress_events.py).
+
+    with watch_job(files.dir, num_cases, world, device, quiet) as watch:
+        outcome = run_job(...)
+    watch.state.setup_s      # one-time costs seen (JIT, buffers, communicator), seconds
+
+On a terminal: a live bar (case and op running, on how many ranks, cases done/total, elapsed, an
+estimate). Not on a terminal (CI logs, pipes): one plain line per finished case and per one-time cost.
+Under quiet: nothing. The file, not the console, is the record: `one_time_costs(job_dir)` reads it again
+for ingest, so a run recovered after its launcher died keeps its one-time costs too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
+
+from moelab.measure.progress_events import PROGRESS_FILE
+
+POLL_S = 0.25
+
+
+def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Whole events appended to `path` since byte `offset`, and the offset to read from next time.
+    A line still being written (no newline yet) is left for the next read; a garbled line is skipped."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end
+
+
+def _progress_path(job_dir_or_file: Path) -> Path:
+    return job_dir_or_file if job_dir_or_file.suffix == ".jsonl" else job_dir_or_file / PROGRESS_FILE
+
+
+def one_time_costs(job_dir_or_file: Path) -> dict[str, float]:
+    """Seconds per one-time cost (jit, buffers, communicator) of one job, summed over its setup events;
+    empty when the job wrote none. This is what ingest stores per job."""
+    events, _ = read_events(_progress_path(job_dir_or_file))
+    costs: dict[str, float] = {}
+    for e in events:
+        if e.get("event") == "setup" and isinstance(e.get("seconds"), (int, float)):
+            what = str(e.get("what", "other"))
+            costs[what] = costs.get(what, 0.0) + float(e["seconds"])
+    return costs
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 60:
+        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m} min {sec:02d} s"
+
+
+@dataclass
+class JobProgress:
+    """What the events of one job say so far; `apply` folds one event in."""
+
+    num_cases: int
+    started: float = field(default_factory=time.time)
+    done: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    case_id: str | None = None
+    op: str | None = None
+    case_started: float | None = None
+    case_seconds: list[float] = field(default_factory=list)
+    setup_s: dict[str, float] = field(default_factory=dict)
+
+    def apply(self, event: dict[str, Any]) -> None:
+        kind, t = event.get("event"), event.get("t")
+        if kind == "setup":
+            what = str(event.get("what", "other"))
+            self.setup_s[what] = self.setup_s.get(what, 0.0) + float(event.get("seconds") or 0.0)
+        elif kind == "case_start":
+            if event.get("case_id") != self.case_id or event.get("op") is None:
+                self.case_id = event.get("case_id")
+                self.case_started = float(t) if isinstance(t, (int, float)) else time.time()
+            self.op = event.get("op")
+        elif kind == "case_end":
+            self.done += 1
+            self.statuses[str(event.get("status"))] += 1
+            seconds = event.get("seconds")
+            if not isinstance(seconds, (int, float)) and self.case_started is not None and t is not None:
+                seconds = float(t) - self.case_started
+            if isinstance(seconds, (int, float)):
+                self.case_seconds.append(float(seconds))
+            self.case_id, self.op, self.case_started = None, None, None
+
+    def elapsed(self, now: float | None = None) -> float:
+        return (now if now is not None else time.time()) - self.started
+
+    def estimate_left(self, now: float | None = None) -> float | None:
+        """Seconds until the job ends, from the mean time of the cases done so far; None before the
+        first case ends (the first case also pays JIT and warm-up, so the estimate settles after it)."""
+        if not self.case_seconds:
+            return None
+        remaining = max(self.num_cases - self.done, 0)
+        mean = sum(self.case_seconds) / len(self.case_seconds)
+        running = 0.0
+        if self.case_started is not None:
+            running = min((now if now is not None else time.time()) - self.case_started, mean)
+        return max(remaining * mean - running, 0.0)
+
+
+class JobWatch:
+    """Tails one job's progress file on a thread and renders it; see watch_job."""
+
+    def __init__(
+        self, job_dir: Path, num_cases: int, world: int, device: str, quiet: bool, console: Console
+    ) -> None:
+        self.path = job_dir / PROGRESS_FILE
+        self.backend = job_dir.name
+        self.ranks = f"{world} {device} rank{'s' if world != 1 else ''}"
+        self.state = JobProgress(num_cases=num_cases)
+        self.quiet = quiet
+        self.console = console
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    # -- rendering ------------------------------------------------------------------------------------
+    def _eta(self) -> str:
+        left = self.state.estimate_left()
+        return "estimating…" if left is None else f"about {fmt_seconds(left)} left"
+
+    def _running(self) -> str:
+        if self.state.done >= self.state.num_cases:
+            return f"done on {self.ranks}"
+        if self.state.case_id is None:
+            return f"starting on {self.ranks}" if self.state.done == 0 else f"between cases on {self.ranks}"
+        op = f" · {self.state.op}" if self.state.op else ""
+        return f"{self.state.case_id}{op} · {self.ranks}"
+
+    def _line(self, event: dict[str, Any]) -> str | None:
+        kind = event.get("event")
+        if kind == "setup":
+            return f"[{self.backend}] one-time {event.get('what')}: {fmt_seconds(float(event.get('seconds') or 0))}"
+        if kind == "case_end":
+            took = self.state.case_seconds[-1] if self.state.case_seconds else None
+            took_s = f" in {fmt_seconds(took)}" if took is not None else ""
+            return (
+                f"[{self.backend}] case {self.state.done}/{self.state.num_cases} {event.get('case_id')}: "
+                f"{event.get('status')}{took_s} on {self.ranks} · elapsed {fmt_seconds(self.state.elapsed())}"
+                f" · {self._eta()}"
+            )
+        return None
+
+    def _refresh_bar(self) -> None:
+        if self._bar is not None and self._task is not None:
+            self._bar.update(
+                self._task,
+                completed=self.state.done,
+                running=self._running(),
+                elapsed=fmt_seconds(self.state.elapsed()),
+                eta=self._eta(),
+            )
+
+    def poll(self) -> None:
+        """Fold in and show the events appended since the last poll."""
+        events, self._offset = read_events(self.path, self._offset)
+        for event in events:
+            self.state.apply(event)
+            if self.quiet:
+                continue
+            line = self._line(event)
+            if self._bar is not None:
+                if event.get("event") == "setup" and line:
+                    self._bar.console.print(line)
+            elif line:
+                self.console.print(line)
+        self._refresh_bar()
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.poll()
+
+    def start(self) -> None:
+        if not self.quiet and self.console.is_terminal:
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn(f"[{self.backend}]", markup=False),
+                TextColumn("{task.fields[running]}", markup=False),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[elapsed]} · {task.fields[eta]}", markup=False),
+                console=self.console,
+            )
+            self._task = self._bar.add_task(
+                self.backend,
+                total=self.state.num_cases,
+                running=self._running(),
+                elapsed="0 s",
+                eta=self._eta(),
+            )
+            self._bar.start()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"moelab-progress-{self.backend}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll()
+        if self._bar is not None:
+            self._bar.stop()
+        if not self.quiet and self.state.setup_s:
+            parts = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in sorted(self.state.setup_s.items()))
+            self.console.print(f"[{self.backend}] one-time costs (not in any measurement): {parts}")
+
+
+@contextmanager
+def watch_job(
+    job_dir: Path, num_cases: int, world: int, device: str, quiet: bool, console: Console | None = None
+) -> Iterator[JobWatch]:
+    """Show a backend job's progress while the body (the launched job) runs; yields the watch, whose
+    `state.setup_s` holds the job's one-time costs once the body is done."""
+    watch = JobWatch(
+        job_dir,
+        num_cases,
+        world,
+        device,
+        quiet,
+        console or Console(highlight=False, markup=False, soft_wrap=True),
+    )
+    watch.start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
