@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from moelab.accounting.rows import RankRows
 from moelab.cli.main import app
 from moelab.launch.local import JobOutcome
 from moelab.launch.rundir import RunDir
 from moelab.launch.runner import RunOutcome
 from moelab.plan.spec import RunSpec
+from moelab.record.build import OpMeasurement, op_result
+from moelab.record.case_record import CaseRecord
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.verify import measure
@@ -104,12 +107,11 @@ def _fake_measure(spec: RunSpec, runs_root: Path, db_path: Path, progress: Any) 
         files.write_job({"backend": backend, "returncode": 0, "signal": None, "timed_out": False, "duration_s": 1.0,
                          "failed_ranks": [], "stderr_tails": {}, "argv": [], "description": "ok"})  # fmt: skip
         for case in spec.cases_for(backend):
-            rows = [{"rank": r, "recv_rows": 64, "recv_rows_remote": 32, "send_rows": 64, "send_rows_remote": 32,
-                     "rdma_pairs": 64, "rdma_pairs_remote": 0} for r in range(2)]  # fmt: skip
-            ops = {op: {"samples_us": [[100.0] * 5] * 2, "bytes_per_row": 2048, "kernel": None}
-                   for op in ("dispatch", "combine", "pair")}  # fmt: skip
-            files.append_result({"case_id": case.case_id, "backend": backend, "case": case.to_dict(), "world": 2,
-                                 "status": "ok", "reason": None, "rows": rows, "ops": ops, "check": {}})  # fmt: skip
+            rows = tuple(RankRows(rank=r, recv_rows=64, recv_rows_remote=32, send_rows=64, send_rows_remote=32,
+                                  rdma_pairs=64, rdma_pairs_remote=0) for r in range(2))  # fmt: skip
+            ops = tuple(op_result(OpMeasurement(op=op, samples_us=[[100.0] * 5] * 2, bytes_per_row=2048), rows)
+                        for op in ("dispatch", "combine", "roundtrip"))  # fmt: skip
+            files.append_result(CaseRecord(case=case, status="ok", world=2, gpus_per_node=2, rows=rows, ops=ops))
     rd.set_status("complete")
     con = connect(db_path)
     try:

@@ -26,7 +26,7 @@ def _row(run_id: str, **kw: object) -> VerifyRow:
 def test_migration_adds_the_table(tmp_path: Path) -> None:
     con = connect(tmp_path / "m.duckdb")
     try:
-        assert any(m.version == 3 and "library figures" in m.description for m in MIGRATIONS)
+        assert any(m.version == 4 and "library figures" in m.description for m in MIGRATIONS)
         cols = [
             r[0]
             for r in con.execute(
