@@ -63,6 +63,23 @@ def _redirect_output(log_path: Path) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
+def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> None:
+    """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json); later jobs see
+    the file and skip. Rank 0 decides, so every rank runs the same collectives."""
+    from moelab.measure.peaks import measure_peaks
+    from moelab.record.peaks import write_peaks
+
+    path = run_dir / "peaks.json"
+    decision: list[Any] = [not path.exists()] if ctx.rank == 0 else [None]
+    dist.broadcast_object_list(decision, src=0, group=ctx.group)
+    if not decision[0]:
+        return
+    peaks = measure_peaks(Clock(ctx.device, ctx.group, spec.timing.flush_l2), ctx.rank, ctx.world)
+    if ctx.local_rank == 0:
+        write_peaks(path, peaks)
+    print("measured peaks: " + ", ".join(f"{p.name} {p.gbps:.1f} GB/s" for p in peaks), flush=True)
+
+
 def run_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     """One case on this rank, by the case's bench kind; returns the record (the same on every rank)."""
     from moelab.e2e import is_e2e, run_e2e_case
@@ -112,6 +129,8 @@ def main(argv: list[str]) -> int:
         gpus_per_node=spec.launch.gpus_per_node,
         comm_backend=comm,
     )
+    if spec.launch.device == "cuda" and spec.timing.peaks:
+        _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
     cls = registry.load(backend_name)
     from moelab.e2e import backend_case_config

@@ -29,6 +29,7 @@ class TimingSpec:
     pair_reps: int = 5  # e2e layer: samples of `pair_iters` back-to-back layers each
     pair_iters: int = 10
     flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
+    peaks: bool = True  # GPU only: measure this machine's link figures once per run (moelab.measure.peaks)
 
     def __post_init__(self) -> None:
         if self.iters is not None and self.iters < 1:

@@ -82,6 +82,9 @@ def annotate_results(
         bounded = r["op"] in FLAGGED_OPS
         r["frac_recv"] = fraction_of_peak(r["nvl_gbps"], r["peak_gbps"]) if bounded else None
         r["frac_remote"] = fraction_of_peak(r["remote_gbps"], r["peak_gbps"]) if bounded else None
+        # against what this machine's large all_to_all_single really moved (moelab.measure.peaks)
+        measured = r.get("measured_remote_peak_gbps")
+        r["frac_remote_measured"] = fraction_of_peak(r["remote_gbps"], measured) if bounded else None
         r["above_peak"] = None
         where = f"{r['backend']} {r['case_id']} {r['op']}"
         if r["frac_remote"] is not None and r["frac_remote"] > 1:

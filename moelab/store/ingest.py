@@ -17,6 +17,7 @@ import duckdb
 from moelab.launch.rundir import JobFiles, RunDir
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.case_record import CaseRecord, OpResult
+from moelab.record.peaks import read_peaks
 from moelab.store.schema import RUN_TABLES
 from moelab.verify.store import rows_from_run_dir
 
@@ -239,6 +240,8 @@ def collect(run_dir: Path) -> RunRows:
             case_rows(rows, spec, rec, job_suspect)
         health_rows(rows, backend, files)
     rows.tables["library_figures"] = rows_from_run_dir(run_dir)  # written by `moelab verify`
+    for p in read_peaks(run_dir / "peaks.json"):
+        rows.add("measured_peaks", name=p.name, gbps=p.gbps, bytes=p.bytes, definition=p.definition)
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     rows.add(
         "runs", created_at=created, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None), label=spec.label,

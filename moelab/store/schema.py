@@ -109,8 +109,19 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        5,
+        "measured link peaks of each GPU run (moelab.measure.peaks)",
+        (
+            """CREATE TABLE measured_peaks (
+                run_id VARCHAR, name VARCHAR, gbps DOUBLE, bytes BIGINT, definition VARCHAR)""",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
-    "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures",
+    "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
 )  # fmt: skip
 LATEST_VERSION = MIGRATIONS[-1].version

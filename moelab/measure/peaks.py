@@ -1,0 +1,67 @@
+"""This machine's achievable link figures, measured once at the start of a GPU run, so every backend can be
+read as "% of what the hardware really does" beside "% of the datasheet peak".
+
+- `peer_copy_gbps`: every rank sends one large buffer to the rank `shift` places on and receives one from
+  the rank `shift` places back, all at once (NCCL point-to-point in one group): bytes per rank and
+  direction over the slowest rank's median time. What one GPU can push to another through its link.
+- `a2a_algbw_gbps` / `a2a_remote_gbps`: one large all_to_all_single with equal splits: every byte a rank
+  sends (its own share included) and only the bytes to other ranks, over the slowest rank's median time.
+Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json; ingest stores it as it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moelab.measure.timing import Clock
+from moelab.record.peaks import MeasuredPeak
+
+PEAK_BYTES = 256 * 1024 * 1024  # per rank and transfer: well past the link's latency, several times L2
+ITERS = 20
+
+
+def _median_slowest(clock: Clock, fn: Callable[[], object]) -> float:
+    times = clock.sample(fn, ITERS, 3)
+    gathered: list[Any] = [None] * dist.get_world_size(clock.group)  # type: ignore[arg-type]
+    dist.all_gather_object(gathered, times, group=clock.group)  # type: ignore[arg-type]
+    return float(statistics.median(max(v) for v in zip(*gathered, strict=True)))
+
+
+def measure_peaks(clock: Clock, rank: int, world: int) -> list[MeasuredPeak]:
+    dev = clock.device
+    elems = PEAK_BYTES // 2
+    src = torch.ones(elems, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    out = []
+    for shift in range(1, world):
+        to, frm = (rank + shift) % world, (rank - shift) % world
+
+        group: Any = clock.group
+
+        def exchange(to: int = to, frm: int = frm, group: Any = group) -> None:
+            ops = [
+                dist.P2POp(dist.isend, src, to, group=group),
+                dist.P2POp(dist.irecv, dst, frm, group=group),
+            ]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+
+        t = _median_slowest(clock, exchange)
+        out.append(MeasuredPeak(
+            name=f"peer_copy_shift{shift}", gbps=PEAK_BYTES / (t * 1e-6) / 1e9, bytes=PEAK_BYTES,
+            definition=f"every rank sends {PEAK_BYTES >> 20} MiB to the rank {shift} on and receives as much, concurrently (NCCL send/recv in one group): bytes per rank and direction / the slowest rank's median time",
+        ))  # fmt: skip
+    a2a_in = torch.ones(elems, dtype=torch.bfloat16, device=dev)
+    a2a_out = torch.empty_like(a2a_in)
+    t = _median_slowest(clock, lambda: dist.all_to_all_single(a2a_out, a2a_in, group=clock.group))  # type: ignore[arg-type]
+    remote = PEAK_BYTES * (world - 1) // world
+    out.append(MeasuredPeak(name="a2a_algbw", gbps=PEAK_BYTES / (t * 1e-6) / 1e9, bytes=PEAK_BYTES,
+                            definition="all_to_all_single, equal splits: every byte a rank sends (own share included) / the slowest rank's median time"))  # fmt: skip
+    out.append(MeasuredPeak(name="a2a_remote", gbps=remote / (t * 1e-6) / 1e9, bytes=remote,
+                            definition="the same all_to_all_single: only the bytes sent to other ranks / the slowest rank's median time"))  # fmt: skip
+    return out
