@@ -111,7 +111,9 @@ def _fake_measure(spec: RunSpec, runs_root: Path, db_path: Path, progress: Any) 
                                   rdma_pairs=64, rdma_pairs_remote=0) for r in range(2))  # fmt: skip
             ops = tuple(op_result(OpMeasurement(op=op, samples_us=[[100.0] * 5] * 2, bytes_per_row=2048), rows)
                         for op in ("dispatch", "combine", "roundtrip"))  # fmt: skip
-            files.append_result(CaseRecord(case=case, status="ok", world=2, gpus_per_node=2, rows=rows, ops=ops))
+            files.append_result(
+                CaseRecord(case=case, status="ok", world=2, gpus_per_node=2, rows=rows, ops=ops)
+            )
     rd.set_status("complete")
     con = connect(db_path)
     try:
