@@ -59,15 +59,25 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     manifest_path = folder / "manifest.json"
     if not manifest_path.exists():
         raise MoelabError(f"{folder} is not a moelab export (no manifest.json)")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("export_version") != EXPORT_VERSION:
-        raise MoelabError(
-            f"{folder}: export version {manifest.get('export_version')} is not {EXPORT_VERSION}"
-        )
-    fmt = manifest["format"]
-    reader = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}[fmt]
-    for table in manifest["tables"]:
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MoelabError(f"{folder}: manifest.json is not a moelab export manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("export_version") != EXPORT_VERSION:
+        found = manifest.get("export_version") if isinstance(manifest, dict) else None
+        raise MoelabError(f"{folder}: export version {found} is not {EXPORT_VERSION}")
+    fmt = manifest.get("format")
+    readers = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}
+    tables, runs = manifest.get("tables"), manifest.get("runs")
+    if fmt not in readers or not isinstance(tables, list) or not isinstance(runs, list):
+        raise MoelabError(f"{folder}: manifest.json lacks a known format, a table list or a run list")
+    reader = readers[fmt]
+    for table in tables:
+        if table not in RUN_TABLES:
+            raise MoelabError(f"{folder}: manifest names an unknown table {table!r}")
         path = folder / f"{table}.{fmt}"
+        if not path.exists():
+            raise MoelabError(f"{folder}: {path.name} is missing")
         if fmt == "json":
             # typed columns: an empty table or sparse rows must not change types or invent keys
             cols = con.execute(
@@ -79,5 +89,10 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
                 f"INSERT INTO {table} BY NAME SELECT * FROM read_json('{_quote(path)}', format='array', columns={spec})"
             )
         else:
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
-    return list(manifest["runs"])
+            try:
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
+            except duckdb.Error as exc:
+                raise MoelabError(
+                    f"{path}: not a readable {fmt} export table ({str(exc).splitlines()[0]})"
+                ) from None
+    return list(runs)
