@@ -425,20 +425,23 @@ def _print_or_submit(
 
 def print_run_summary(db_path: Path, run_id: str) -> int:
     """Print the results table and any failures; returns how many cases failed or were incorrect."""
+    from moelab.store.order import case_order, op_order
+
     with open_db(db_path, read_only=True) as con:
         rows = con.execute(
-            """
-            SELECT c.backend, c.case_id, r.op, r.median_us, r.p10_us, r.p90_us,
-                   max(CASE WHEN b.definition = 'nvl_recv' THEN b.gbps END) AS nvl_gbps,
-                   max(CASE WHEN b.definition = 'nvl_remote' THEN b.gbps END) AS remote_gbps
+            f"""
+            SELECT c.backend, c.case_id, r.op, r.median_us, r.p10_us, r.p90_us, recv.gbps, remote.gbps
             FROM cases c JOIN results r USING (run_id, backend, case_id)
-            LEFT JOIN bandwidths b USING (run_id, backend, case_id, op)
-            WHERE c.run_id = ? GROUP BY ALL ORDER BY c.backend, c.case_id, r.op
+            LEFT JOIN bandwidths recv ON recv.run_id = r.run_id AND recv.backend = r.backend
+                 AND recv.case_id = r.case_id AND recv.op = r.op AND recv.definition = 'nvl_recv'
+            LEFT JOIN bandwidths remote ON remote.run_id = r.run_id AND remote.backend = r.backend
+                 AND remote.case_id = r.case_id AND remote.op = r.op AND remote.definition = 'nvl_remote'
+            WHERE c.run_id = ? ORDER BY {case_order("c")}, {op_order("r.op")}
             """,
             [run_id],
         ).fetchall()
         other = con.execute(
-            "SELECT backend, case_id, status, reason FROM cases WHERE run_id = ? AND status <> 'ok' ORDER BY backend, case_id",
+            f"SELECT backend, case_id, status, reason FROM cases WHERE run_id = ? AND status <> 'ok' ORDER BY {case_order()}",
             [run_id],
         ).fetchall()
     print_table(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from moelab.store.order import case_order
+
 CASE_KEY_FIELDS = (
     "backend",
     "hidden",
@@ -55,9 +57,9 @@ def key_text(key: CaseKey) -> str:
 
 def load_side(con: duckdb.DuckDBPyConnection, run_id: str, where: str = "database") -> Side:
     rows = con.execute(
-        """SELECT backend, hidden, tokens_per_rank, topk, experts_per_rank, routing, routing_seed, dtype, sms,
+        f"""SELECT backend, hidden, tokens_per_rank, topk, experts_per_rank, routing, routing_seed, dtype, sms,
                   CAST(knobs AS VARCHAR), world, case_id, status, reason
-           FROM cases WHERE run_id = ? ORDER BY backend, case_id""",
+           FROM cases WHERE run_id = ? ORDER BY {case_order()}""",
         [run_id],
     ).fetchall()
     cases: dict[CaseKey, CaseSide] = {}

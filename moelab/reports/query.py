@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 
 from moelab.errors import MoelabError
+from moelab.store.order import case_order, op_order
 
 BANDWIDTH_PIVOT = """
     SELECT run_id, backend, case_id, op,
@@ -83,7 +84,7 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
            FROM cases c JOIN results r USING (run_id, backend, case_id)
            LEFT JOIN bw USING (run_id, backend, case_id, op)
            WHERE c.run_id IN (SELECT run_id FROM _sel)
-           ORDER BY c.backend, c.hidden, c.tokens_per_rank, c.dtype, c.sms NULLS FIRST, r.op, c.run_id"""))  # fmt: skip
+           ORDER BY {case_order("c")}, {op_order("r.op")}, c.run_id"""))  # fmt: skip
     for r in rows:
         r["knobs"] = _json_obj(r["knobs"])
     return rows
@@ -92,13 +93,13 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return dicts(con.execute(
         "SELECT run_id, backend, case_id, status, reason FROM cases SEMI JOIN _sel USING (run_id) "
-        "WHERE status <> 'ok' ORDER BY run_id, backend, case_id"))  # fmt: skip
+        f"WHERE status <> 'ok' ORDER BY run_id, {case_order()}"))  # fmt: skip
 
 
 def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return dicts(con.execute(
         "SELECT run_id, backend, case_id, suspect_reason FROM cases SEMI JOIN _sel USING (run_id) "
-        "WHERE suspect ORDER BY run_id, backend, case_id"))  # fmt: skip
+        f"WHERE suspect ORDER BY run_id, {case_order()}"))  # fmt: skip
 
 
 def jobs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
