@@ -89,7 +89,7 @@ def run_case(
     from moelab.e2e import is_e2e, run_e2e_case
 
     if is_e2e(case.knobs) and not case.skip_reason:
-        return run_e2e_case(backend, case, ctx, spec, clock)
+        return run_e2e_case(backend, case, ctx, spec, clock, files)
     cfg = _case_config(case)
     record: dict[str, Any] = {
         "case_id": case.case_id,
