@@ -13,6 +13,7 @@ from moelab.cli.info_cmds import backends, runs
 from moelab.cli.label_cmd import label
 from moelab.cli.report_cmd import report
 from moelab.cli.run_cmd import run
+from moelab.cli.tune_cmd import tune_command
 
 app = typer.Typer(
     name="moelab",
@@ -42,6 +43,7 @@ def main(
 
 
 app.command("run")(run)
+app.command("tune")(tune_command)
 app.command("backends")(backends)
 app.command("runs")(runs)
 app.command("report")(report)

@@ -7,7 +7,8 @@ CaseConfig with `backend_case_config`.
 Knobs: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
 experts, moelab.e2e.overlap) or "chunked" (the same pipeline over `chunks` token chunks, default 4);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
-forward+backward); `gemm` "auto" (default), "grouped" or "loop".
+forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
+(time the layer alone: `moelab tune`'s early rounds).
 
 Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split` and `gemm_mb*` on the
 whole batch):
@@ -62,7 +63,8 @@ from moelab.plan.workload import Workload
 
 BENCH_KNOB = "bench"
 BENCH_E2E = "e2e"
-E2E_KNOBS = (BENCH_KNOB, "mode", "chunks", "intermediate", "backward", "gemm")
+E2E_KNOBS = (BENCH_KNOB, "mode", "chunks", "intermediate", "backward", "gemm", "profile")
+PROFILES = ("full", "layer")
 MODES = ("serial", "tbo", "chunked")
 OVERLAPPED = ("tbo", "chunked")
 DEFAULT_CHUNKS = 4
@@ -97,6 +99,7 @@ class E2ESettings:
     intermediate: int
     backward: bool
     gemm: str  # as asked: auto / grouped / loop
+    profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> E2ESettings:
@@ -120,12 +123,38 @@ class E2ESettings:
         gemm = knobs.get("gemm", "auto")
         if gemm not in GEMM_IMPLS:
             raise SpecError(f"e2e knob gemm must be one of {', '.join(GEMM_IMPLS)}, got {gemm!r}")
-        return cls(mode=mode, chunks=chunks, intermediate=intermediate, backward=backward, gemm=gemm)
+        profile = knobs.get("profile", "full")
+        if profile not in PROFILES:
+            raise SpecError(f"e2e knob profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        return cls(
+            mode=mode, chunks=chunks, intermediate=intermediate, backward=backward, gemm=gemm, profile=profile
+        )
 
 
 def _metric(name: str, value: float | None, unit: str, definition: str) -> dict[str, Any]:
     kept = float(value) if value is not None and math.isfinite(value) else None
     return {"name": name, "value": kept, "unit": unit, "definition": definition}
+
+
+def _layer_only_metrics(
+    med: Mapping[str, float], settings: E2ESettings, workload: Workload, check: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """profile = layer: the layer's time and throughput only (the other ops were not timed)."""
+    layer, tokens = med["layer"], workload.tokens_per_rank
+    out = [
+        _metric("layer_us", layer, "us", f"median forward layer time ({settings.mode}), slowest rank per iteration"),
+        _metric("tokens_per_s_per_rank", tokens / (layer * 1e-6) if layer > 0 else None, "tokens/s",
+                "tokens per rank / layer time"),
+        _metric("layer_rel_err", check.get("layer_err"), "ratio",
+                "max over ranks of ||out - ref|| / ||ref|| (float32 reference)"),
+    ]  # fmt: skip
+    if settings.backward:
+        fb = med["layer_fwd_bwd"]
+        out.append(
+            _metric("tokens_per_s_per_rank_fwd_bwd", tokens / (fb * 1e-6) if fb > 0 else None, "tokens/s",
+                    "tokens per rank / forward+backward layer time")
+        )  # fmt: skip
+    return out
 
 
 def e2e_metrics(
@@ -137,6 +166,8 @@ def e2e_metrics(
 ) -> list[dict[str, Any]]:
     """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration)."""
     med = {op: summarize(data["samples_us"]).median_us for op, data in ops.items()}
+    if settings.profile == "layer":
+        return _layer_only_metrics(med, settings, workload, check)
     layer, compute = med["layer"], med["compute_only"]
     comm = med["dispatch"] + med["combine"]
     exposed = layer - compute
@@ -379,6 +410,7 @@ def run_e2e_case(
         "intermediate": settings.intermediate,
         "backward": settings.backward,
         "gemm": gemm,
+        "profile": settings.profile,
     }
     record["backend_record"] = backend.record(cfg) | {"e2e": e2e_record}
 
@@ -448,10 +480,13 @@ def run_e2e_case(
         if settings.mode in OVERLAPPED:
             timed["layer_serial"] = lambda: layer.forward(x, idx, w)
             timed["compute_only_split"] = lambda: compute_chunked(layer, split)
+        if settings.profile == "layer":
+            timed = {"layer": timed["layer"]}
         for op, fn in timed.items():
             local[op] = clock.sample(fn, t.iters, t.warmup)
-        clock.sample(under_comm, t.iters, t.warmup)
-        local["gemm_mb_under_comm"] = under_comm.samples(t.iters)
+        if settings.profile == "full":
+            clock.sample(under_comm, t.iters, t.warmup)
+            local["gemm_mb_under_comm"] = under_comm.samples(t.iters)
     if settings.backward:
 
         def fwd_bwd(fwd: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -459,7 +494,7 @@ def run_e2e_case(
             fwd(x.detach().requires_grad_(True)).backward(gout)
 
         local["layer_fwd_bwd"] = clock.sample(lambda: fwd_bwd(forward), t.iters, t.warmup)
-        if settings.mode in OVERLAPPED:
+        if settings.mode in OVERLAPPED and settings.profile == "full":
             local["layer_fwd_bwd_serial"] = clock.sample(
                 lambda: fwd_bwd(lambda xx: layer.forward(xx, idx, w)), t.iters, t.warmup
             )
