@@ -15,6 +15,7 @@ from moelab.e2e.bench import E2ESettings
 from moelab.errors import MoelabError, SpecError
 from moelab.plan.spec import LaunchSpec, TimingSpec
 from moelab.plan.workload import Workload
+from moelab.reports.html import write_report
 from moelab.suites.loader import expand, load_suite
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.presets import PRESETS, preset
@@ -212,5 +213,7 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
     assert (
         trials is not None and trials[0] == trials[1] >= 4
     )  # round 1: 2 schedules; final: both again, the default among them
+    report = write_report(db, [r[0] for r in runs], tmp_path / "report.html")
+    assert "MoE layer: tokens/s vs communication SMs" in report.read_text()
     cases = expand(load_suite(str(suite)), ["nccl-a2a"], world=2)
     assert len(cases) == 1 and cases[0].knobs["bench"] == "e2e" and cases[0].workload.hidden == 64
