@@ -1,7 +1,7 @@
 """The search: successive halving over candidates, each round one stored moelab run.
 
 Round 1 times every backend x schedule at the library default and a coarse SM grid with few iterations;
-the best third (at least two) survive. Round 2 times the survivors again with more iterations, next to
+the best third (at least two, at most four) survive. Round 2 times the survivors again with more iterations, next to
 SM counts between their grid neighbours and with the backend's chunk/queue variants. Round 3 re-times
 the best two, the leader's best SM count joined with its best knobs (round 2 varies one at a time), and
 the winning backend's default settings (serial, library SMs and knobs) with the full
@@ -21,7 +21,8 @@ from moelab.plan.spec import TimingSpec
 from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine
 
 ROUNDS = 3
-KEEP_FRACTION = 3  # round 1 keeps the best 1/3
+KEEP_FRACTION = 3  # round 1 keeps the best 1/3 ...
+MAX_SURVIVORS = 4  # ... at most four: round 2 tries up to seven neighbours and variants of each
 FINALISTS = 2
 
 
@@ -103,7 +104,7 @@ def tune(config: TuneConfig, run_round: RoundRunner) -> TuneResult:
     if not best1:
         reasons = "; ".join(sorted({f"{t.candidate.backend}: {t.reason}" for t in r1 if t.reason}))[:1500]
         raise MoelabError(f"tune: no trial of round 1 ran correctly ({reasons or 'no trials'})")
-    keep = max(2, math.ceil(len(r1) / KEEP_FRACTION))
+    keep = min(MAX_SURVIVORS, max(2, math.ceil(len(r1) / KEEP_FRACTION)))
     survivors = [t.candidate for t in best1[:keep]]
     second = refine(survivors, config.sms_grid, config.sm_control)
     if len(second) > len(survivors):
