@@ -23,7 +23,11 @@ record_stream for the caching allocator.
 
 Every backend is driven with the communication stream current: DeepEP V1 makes its own communication
 stream wait for the current one before it starts and the current one wait for it at the end, so the
-compute stream is never blocked by it; Hybrid-EP runs on the current stream. On CPU the streams are
+compute stream is never blocked by it; Hybrid-EP (no stream or event arguments) runs on the current
+stream. DeepEP's `previous_event` / `async_finish` API gives the same order from the compute stream (its
+stream waits on a recorded event, the caller waits on the returned one); with a communication stream of
+our own the plain calls already order it so, one code path for every backend, and the stream waits it
+would save are two per micro-batch. On CPU the streams are
 no-ops and the same code runs serially, so the schedule is testable with gloo. In backward, autograd
 runs each op's backward on the stream of its forward op, so the gradient dispatches and combines land
 on the communication stream and the expert backward on the compute one.
