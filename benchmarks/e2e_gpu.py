@@ -2,7 +2,7 @@
 layer against the float32 reference on GPU, times it, prints one line per case and writes the records.
 
     torchrun --nproc-per-node 2 benchmarks/e2e_gpu.py --backends nccl-a2a,mxfp8-a2a --experts-per-rank 8 \
-        --modes serial,overlap --sms default,24 --backward --json-dir OUT
+        --modes serial,tbo --sms default,24 --backward --json-dir OUT
 
 Each backend gets its own process group configuration as in a moelab job (one backend after another in
 one job here: a backend that crashes takes the rest of this script with it).
@@ -44,7 +44,7 @@ def _cases(a: argparse.Namespace, backend: str, world: int) -> list[CaseSpec]:
         for sms_text in a.sms.split(","):
             sms = None if sms_text == "default" else int(sms_text)
             knobs: dict[str, Any] = {"bench": "e2e", "mode": mode, "gemm": a.gemm}
-            if mode == "overlap":
+            if mode == "chunked":
                 knobs["chunks"] = a.chunks
             if a.backward:
                 knobs["backward"] = True
@@ -70,8 +70,12 @@ def _line(rec: dict[str, Any]) -> str:
         f"exposed={m['exposed_comm_us']:.0f}us",
         f"gemm={m['gemm_tflops_per_rank']:.0f}TF/s",
     ]
-    if "overlap_efficiency" in m and m["overlap_efficiency"] is not None:
+    if m.get("overlap_efficiency") is not None:
         parts.append(f"overlap_eff={m['overlap_efficiency']:.2f}")
+    if m.get("speedup_vs_serial") is not None:
+        parts.append(f"vs_serial={m['speedup_vs_serial']:.3f}x")
+    if m.get("gemm_slowdown") is not None:
+        parts.append(f"gemm_slowdown={m['gemm_slowdown']:+.1%}")
     if "tokens_per_s_per_rank_fwd_bwd" in m:
         parts.append(
             f"fwd_bwd_tok/s={m['tokens_per_s_per_rank_fwd_bwd']:.3g} gx_err={m['grad_x_rel_err']:.2e} gw_err={m['grad_w_rel_err']:.2e}"
@@ -87,7 +91,7 @@ def main() -> None:
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--experts-per-rank", type=int, default=8)
     p.add_argument("--dtype", default="auto", help="auto: mxfp8 for mxfp8-a2a, fp8 for deepep, else bf16")
-    p.add_argument("--modes", default="serial,overlap")
+    p.add_argument("--modes", default="serial,tbo")
     p.add_argument("--sms", default="default")
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--gemm", default="auto")

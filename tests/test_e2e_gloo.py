@@ -15,7 +15,7 @@ from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.e2e.bench import backend_case_config, run_e2e_case
 from moelab.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
-from moelab.e2e.overlap import Streams, forward_overlapped
+from moelab.e2e.overlap import Streams, forward_pipelined
 from moelab.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
@@ -25,7 +25,7 @@ from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
 INTER = 16
-SCHEDULES = (("serial", 1, "loop"), ("overlap", 3, "loop"), ("overlap", 2, "grouped"))
+SCHEDULES = (("serial", 1, "loop"), ("chunked", 3, "loop"), ("tbo", 2, "grouped"))
 
 
 def _ctx(rank: int, world: int) -> BackendContext:
@@ -67,8 +67,8 @@ def _layer_rank(
         def forward(
             xx: torch.Tensor, layer: MoELayer = layer, mode: str = mode, chunks: int = chunks
         ) -> torch.Tensor:
-            if mode == "overlap":
-                return forward_overlapped(
+            if mode != "serial":
+                return forward_pipelined(
                     layer, xx, r.topk_idx, r.topk_weights, chunks, Streams(torch.device("cpu"))
                 )
             return layer.forward(xx, r.topk_idx, r.topk_weights)
@@ -172,7 +172,7 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
     )
     cases = [
         _case("nccl-a2a", wl, mode="serial", intermediate=INTER),
-        _case("nccl-a2a", wl, mode="overlap", chunks=3, backward=True, intermediate=INTER),
+        _case("nccl-a2a", wl, mode="tbo", backward=True, intermediate=INTER),
         _case("nccl-a2a", wl, sms=16, mode="serial"),
         _case("nccl-a2a", wl, skip="topk 4 > total experts", mode="serial"),
         _case("nccl-a2a", wl, mode="serial", chunks=2),
@@ -180,17 +180,14 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
     records = run_ranks(world, _bench_rank, "nccl-a2a", cases)[0]
     serial, overlap, sms, skipped, bad_knob = records
     assert [r["status"] for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
-    assert "SM control needs NCCL" in sms["reason"] and "needs mode = overlap" in bad_knob["reason"]
-    assert set(serial["ops"]) == {"layer", "compute_only", "gemm", "dispatch", "combine"}
-    assert set(overlap["ops"]) == {
-        "layer",
+    assert "SM control needs NCCL" in sms["reason"] and "needs mode = chunked" in bad_knob["reason"]
+    alone = {"layer", "compute_only", "gemm", "gemm_mb", "gemm_mb_under_comm", "dispatch", "combine"}
+    assert set(serial["ops"]) == alone
+    assert set(overlap["ops"]) == alone | {
         "layer_serial",
-        "compute_only",
-        "compute_only_chunked",
-        "gemm",
-        "dispatch",
-        "combine",
+        "compute_only_split",
         "layer_fwd_bwd",
+        "layer_fwd_bwd_serial",
     }
     for rec in (serial, overlap):
         for op, data in rec["ops"].items():
@@ -212,21 +209,27 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
         } <= names
         assert all(m["value"] is None or np.isfinite(m["value"]) for m in rec["metrics"])
     by_name = {m["name"]: m for m in overlap["metrics"]}
-    assert {"overlap_efficiency", "chunking_overhead_us", "tokens_per_s_per_rank_fwd_bwd"} <= set(by_name)
+    assert {
+        "overlap_efficiency",
+        "speedup_vs_serial",
+        "split_overhead_us",
+        "gemm_slowdown",
+        "tokens_per_s_per_rank_fwd_bwd",
+        "speedup_vs_serial_fwd_bwd",
+    } <= set(by_name)
     assert by_name["grad_x_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
     assert by_name["grad_w_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
-    assert "overlap_efficiency" not in {m["name"] for m in serial["metrics"]}
+    assert "speedup_vs_serial" not in {m["name"] for m in serial["metrics"]}
     assert (
         serial["backend_record"]["e2e"]["mode"] == "serial"
-        and overlap["backend_record"]["e2e"]["chunks"] == 3
+        and overlap["backend_record"]["e2e"]["mode"] == "tbo"
+        and overlap["backend_record"]["e2e"]["chunks"] == 2
     )
 
 
 def test_run_e2e_case_mxfp8_both_ways_and_backward() -> None:
     wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2, dtype="mxfp8")
-    cases = [
-        _case("mxfp8-a2a", wl, mode="overlap", chunks=2, backward=True, intermediate=INTER, quantizer="torch")
-    ]
+    cases = [_case("mxfp8-a2a", wl, mode="tbo", backward=True, intermediate=INTER, quantizer="torch")]
     (rec,) = run_ranks(2, _bench_rank, "mxfp8-a2a", cases)[0]
     assert rec["status"] == "ok", rec.get("reason")
     assert rec["backend_record"]["combine_impl"] == "mxfp8" and rec["backend_record"]["quantizer"] == "torch"
@@ -237,6 +240,6 @@ def test_run_e2e_case_mxfp8_both_ways_and_backward() -> None:
 
 def test_broken_combine_is_incorrect_and_not_timed() -> None:
     wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2)
-    (rec,) = run_ranks(2, _bench_rank, "halved", [_case("halved", wl, mode="overlap", intermediate=INTER)])[0]
+    (rec,) = run_ranks(2, _bench_rank, "halved", [_case("halved", wl, mode="tbo", intermediate=INTER)])[0]
     assert rec["status"] == "incorrect" and "layer output error" in rec["reason"]
     assert "ops" not in rec and rec["check"]["layer_err"] > 0.3

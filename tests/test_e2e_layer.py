@@ -25,7 +25,7 @@ from moelab.e2e.layer import (
     swiglu_ffn,
     ungroup,
 )
-from moelab.e2e.overlap import Streams, chunk_bounds, forward_overlapped
+from moelab.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
 from moelab.e2e.reference import layer_tolerance, reference_layer
 from moelab.errors import SpecError
 from moelab.measure.reference import relative_error
@@ -230,7 +230,46 @@ class Loopback(LoopbackForwardOnly):
         return rows.detach().clone()
 
 
-@pytest.mark.parametrize("mode", ["serial", "overlap"])
+class PhasedLoopback(Loopback):
+    """Loopback with the layout step split from the payload (Backend.phases): records the call order."""
+
+    phases = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
+        self.calls.append(f"layout{topk_idx.shape[0]}")
+        return ("layout", topk_idx.shape[0])
+
+    def dispatch(  # type: ignore[override]
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
+        # without a layout the backend computes its own (the serial layer); with one, the micro-batch's
+        assert layout in (None, ("layout", x.shape[0])), "the schedule passes each micro-batch its own layout"
+        self.calls.append(f"dispatch{x.shape[0]}" + ("" if layout else "-fresh"))
+        return super().dispatch(x, topk_idx, topk_weights)
+
+    def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
+        self.calls.append(f"combine{handle}")
+        return super().combine(expert_out, handle)
+
+
+def test_tbo_computes_each_layout_once_before_any_payload() -> None:
+    wl = Workload(hidden=32, tokens_per_rank=10, topk=2, experts_per_rank=3)
+    r = route(wl, 0, 1)
+    backend = PhasedLoopback()
+    layer = MoELayer(backend, local_expert_weights(0, 0, 3, 32, 8, torch.device("cpu")), 3, "loop")
+    x = layer_tokens(0, 0, 10, 32, "cpu")
+    with torch.no_grad():
+        out = forward_tbo(layer, x, r.topk_idx, r.topk_weights, Streams(torch.device("cpu")))
+        serial = layer.forward(x, r.topk_idx, r.topk_weights)
+    # the pipeline order: both layouts, A's dispatch, B's dispatch (under A's experts), A's combine, B's
+    assert backend.calls[:6] == ["layout5", "layout5", "dispatch5", "dispatch5", "combine5", "combine5"]
+    assert torch.equal(out, serial)
+
+
+@pytest.mark.parametrize("mode", ["serial", "tbo", "chunked"])
 @pytest.mark.parametrize("gemm", ["loop", "grouped"])
 def test_layer_on_one_rank_equals_reference_forward_and_backward(mode: str, gemm: str) -> None:
     if gemm == "grouped" and not HAS_GROUPED:
@@ -243,8 +282,10 @@ def test_layer_on_one_rank_equals_reference_forward_and_backward(mode: str, gemm
     streams = Streams(torch.device("cpu"))
 
     def forward(xx: torch.Tensor) -> torch.Tensor:
-        if mode == "overlap":
-            return forward_overlapped(layer, xx, r.topk_idx, r.topk_weights, 3, streams)
+        if mode == "tbo":
+            return forward_tbo(layer, xx, r.topk_idx, r.topk_weights, streams)
+        if mode == "chunked":
+            return forward_pipelined(layer, xx, r.topk_idx, r.topk_weights, 3, streams)
         return layer.forward(xx, r.topk_idx, r.topk_weights)
 
     with torch.no_grad():
@@ -295,12 +336,16 @@ def test_settings_from_knobs() -> None:
     wl = Workload(hidden=8192)
     s = E2ESettings.from_knobs({"bench": "e2e"}, wl)
     assert (s.mode, s.chunks, s.intermediate, s.backward, s.gemm) == ("serial", 1, 2048, False, "auto")
-    s = E2ESettings.from_knobs({"mode": "overlap", "intermediate": 512, "backward": True}, wl)
-    assert (s.mode, s.chunks, s.intermediate, s.backward) == ("overlap", 4, 512, True)
+    s = E2ESettings.from_knobs({"mode": "chunked", "intermediate": 512, "backward": True}, wl)
+    assert (s.mode, s.chunks, s.intermediate, s.backward) == ("chunked", 4, 512, True)
+    s = E2ESettings.from_knobs({"mode": "tbo"}, wl)
+    assert (s.mode, s.chunks) == ("tbo", 2)
     for knobs, match in (
         ({"mode": "pipelined"}, "mode must be one of"),
-        ({"mode": "serial", "chunks": 2}, "needs mode = overlap"),
-        ({"mode": "overlap", "chunks": 0}, "positive integer"),
+        ({"mode": "overlap"}, "renamed"),
+        ({"mode": "serial", "chunks": 2}, "needs mode = chunked"),
+        ({"mode": "tbo", "chunks": 3}, "needs mode = chunked"),
+        ({"mode": "chunked", "chunks": 0}, "positive integer"),
         ({"intermediate": 3.5}, "positive integer"),
         ({"backward": "yes"}, "true or false"),
         ({"gemm": "cublas"}, "gemm must be one of"),
@@ -310,7 +355,7 @@ def test_settings_from_knobs() -> None:
 
 
 def test_backend_sees_only_its_own_knobs() -> None:
-    knobs = {"bench": "e2e", "mode": "overlap", "chunks": 2, "combine_impl": "bf16"}
+    knobs = {"bench": "e2e", "mode": "chunked", "chunks": 2, "combine_impl": "bf16"}
     assert is_e2e(knobs) and not is_e2e({"combine_impl": "bf16"})
     assert backend_knobs(knobs) == {"combine_impl": "bf16"}
     case = CaseSpec(case_id="c", backend="mxfp8-a2a", workload=Workload(), sms=16, knobs=knobs)
@@ -324,13 +369,15 @@ def _ops(**medians: float) -> dict[str, dict[str, Any]]:
 
 def test_metrics_definitions() -> None:
     wl = Workload(hidden=8, tokens_per_rank=1000)
-    settings = E2ESettings.from_knobs({"mode": "overlap", "intermediate": 4}, wl)
+    settings = E2ESettings.from_knobs({"mode": "tbo", "intermediate": 4}, wl)
     ops = _ops(
         layer=500.0,
         layer_serial=700.0,
         compute_only=300.0,
-        compute_only_chunked=330.0,
+        compute_only_split=330.0,
         gemm=200.0,
+        gemm_mb=100.0,
+        gemm_mb_under_comm=125.0,
         dispatch=150.0,
         combine=150.0,
     )
@@ -338,19 +385,24 @@ def test_metrics_definitions() -> None:
     assert m["tokens_per_s_per_rank"]["value"] == pytest.approx(1000 / 500e-6)
     assert m["exposed_comm_us"]["value"] == pytest.approx(200.0)
     assert m["exposed_comm_share"]["value"] == pytest.approx(0.4)
-    assert m["overlap_efficiency"]["value"] == pytest.approx((700 - 500) / 300)
-    assert m["chunking_overhead_us"]["value"] == pytest.approx(30.0)
+    assert m["overlap_efficiency"]["value"] == pytest.approx((300 - 200) / 300)
+    assert m["speedup_vs_serial"]["value"] == pytest.approx(700 / 500)
+    assert m["split_overhead_us"]["value"] == pytest.approx(30.0)
+    assert m["gemm_slowdown"]["value"] == pytest.approx(0.25)
     assert m["gemm_tflops_per_rank"]["value"] == pytest.approx(6 * 2000 * 8 * 4 / 200e-6 / 1e12)
     assert m["layer_rel_err"]["value"] == 0.004
     assert all(set(d) == {"name", "value", "unit", "definition"} and d["definition"] for d in m.values())
     serial = E2ESettings.from_knobs({}, wl)
-    names = {
-        d["name"]
+    by_name = {
+        d["name"]: d["value"]
         for d in e2e_metrics(
-            _ops(layer=1.0, compute_only=1.0, gemm=1.0, dispatch=1.0, combine=1.0), serial, wl, [1], {}
+            _ops(layer=5.0, compute_only=2.0, gemm=1.0, gemm_mb=1.0, gemm_mb_under_comm=1.0, dispatch=1.5,
+                 combine=1.5),
+            serial, wl, [1], {},
         )
-    }
-    assert "overlap_efficiency" not in names and "layer_rel_err" in names
+    }  # fmt: skip
+    assert "speedup_vs_serial" not in by_name and "layer_rel_err" in by_name
+    assert by_name["overlap_efficiency"] == pytest.approx(0.0)  # serial: nothing hidden
 
 
 def test_e2e_suite_expands_into_e2e_cases_for_every_listed_backend() -> None:
@@ -359,7 +411,7 @@ def test_e2e_suite_expands_into_e2e_cases_for_every_listed_backend() -> None:
     assert cases and all(is_e2e(c.knobs) for c in cases)
     nccl = [c for c in cases if c.backend == "nccl-a2a"]
     assert {(c.knobs["mode"], c.sms) for c in nccl} == {
-        (m, s) for m in ("serial", "overlap") for s in (None, 16, 24, 32)
+        (m, s) for m in ("serial", "tbo") for s in (None, 16, 24, 32)
     }
     assert all(c.skip_reason is None and c.workload.hidden == 8192 and c.workload.topk == 8 for c in cases)
     for c in cases:

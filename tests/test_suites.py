@@ -100,12 +100,12 @@ def test_backend_sections_override_and_add_knobs(tmp_path: Path) -> None:
     text = BASE + (
         '[axes]\nsms = ["default"]\n'
         '[backend.deepep.workload]\ndtype = "fp8"\n'
-        '[backend.deepep.axes]\nmode = ["serial", "overlap"]\n'
+        '[backend.deepep.axes]\nmode = ["serial", "tbo"]\n'
     )
     cases = expand(load_suite(str(_write(tmp_path, text))), ["nccl-a2a", "deepep"], world=2)
     by_backend = {b: [c for c in cases if c.backend == b] for b in ("nccl-a2a", "deepep")}
     assert [(c.workload.dtype, c.knobs) for c in by_backend["nccl-a2a"]] == [("bf16", {})]
-    assert sorted(c.knobs["mode"] for c in by_backend["deepep"]) == ["overlap", "serial"]
+    assert sorted(c.knobs["mode"] for c in by_backend["deepep"]) == ["serial", "tbo"]
     assert all(c.workload.dtype == "fp8" for c in by_backend["deepep"])
     assert all("mode=" in c.case_id for c in by_backend["deepep"])
 

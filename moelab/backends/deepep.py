@@ -422,3 +422,16 @@ class DeepEPBackend(Backend):
                 list(c),
             )  # Config(sms, nvl chunk, nvl buf, rdma chunk, rdma buf)
         return out
+
+    def dispatch_with_handle(self, rows: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
+        """Send one row per source token (`rows` [T, H] bf16, the gradient of combine's output) along an
+        earlier dispatch's handle: [R, H] bf16 in that dispatch's received order. The backward of combine
+        (moelab.e2e), as DeepEP's README has it: a dispatch with the forward's handle (cached layout, no
+        host wait). fp8 workloads send the gradient as fp8 with per-128 scales, as their forward did
+        (V1's intranode bf16 dispatch at hidden 8192 breaks the TMA staging limit); dequantized here."""
+        payload: Any = rows
+        if self._case is not None and self._case.workload.dtype == "fp8":
+            x_fp8, scales = common.per_token_cast_to_fp8(rows)
+            payload = (x_fp8, scales.T.contiguous().T)
+        got = self._engine.dispatch(payload, rows, rows, handle, self._num_experts())  # cached: along `handle`
+        return got.recv_x_float().to(torch.bfloat16) if got.recv_scales is not None else got.recv_x

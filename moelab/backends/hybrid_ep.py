@@ -368,6 +368,7 @@ class HybridEPBackend(Backend):
             handle is not None and not self._settings.permute
         ):  # keep the layout()'s handle, now with ids/weights
             handle.recv_topk_idx, handle.recv_topk_weights = d.recv_topk_idx, d.recv_topk_weights
+            handle.num_permuted = d.handle.num_permuted  # received rows: what a backward dispatch passes
         d.handle.recv_topk_idx, d.handle.recv_topk_weights = d.recv_topk_idx, d.recv_topk_weights
         return d
 
@@ -427,3 +428,40 @@ class HybridEPBackend(Backend):
             "fp8_cast": "outside (once per input)" if case.workload.dtype == "fp8" else None,
             "library_figure": "hybrid_ep_rank0_bytes_over_mean_time (tests/test_hybrid_ep.py _report_bw)",
         }
+
+    def dispatch_with_handle_reason(self) -> str | None:
+        """Why the prepared case cannot send rows along a handle (the e2e layer's backward), or None."""
+        if self._settings.permute:
+            return (
+                "hybrid-ep backward: the plain path only (the permute paths' dispatch with a cached handle "
+                "returns expert-major padded rows; run backward with permute = false)"
+            )
+        return None
+
+    def dispatch_with_handle(self, rows: torch.Tensor, handle: HybridHandle) -> torch.Tensor:
+        """Send one row per source token (`rows` [T, H] bf16, the gradient of combine's output) along an
+        earlier dispatch's handle: [R, H] bf16 in that dispatch's received order. The backward of combine
+        (moelab.e2e), as Hybrid-EP's docstring has it (`dispatch_in_backward`): `dispatch(hidden, handle=...)`
+        with the received row count passed, so there is no host sync. fp8 cases send fp8 with per-128
+        scales, as their forward (the buffer was built for fp8), dequantized here; bf16 rows are copied out
+        of the library's receive buffer, which the next dispatch reuses."""
+        assert self._case is not None
+        fp8 = self._case.workload.dtype == "fp8"
+        scales: torch.Tensor | None = None
+        hidden = rows
+        if fp8:
+            x_fp8, scales = common.per_token_cast_to_fp8(rows)
+            hidden, scales = x_fp8.view(torch.uint8), scales.contiguous()
+        token, _, recv_scales, _ = self._buf.dispatch(
+            hidden=hidden, scaling_factor=scales, handle=handle.lib, num_dispatched_tokens=handle.num_permuted
+        )
+        if not fp8:
+            return token.clone()  # type: ignore[no-any-return]
+        got = Dispatched(
+            recv_x=token.view(torch.float8_e4m3fn),
+            recv_topk_idx=token.new_empty(0),
+            recv_topk_weights=token.new_empty(0),
+            handle=None,
+            recv_scales=recv_scales,
+        )
+        return got.recv_x_float().to(torch.bfloat16)

@@ -14,6 +14,7 @@ from moelab.cli.ingest_cmd import ingest
 from moelab.cli.label_cmd import label
 from moelab.cli.report_cmd import report
 from moelab.cli.run_cmd import run
+from moelab.cli.tune_cmd import tune_command
 from moelab.cli.verify_cmd import verify
 
 app = typer.Typer(
@@ -45,6 +46,7 @@ def main(
 
 app.command("run")(run)
 app.command("verify")(verify)
+app.command("tune")(tune_command)
 app.command("backends")(backends)
 app.command("runs")(runs)
 app.command("report")(report)

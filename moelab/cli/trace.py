@@ -15,7 +15,8 @@ from moelab.tracing.torch_trace import summarize_chrome_trace
 
 app = typer.Typer(
     help="Summarise profiler traces: API time, kernel-only time and kernel shares per range.\n\n"
-    "Example: moelab trace summarize runs/RUN/nccl-a2a/traces/CASE/rank0.json",
+    "Example: moelab trace summarize runs/RUN/nccl-a2a/traces/CASE/rank0.json\n\n"
+    "moelab trace overlap TRACE: how much communication ran under the expert GEMMs (e2e layer traces).",
     no_args_is_help=True,
 )
 
@@ -76,3 +77,33 @@ def summarize(
             )
     if rows:
         print_table(["range", "kind", "name", "count", "us/inst", "share"], rows)
+
+
+@app.command("overlap")
+@user_errors
+def overlap(
+    trace: Path = typer.Argument(..., help="Chrome trace (.json/.json.gz) of an e2e case (--trace torch)"),
+    prefix: str = typer.Option("moelab/", "--prefix", help="Only ranges whose name starts with this"),
+) -> None:
+    """Per range (the overlapped and the serial layer of an e2e case): communication kernel time, GEMM
+    kernel time, and how much of the communication ran while a GEMM ran.
+
+    Example: moelab trace overlap runs/RUN/deepep/traces/CASE/rank0.json
+    """
+    from moelab.tracing.overlap import kernel_overlap
+
+    if not trace.exists():
+        raise MoelabError(f"no trace at {trace}")
+    rows = kernel_overlap(trace, prefix)
+    if not rows:
+        console.print(f"no ranges starting with {prefix!r} in {trace}")
+        return
+    print_table(
+        ["range", "count", "span us/inst", "comm us/inst", "gemm us/inst", "overlap us/inst", "comm hidden"],
+        [
+            (r.op, r.instances, r.span_us / r.instances, r.comm_us / r.instances, r.gemm_us / r.instances,
+             r.overlap_us / r.instances, "—" if r.hidden_fraction is None else f"{100 * r.hidden_fraction:.0f}%")
+            for r in rows
+        ],
+        title=str(trace),
+    )  # fmt: skip

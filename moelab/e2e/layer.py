@@ -17,8 +17,15 @@ combine. Grouping needs one host synchronisation per dispatch (the number of pai
 
 Backward: the gradient of dispatch is a combine of the received rows' gradients along the same handle;
 the gradient of combine is a dispatch of the output gradient along the same handle, which needs the
-backend's optional `dispatch_with_handle(rows, handle)` (nccl-a2a and mxfp8-a2a have it). Routing
-weights are inputs, not parameters: no gradient flows to them (the router is not part of the layer).
+backend's optional `dispatch_with_handle(rows, handle)` (every built-in backend has it: nccl-a2a and
+mxfp8-a2a an all_to_all_single along the splits, DeepEP V1 `Buffer.dispatch(x, handle=...)`, Hybrid-EP
+`HybridEPBuffer.dispatch(hidden, handle=...)`), and may say why it cannot for a case through
+`dispatch_with_handle_reason()` (asked after prepare). Routing weights are inputs, not parameters: no
+gradient flows to them (the router is not part of the layer).
+
+Layout: where the backend splits the layout step from the payload (`Backend.phases`, with
+`layout(topk_idx, topk_weights)` and `dispatch(..., layout=...)`), the schedules compute a micro-batch's
+layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.layout` returns None).
 """
 
 from __future__ import annotations
@@ -233,13 +240,27 @@ def ungroup(y: torch.Tensor, g: Grouped) -> torch.Tensor:
 
 
 def supports_backward(backend: Backend) -> str | None:
-    """None when the layer can run backward through `backend`, else why not."""
+    """None when the layer can run backward through `backend` (prepared for the case), else why not."""
     if not callable(getattr(backend, "dispatch_with_handle", None)):
         return (
             f"{backend.name} has no dispatch_with_handle(rows, handle): the backward of combine needs "
             "to send output gradients along the forward dispatch's handle"
         )
-    return None
+    reason = getattr(backend, "dispatch_with_handle_reason", None)
+    return reason() if callable(reason) else None
+
+
+def has_phases(backend: Backend) -> bool:
+    """The backend splits the layout step from the payload dispatch (the lead's Backend.phases)."""
+    return bool(getattr(backend, "phases", False))
+
+
+def backend_dispatch(
+    backend: Backend, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any
+) -> Dispatched:
+    if layout is None:
+        return backend.dispatch(x, topk_idx, topk_weights)
+    return backend.dispatch(x, topk_idx, topk_weights, layout=layout)  # type: ignore[call-arg]
 
 
 class _DispatchFn(torch.autograd.Function):
@@ -252,9 +273,10 @@ class _DispatchFn(torch.autograd.Function):
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
         backend: Backend,
+        layout: Any,
         out: list[Dispatched],
     ) -> torch.Tensor:  # type: ignore[override]
-        d = backend.dispatch(x, topk_idx, topk_weights)
+        d = backend_dispatch(backend, x, topk_idx, topk_weights, layout)
         out.append(d)
         ctx.backend, ctx.handle = backend, d.handle
         return received_payload(d)
@@ -262,7 +284,7 @@ class _DispatchFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         grad_x = ctx.backend.combine(grad_recv.to(torch.bfloat16).contiguous(), ctx.handle)
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
 
 
 class _CombineFn(torch.autograd.Function):
@@ -292,13 +314,21 @@ class MoELayer:
         self.experts_per_rank = experts_per_rank
         self.gemm = gemm
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Received:
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
+        """The backend's layout of this routing (None when the backend has no layout step of its own)."""
+        if not has_phases(self.backend):
+            return None
+        return self.backend.layout(topk_idx, topk_weights)  # type: ignore[attr-defined]
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Received:
         if torch.is_grad_enabled() and x.requires_grad:
             got: list[Dispatched] = []
-            recv_x = _DispatchFn.apply(x, topk_idx, topk_weights, self.backend, got)
+            recv_x = _DispatchFn.apply(x, topk_idx, topk_weights, self.backend, layout, got)
             d = got[0]
         else:
-            d = self.backend.dispatch(x, topk_idx, topk_weights)
+            d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
             recv_x = received_payload(d)
         grouped = group_by_expert(recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank)
         return Received(grouped=grouped, handle=d.handle)

@@ -1,25 +1,36 @@
-"""Chunked overlap of communication and expert compute.
+"""Overlap of communication and expert compute: two micro-batches (TBO) or N token chunks.
 
-The rank's tokens are split into N contiguous chunks. Dispatch and combine run on a communication
-stream, the expert compute on a compute stream, ordered by events:
+The rank's tokens are split into micro-batches (contiguous token ranges). Dispatch and combine run on a
+communication stream, the expert compute on a compute stream, ordered by events:
 
-    comm:     D0 D1 C0 D2 C1 ... D(n-1) C(n-2) C(n-1)
-    compute:     E0    E1    E2 ...            E(n-1)
+    comm:     L0 L1 | D0 D1 C0 D2 C1 ... D(n-1) C(n-2) C(n-1)
+    compute:        |    E0    E1    E2 ...            E(n-1)
 
-so the dispatch of chunk i+1 and the combine of chunk i-1 run while chunk i's experts compute. Ei
-waits for Di's event, Ci for Ei's. The grouping of received rows (the permute, which copies them out of
-the backend's reused receive buffer) runs on the communication stream as part of Di, so the next
-dispatch may overwrite that buffer while Ei computes. Tensors that cross streams are kept alive until
-the end and marked with record_stream for the caching allocator.
+so the dispatch of micro-batch i+1 and the combine of i-1 run while i's experts compute. With n = 2 this
+is the two-batch overlap of DeepSeek-V3's training and SGLang's serving (mode `tbo`): B's dispatch runs
+under A's expert GEMMs, A's combine under B's. Mode `chunked` is the same pipeline with n chunks.
 
-Every backend is driven this way: it is called with the communication stream current (DeepEP V1 makes
-its own stream wait for the current one before it starts, and the current one wait for it at the end).
-A backend whose handle or buffers do not survive the next chunk's dispatch fails the correctness check,
-which runs in the case's own mode. DeepEP's `async_finish`/event API is not used: it would save one
-stream wait per chunk but needs a per-backend code path; a backend-specific schedule can come later.
-On CPU the streams are no-ops and the same code runs serially, so the schedule is testable with gloo.
-In backward, autograd runs each op's backward on the stream of its forward op, so the gradient
-dispatches and combines land on the communication stream and the expert backward on the compute one.
+The layout step (routing metadata exchange, the host synchronisation of a fresh dispatch) runs once per
+micro-batch, all of them before the first payload (L0 L1 above), when the backend splits layout from
+dispatch (`Backend.phases`): the host then never waits for the communication stream in the middle of
+the pipeline, and the payload dispatches are launched without host syncs. A backend without the split
+computes its layout inside each dispatch (one host sync per micro-batch, mid-pipeline).
+
+Ei waits for Di's event, Ci for Ei's. The grouping of received rows (the permute, which copies them out
+of the backend's reused receive buffer) runs on the communication stream as part of Di, so the next
+dispatch may overwrite that buffer while Ei computes. Tensors that cross streams are marked with
+record_stream for the caching allocator.
+
+Every backend is driven with the communication stream current: DeepEP V1 makes its own communication
+stream wait for the current one before it starts and the current one wait for it at the end, so the
+compute stream is never blocked by it; Hybrid-EP (no stream or event arguments) runs on the current
+stream. DeepEP's `previous_event` / `async_finish` API gives the same order from the compute stream (its
+stream waits on a recorded event, the caller waits on the returned one); with a communication stream of
+our own the plain calls already order it so, one code path for every backend, and the stream waits it
+would save are two per micro-batch. On CPU the streams are
+no-ops and the same code runs serially, so the schedule is testable with gloo. In backward, autograd
+runs each op's backward on the stream of its forward op, so the gradient dispatches and combines land
+on the communication stream and the expert backward on the compute one.
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ from collections.abc import Iterator
 import torch
 
 from moelab.e2e.layer import MoELayer, Received
+
+TBO_MICRO_BATCHES = 2
 
 
 def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
@@ -86,27 +99,28 @@ class Streams:
             current.wait_stream(self.compute)
 
 
-def forward_overlapped(
+def forward_pipelined(
     layer: MoELayer,
     x: torch.Tensor,
     topk_idx: torch.Tensor,
     topk_weights: torch.Tensor,
-    chunks: int,
+    micro_batches: int,
     streams: Streams,
 ) -> torch.Tensor:
-    """The layer over `chunks` token chunks, communication of one chunk overlapping compute of another."""
-    bounds = chunk_bounds(x.shape[0], chunks)
+    """The layer over `micro_batches` token ranges, communication of one overlapping compute of another."""
+    bounds = chunk_bounds(x.shape[0], micro_batches)
     n = len(bounds)
     received: list[Received | None] = [None] * n
     dispatched: list[torch.cuda.Event | None] = [None] * n
-    expert_outs: list[torch.Tensor | None] = [None] * n
     outs: list[torch.Tensor] = []
     streams.begin()
+    with streams.on(streams.comm):  # every host sync of the layouts before the first payload
+        layouts = [layer.layout(topk_idx[a:b], topk_weights[a:b]) for a, b in bounds]
 
     def dispatch(i: int) -> None:
         a, b = bounds[i]
         with streams.on(streams.comm):
-            received[i] = layer.dispatch(x[a:b], topk_idx[a:b], topk_weights[a:b])
+            received[i] = layer.dispatch(x[a:b], topk_idx[a:b], topk_weights[a:b], layout=layouts[i])
             dispatched[i] = streams.record(streams.comm)
 
     dispatch(0)
@@ -119,13 +133,13 @@ def forward_overlapped(
                 streams.hand_over(t, streams.compute)
             y = layer.experts(r)
             computed = streams.record(streams.compute)
-        expert_outs[i] = y
         if i + 1 < n:
             dispatch(i + 1)
         with streams.on(streams.comm):
             streams.wait(streams.comm, computed)
             streams.hand_over(y, streams.comm)
             outs.append(layer.combine(y, r))
+        received[i] = None
     streams.end()
     current = torch.cuda.current_stream() if streams.cuda else None
     for o in outs:
@@ -133,6 +147,13 @@ def forward_overlapped(
     return torch.cat(outs) if n > 1 else outs[0]
 
 
+def forward_tbo(
+    layer: MoELayer, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, streams: Streams
+) -> torch.Tensor:
+    """Two-batch overlap: micro-batch B's dispatch under A's experts, A's combine under B's experts."""
+    return forward_pipelined(layer, x, topk_idx, topk_weights, TBO_MICRO_BATCHES, streams)
+
+
 def compute_chunked(layer: MoELayer, received: list[Received]) -> list[torch.Tensor]:
-    """The expert compute of pre-dispatched chunks, back to back (the compute the overlapped layer does)."""
+    """The expert compute of pre-dispatched micro-batches, back to back (what the overlapped layer computes)."""
     return [layer.experts(r) for r in received]

@@ -86,7 +86,7 @@ def run_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     from moelab.e2e.record import e2e_case_record
 
     if is_e2e(case.knobs) and not case.skip_reason:
-        d = run_e2e_case(cc.backend, case, cc.ctx, cc.spec, cc.clock)
+        d = run_e2e_case(cc.backend, case, cc.ctx, cc.spec, cc.clock, cc.files)
         return e2e_case_record(case, d, cc.ctx.world, cc.ctx.gpus_per_node)
     return measure_case(cc, case)
 

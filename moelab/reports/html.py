@@ -14,7 +14,7 @@ import duckdb
 import jinja2
 
 from moelab.errors import MoelabError
-from moelab.reports import compare, query, sections, verification
+from moelab.reports import compare, e2e_section, query, sections, verification
 from moelab.reports.peaks import PeakTable, load_peaks
 from moelab.store.db import open_db
 
@@ -40,6 +40,7 @@ class ReportData:
     traces: list[dict[str, Any]] = field(default_factory=list)
     case_metrics: list[dict[str, Any]] = field(default_factory=list)
     library_figures: list[dict[str, Any]] = field(default_factory=list)  # moelab verify rows
+    e2e: list[dict[str, Any]] = field(default_factory=list)  # e2e_section.build blocks
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
     above_peak_note: str = sections.ABOVE_PEAK_NOTE
@@ -81,6 +82,7 @@ def load(
     tok_charts, data.fits = sections.token_sweeps(results, ids, draw)
     data.charts = sm_charts + tok_charts or sections.fallback_bars(results, ids, draw)
     data.comparisons = _comparisons(results, env, data.runs, peaks)
+    data.e2e = e2e_section.build(e2e_section.e2e_rows(con), draw)
     return data
 
 

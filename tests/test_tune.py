@@ -1,0 +1,219 @@
+"""`moelab tune`: the search space, successive halving against a scripted objective, the emitted suite and
+settings, presets and flag errors, and one real CPU (gloo) tune through the CLI whose trials are stored."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from moelab.cli.main import app
+from moelab.e2e.bench import E2ESettings
+from moelab.errors import MoelabError, SpecError
+from moelab.plan.spec import LaunchSpec, TimingSpec
+from moelab.plan.workload import Workload
+from moelab.reports.html import write_report
+from moelab.suites.loader import expand, load_suite
+from moelab.tune.emit import framework_settings, suite_toml, summary_lines
+from moelab.tune.presets import PRESETS, preset
+from moelab.tune.search import Trial, TuneConfig, TuneResult, full_product, tune
+from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine, sm_neighbours
+from moelab.tune.trials import TrialPlan
+
+BACKENDS = ("nccl-a2a", "deepep", "hybrid-ep")
+TIMINGS = (TimingSpec(iters=1), TimingSpec(iters=2), TimingSpec(iters=3))
+
+
+def test_coarse_grid_and_neighbours() -> None:
+    c = coarse(["deepep"], (8, 16, 32), sm_control=True)
+    assert len(c) == 2 * 4 and Candidate.make("deepep", "tbo", None) in c
+    assert coarse(["nccl-a2a"], (8, 16), sm_control=False) == [
+        Candidate.make("nccl-a2a", "serial", None),
+        Candidate.make("nccl-a2a", "tbo", None),
+    ]
+    assert sm_neighbours(16, (8, 16, 32, 64)) == [12, 24]
+    assert sm_neighbours(8, (8, 16)) == [12] and sm_neighbours(None, (8, 16)) == []
+    assert all(s % 2 == 0 for s in sm_neighbours(10, (8, 16, 32)))  # DeepEP: even SM counts only
+
+
+def test_refine_adds_neighbours_and_knob_variants_once() -> None:
+    s = Candidate.make("deepep", "tbo", 16)
+    out = refine([s, s], (8, 16, 32), sm_control=True)
+    assert out[0] == s and len(out) == len(set(out))
+    assert {c.sms for c in out} == {12, 16, 24}
+    assert {c.knobs for c in out if c.sms == 16} >= {(("nvl_chunk", 12),), (("combine_nvl_chunk", 16),)}
+    assert refine([Candidate.make("nccl-a2a", "tbo", None)], (8,), sm_control=False) == [
+        Candidate.make("nccl-a2a", "tbo", None)
+    ]
+    assert knob_variants(Candidate.make("hybrid-ep", "tbo", 16)) == [{"combine_sms": 8}, {"combine_sms": 24}]
+
+
+def _score(c: Candidate) -> float:
+    """A scripted objective: deepep best, at 24 SMs, under tbo, with nvl_chunk 32; hybrid-ep close behind."""
+    base = {"deepep": 100.0, "hybrid-ep": 95.0, "nccl-a2a": 60.0}[c.backend]
+    sms = 20 if c.sms is None else c.sms
+    s = base - abs(sms - 24) * 0.5 + (10 if c.mode == "tbo" else 0)
+    return s + (3 if dict(c.knobs).get("nvl_chunk") == 32 else 0)
+
+
+class Scripted:
+    def __init__(self, fail: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.rounds: list[tuple[int, list[Candidate], TimingSpec]] = []
+        self.fail = fail
+
+    def __call__(self, n: int, cands: Sequence[Candidate], timing: TimingSpec) -> list[Trial]:
+        self.rounds.append((n, list(cands), timing))
+        return [
+            Trial(round=n, candidate=c, run_id=f"run{n}", case_id=c.describe(),
+                  status="failed" if c.backend in self.fail else "ok",
+                  tokens_per_s=None if c.backend in self.fail else _score(c), reason="boom" if c.backend in self.fail else None)
+            for c in cands
+        ]  # fmt: skip
+
+
+def test_successive_halving_finds_the_best_with_a_bounded_cost() -> None:
+    config = TuneConfig(backends=BACKENDS, sms_grid=(8, 16, 32, 64), sm_control=True, timings=TIMINGS)
+    runner = Scripted()
+    result = tune(config, runner)
+    assert result.winner.candidate == Candidate.make("deepep", "tbo", 24, {"nvl_chunk": 32})
+    assert result.winner.round == 3 and [r[0] for r in runner.rounds] == [1, 2, 3]
+    assert [r[2].iters for r in runner.rounds] == [1, 2, 3]  # more iterations as candidates get fewer
+    assert len(result.trials) < result.full_product == full_product(config)
+    assert result.default is not None and result.default.candidate == default_candidate("deepep")
+    assert result.runner_up is not None and result.runner_up.candidate != result.winner.candidate
+    final = runner.rounds[2][1]
+    # the two best of round 2 (one varied the SMs, one the knobs), the two joined, the default
+    assert len(final) == 4 and default_candidate("deepep") in final
+    margin = result.margin(result.winner, result.default)
+    assert margin == pytest.approx(_score(result.winner.candidate) / _score(default_candidate("deepep")) - 1)
+    assert len(result.run_ids) == 3
+
+
+def test_failed_backends_drop_out_and_all_failing_is_an_error() -> None:
+    config = TuneConfig(backends=BACKENDS, sms_grid=(16, 32), sm_control=True, timings=TIMINGS)
+    result = tune(config, Scripted(fail={"deepep"}))
+    assert result.winner.candidate.backend == "hybrid-ep"
+    assert any(t.status == "failed" for t in result.trials)
+    with pytest.raises(MoelabError, match="no trial of round 1"):
+        tune(config, Scripted(fail=set(BACKENDS)))
+
+
+def _plan(tmp_path: Path, backward: bool = False) -> TrialPlan:
+    return TrialPlan(
+        workload=Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=4), dtypes={"deepep": "fp8"},
+        intermediate=64, backward=backward, launch=LaunchSpec(nproc_per_node=2, gpus_per_node=2),
+        runs_root=tmp_path, db_path=tmp_path / "db.duckdb", tune_id="abc123",
+    )  # fmt: skip
+
+
+def _trial(c: Candidate, value: float = 1000.0) -> Trial:
+    return Trial(round=3, candidate=c, run_id="r", case_id="x", status="ok", tokens_per_s=value)
+
+
+@pytest.mark.parametrize(
+    "cand",
+    [
+        Candidate.make("deepep", "tbo", 24, {"nvl_chunk": 32}),
+        Candidate.make("hybrid-ep", "serial", None),
+        Candidate.make("nccl-a2a", "tbo", 16),
+    ],
+    ids=lambda c: c.describe(),
+)
+def test_the_winners_suite_reruns_exactly_the_winning_case(tmp_path: Path, cand: Candidate) -> None:
+    plan = _plan(tmp_path)
+    path = tmp_path / "w.toml"
+    path.write_text(suite_toml(plan, _trial(cand)))
+    cases = expand(load_suite(str(path)), [cand.backend], world=2)
+    want = plan.case_for(cand, "full")
+    assert [(c.case_id, c.sms, c.knobs, c.workload) for c in cases] == [
+        (want.case_id, want.sms, want.knobs, want.workload)
+    ]
+    E2ESettings.from_knobs(cases[0].knobs, cases[0].workload)
+
+
+def test_framework_settings_name_each_librarys_knobs(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    deepep = "\n".join(
+        framework_settings(plan, _trial(Candidate.make("deepep", "tbo", 24, {"nvl_chunk": 32})))
+    )
+    assert "Buffer.set_num_sms(24)" in deepep and "deep_ep.Config(24, 32" in deepep
+    assert "--moe-deepep-num-sms 24" in deepep and "two-batch overlap" in deepep
+    hybrid = "\n".join(
+        framework_settings(plan, _trial(Candidate.make("hybrid-ep", "serial", 16, {"combine_sms": 8})))
+    )
+    assert (
+        "num_sms_dispatch_api=16, num_sms_combine_api=8" in hybrid and "--moe-hybridep-num-sms 16" in hybrid
+    )
+    nccl = "\n".join(framework_settings(plan, _trial(Candidate.make("nccl-a2a", "tbo", 16))))
+    assert "min_ctas = max_ctas = 16" in nccl
+    default = "\n".join(framework_settings(plan, _trial(Candidate.make("deepep", "serial", None))))
+    assert "set_num_sms(20)" in default and "serial" in default
+
+
+def test_summary_states_margins(tmp_path: Path) -> None:
+    w, r, d = (
+        _trial(Candidate.make("deepep", m, s), v)
+        for m, s, v in (("tbo", 24, 1200.0), ("tbo", 16, 1000.0), ("serial", None, 800.0))
+    )
+    result = TuneResult(trials=(w, r, d), winner=w, runner_up=r, default=d, full_product=40, run_ids=("r",))
+    text = "\n".join(summary_lines(_plan(tmp_path), result))
+    assert "+20.0%" in text and "+50.0%" in text and "3 trials" in text and "40" in text
+
+
+def test_presets() -> None:
+    assert preset("deepseek-v3").experts_per_rank(8) == 32 and PRESETS["deepseek-v3"].hidden == 7168
+    assert preset("mixtral-8x7b").topk == 2 and preset("qwen3-moe").intermediate == 1536
+    with pytest.raises(SpecError, match="do not split evenly"):
+        preset("mixtral-8x7b").experts_per_rank(3)
+    with pytest.raises(SpecError, match="unknown preset"):
+        preset("gpt-5")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--preset", "gpt-5"], "unknown preset"),
+        (["--backend", "nope"], "unknown backend"),
+        (["--sms", "8,x"], "whole numbers"),
+        (["--intermediate", "0"], "intermediate"),
+        (["--topk", "9", "--experts-per-rank", "2", "--gpus", "2"], "topk"),
+    ],
+)
+def test_bad_flags_are_one_error_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["tune", "--cpu", "--db", str(tmp_path / "t.duckdb"), *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error:") and message in result.stderr, result.stderr
+    assert not (tmp_path / "t.duckdb").exists()
+
+
+@pytest.mark.slow
+def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
+    db, suite = tmp_path / "t.duckdb", tmp_path / "winner.toml"
+    result = CliRunner().invoke(
+        app,
+        ["tune", "--cpu", "--backend", "nccl-a2a", "--hidden", "64", "--intermediate", "16",
+         "--tokens-per-rank", "32", "--topk", "2", "--experts-per-rank", "2", "--iters", "3",
+         "--db", str(db), "--out", str(tmp_path / "runs"), "--suite-out", str(suite)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "winner:" in out and "margin over the runner-up" in out and "margin over the default" in out
+    assert "[backend." in out and "Megatron-Core" in out
+    with duckdb.connect(str(db), read_only=True) as con:
+        runs = con.execute("SELECT run_id, label, suite FROM runs ORDER BY run_id").fetchall()
+        trials = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM cases WHERE run_id IN (SELECT run_id FROM runs)"
+        ).fetchone()
+        labels = {r[0] for r in con.execute("SELECT label FROM labels").fetchall()}
+    assert len(runs) >= 2 and all(r[2] == "tune" and r[1].startswith("tune-") for r in runs)
+    assert labels == {r[1] for r in runs}
+    assert (
+        trials is not None and trials[0] == trials[1] >= 4
+    )  # round 1: 2 schedules; final: both again, the default among them
+    report = write_report(db, [r[0] for r in runs], tmp_path / "report.html")
+    assert "MoE layer: tokens/s vs communication SMs" in report.read_text()
+    cases = expand(load_suite(str(suite)), ["nccl-a2a"], world=2)
+    assert len(cases) == 1 and cases[0].knobs["bench"] == "e2e" and cases[0].workload.hidden == 64
