@@ -12,7 +12,9 @@ from typing import Any
 
 import duckdb
 import jinja2
+import markupsafe
 
+from moelab.display import safe_text
 from moelab.errors import MoelabError
 from moelab.reports import compare, query, sections
 from moelab.reports.peaks import PeakTable, load_peaks
@@ -102,11 +104,22 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_finalize,
     )
     env.filters["md"] = _md_cell
     env.filters["pct"] = _pct
     env.globals["fmtnum"] = _fmtnum
     return env
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed value without control bytes (autoescape covers markup, not ESC or BEL): stored
+    labels, reasons and log tails may hold them. Markup (the drawn charts) stays markup."""
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(safe_text(value, keep_newlines=True))
+    if isinstance(value, str):
+        return safe_text(value, keep_newlines=True)
+    return value
 
 
 def render(data: ReportData, fmt: str = "html") -> str:

@@ -43,16 +43,15 @@ def select_runs(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
 
 
 def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    from moelab.store.labels import names_by_run
+
     rows = dicts(con.execute(
         """SELECT r.run_id, r.created_at, r.label, r.suite, r.status, r.backends, r.device, r.world, r.nodes,
-                  r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir,
-                  (SELECT list(l.label ORDER BY l.label) FROM labels l WHERE l.run_id = r.run_id) AS labels
+                  r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir
            FROM runs r SEMI JOIN _sel USING (run_id) ORDER BY r.created_at, r.run_id"""))  # fmt: skip
+    names = names_by_run(con)
     for r in rows:
-        names = list(r["labels"] or [])
-        if r["label"] and r["label"] not in names:
-            names.insert(0, r["label"])
-        r["labels"] = names
+        r["labels"] = names.get(r["run_id"], [])
     return rows
 
 
