@@ -12,6 +12,7 @@ import typer
 
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
+from moelab.cli.failures import print_failures
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.rundir import now_iso
@@ -283,6 +284,7 @@ def run(
         with open_db(db_path) as con:
             set_label(con, spec.run_id, label)
     failed = print_run_summary(db_path, spec.run_id)
+    print_failures(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")
     if report is not None:
         from moelab.reports.html import write_report

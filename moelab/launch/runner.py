@@ -14,6 +14,7 @@ from pathlib import Path
 
 import moelab
 from moelab.errors import MoelabError
+from moelab.health import contention
 from moelab.launch import commands
 from moelab.launch.local import JobOutcome, run_job
 from moelab.launch.rundir import JobFiles, RunDir
@@ -119,9 +120,11 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str) -> JobOutcome:
         from moelab.health.snapshot import require_healthy
 
         require_healthy(before)  # type: ignore[arg-type]
-    outcome = run_job(
-        files, job_argv(spec, rd.path, backend), spec.launch.job_timeout_s, env=job_env(spec, backend)
-    )
+    with contention.ContentionMonitor(spec.run_id, own_busy=spec.launch.nproc_per_node) as monitor:
+        outcome = run_job(
+            files, job_argv(spec, rd.path, backend), spec.launch.job_timeout_s, env=job_env(spec, backend)
+        )
+    contention.write_findings(files.dir, monitor.findings)
     after = _health(spec, files, "after")
     if before is not None and after is not None:
         from moelab.health.snapshot import diff, is_suspect
@@ -191,6 +194,7 @@ def execute(
     except FileExistsError:
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
+    registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
     for backend in spec.backends:
         progress(
             f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
@@ -203,9 +207,11 @@ def execute(
             outcome = run_backend(spec, rd, backend)
         jobs[backend] = outcome
         progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
+    registration.close()
     rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
     ingested = is_launching_host(spec)
     if ingested:
         with open_db(db_path) as con:
             ingest(con, rd.path)
+            contention.mark_spread_suspects(con, spec.run_id)
     return RunOutcome(spec.run_id, rd.path, jobs, ingested)

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from moelab.accounting.bandwidth import count_rows
 from moelab.backends import registry
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.launch.diagnosis import install_stack_dumps, record_worker_error
 from moelab.launch.rundir import JobFiles
 from moelab.measure import checks, environment, ib_counters
 from moelab.measure.reference import make_tokens, reference_dispatch
@@ -245,6 +246,7 @@ def main(argv: list[str]) -> int:
     rank, world, local_rank = dist_env(spec)
     files = JobFiles(run_dir, backend_name)
     _redirect_output(files.rank_log(rank))
+    install_stack_dumps(files.dir, rank)  # faulthandler on SIGUSR1 (the launcher's timeout) and SIGTERM
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
     if spec.launch.bind == "numa":
@@ -308,7 +310,8 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException as exc:
         traceback.print_exc()
+        record_worker_error(sys.argv[1:], exc)  # RUN_DIR/BACKEND/rank<R>.error.json
         sys.stderr.flush()
         os._exit(1)  # skip interpreter teardown: a wedged process group must not hang the exit

@@ -41,6 +41,7 @@ class ReportData:
     health: list[dict[str, Any]] = field(default_factory=list)
     traces: list[dict[str, Any]] = field(default_factory=list)
     case_metrics: list[dict[str, Any]] = field(default_factory=list)
+    failure_ranks: list[dict[str, Any]] = field(default_factory=list)
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
     above_peak_note: str = sections.ABOVE_PEAK_NOTE
@@ -73,7 +74,7 @@ def load(
         runs=query.runs(con), environment=env, results=results, not_measured=query.not_measured(con),
         jobs=query.jobs(con), definitions=query.definitions(con), suspects=query.suspects(con),
         health=query.health(con), traces=sections.trace_links(query.traces(con), trace_base),
-        case_metrics=query.case_metrics(con), peaks_source=peaks.source,
+        case_metrics=query.case_metrics(con), peaks_source=peaks.source, failure_ranks=query.failure_ranks(con),
     )  # fmt: skip
     data.nodes = sections.nodes_panel(env, peaks)
     data.flags = sections.annotate_results(results, env, peaks)

@@ -14,6 +14,8 @@ from typing import Any
 import duckdb
 
 from moelab.accounting.bandwidth import RankRows, bandwidths, library_figure
+from moelab.health.contention import job_suspect_reason
+from moelab.launch.diagnosis import diagnosis_rows
 from moelab.launch.rundir import RunDir
 from moelab.measure.stats import summarize
 from moelab.store.schema import RUN_TABLES
@@ -89,6 +91,7 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
             (job or {}).get("duration_s"), json.dumps((job or {}).get("failed_ranks", [])),
             json.dumps({str(k): v for k, v in (job or {}).get("stderr_tails", {}).items()}), json.dumps((job or {}).get("argv", [])),
         ))  # fmt: skip
+        tables.setdefault("failure_diagnosis", []).extend(diagnosis_rows(spec.run_id, files.dir))
         for env in files.read_env():
             env0 = env0 or env
             tables["environment"].append((
@@ -98,7 +101,7 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
                 json.dumps(env.get("library_versions", {})), json.dumps(env.get("env_vars", {})), json.dumps(env),
             ))  # fmt: skip
         records = {r["case_id"]: r for r in files.read_results()}
-        suspect = _suspect(files.dir / "health_diff.json")
+        suspect = job_suspect_reason(files.dir, _suspect(files.dir / "health_diff.json"))
         for case in spec.cases_for(backend):
             rec = records.get(case.case_id)
             if rec is None:
