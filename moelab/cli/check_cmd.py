@@ -52,7 +52,7 @@ def check(
 ) -> None:
     """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
 
-    Example: moelab check --baseline results/baseline-h200x2 --junit check.xml
+    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL)
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")

@@ -17,6 +17,7 @@ from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.rundir import now_iso
 from moelab.launch.runner import execute, is_launching_host, new_run_id
+from moelab.plan.case_list import print_case_list
 from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.store.labels import set_label
@@ -132,8 +133,9 @@ def run(
         "--wrap",
         help="Run each rank under a tool, e.g. 'ncu --profile-from-start off -o {out}'; {out} and {rank} are expanded",
     ),
-    case: list[str] = typer.Option(
-        [], "--case", help="Run only these case ids (see the suite's expansion in a --dry-run)"
+    case: list[str] = typer.Option([], "--case", help="Run only these case ids (--list-cases prints them)"),
+    list_cases: bool = typer.Option(
+        False, "--list-cases", help="Print the case ids this suite, backends and flags expand to, and exit"
     ),
     bind: str | None = typer.Option(
         None, "--bind", help="numa: pin each rank to the CPUs and memory of its GPU's NUMA node"
@@ -226,6 +228,8 @@ def run(
                 f"no case {unknown[0]!r} in this run; cases are: {', '.join(sorted({c.case_id for c in cases}))[:1500]}"
             )
         cases = [c for c in cases if c.case_id in case]
+    if list_cases:
+        return print_case_list(cases)
     runnable = [c for c in cases if not c.skip_reason]
     if not runnable:
         raise SpecError(cases[0].skip_reason if cases else f"suite {suite_obj.name} has no cases")
