@@ -58,6 +58,17 @@ def suspect_lines(con: Any, run_id: str, shown: int = 10) -> list[str]:
     return out[:shown]
 
 
+def nothing_measured_reason(db_path: Path, run_id: str) -> str | None:
+    """`nothing_measured` over the stored run's case statuses: the reason line, or None."""
+    from moelab.plan.validate import nothing_measured
+
+    with open_db(db_path, read_only=True) as con:
+        statuses = [
+            r[0] for r in con.execute("SELECT status FROM cases WHERE run_id = ?", [run_id]).fetchall()
+        ]
+    return nothing_measured(statuses)
+
+
 def print_failures(db_path: Path, run_id: str) -> int:
     """Print why jobs failed and which measured cases are suspect, for a stored run; returns the lines."""
     with open_db(db_path, read_only=True) as con:

@@ -12,13 +12,14 @@ import typer
 
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
-from moelab.cli.failures import print_failures
+from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.rundir import now_iso
 from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import print_case_list
 from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.plan.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.store.labels import set_label
 from moelab.suites.loader import expand, load_suite
@@ -154,12 +155,19 @@ def run(
     health: bool = typer.Option(
         True, "--health/--no-health", help="Health snapshot (NVML, sysfs) before and after each backend job"
     ),
+    allow_empty: bool = typer.Option(
+        False,
+        "--allow-empty",
+        help="Exit 0 even when every case was unsupported or skipped (nothing measured)",
+    ),
 ) -> None:
     """Run dispatch/combine benchmarks: each backend as its own torchrun job, results stored in DuckDB.
 
     Example: moelab run --backend nccl-a2a --experts-per-rank 8 --sms default,16,24 --report report.html
     """
-    names = parse_list(backend, str, "backend") or []
+    names = dedupe_backends(parse_list(backend, str, "backend") or [])
+    run_id = validate_run_id(run_id) if run_id is not None else None
+    label = validate_label(label) if label is not None else None
     paths = _parse_backend_paths(backend_path)
     for name in names:
         if name == NCCL_TESTS:
@@ -289,13 +297,16 @@ def run(
             set_label(con, spec.run_id, label)
     failed = print_run_summary(db_path, spec.run_id)
     print_failures(db_path, spec.run_id)
+    empty = None if allow_empty else nothing_measured_reason(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")
     if report is not None:
         from moelab.reports.html import write_report
 
         path = write_report(db_path, [spec.run_id], report)
         console.print(f"report: {path}")
-    if failed or not outcome.all_jobs_ok:
+    if empty:
+        console.print(f"error: {empty}")
+    if failed or not outcome.all_jobs_ok or empty:
         raise typer.Exit(1)
 
 
