@@ -40,7 +40,9 @@ def test_nothing_measured_exits_1_unless_allowed(tmp_path: Path, db_path: Path) 
             *SMALL, "--hidden", "100"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output
-    assert "error: nothing was measured: every case is unsupported or skipped (1 unsupported)" in result.output
+    assert (
+        "error: nothing was measured: every case is unsupported or skipped (1 unsupported)" in result.output
+    )
     allowed = CliRunner().invoke(app, [*args, "--allow-empty"])
     assert allowed.exit_code == 0, allowed.output
     con = duckdb.connect(str(db_path), read_only=True)
