@@ -5,6 +5,7 @@ into it as an old database (before labels were checked) could hold one."""
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ def db(tmp_path: Path) -> Path:
     build_db(path, tmp_path / "runs", [
         RunModel(run_id="rA", created_at="2026-11-20T07:00:00+00:00", label="nightly", iters=5),
         RunModel(run_id="rB", created_at="2026-11-21T07:00:00+00:00", iters=5),
+        RunModel(run_id="rC", created_at="2026-11-19T07:00:00+00:00", iters=5),
     ])  # fmt: skip
     return path
 
@@ -37,7 +39,7 @@ def test_hostile_label_in_an_old_database_is_escaped_everywhere(db: Path, tmp_pa
     con = connect(db)
     try:
         con.execute("UPDATE runs SET label = ? WHERE run_id = 'rB'", [HOSTILE])
-        con.execute("INSERT INTO labels (label, run_id) VALUES (?, 'rB')", [HOSTILE + "2"])
+        con.execute("INSERT INTO labels (label, run_id) VALUES (?, 'rC')", [HOSTILE + "2"])
         con.execute("UPDATE cases SET status = 'failed', reason = ? WHERE run_id = 'rB'", ["boom" + HOSTILE])
     finally:
         con.close()
@@ -55,6 +57,18 @@ def test_hostile_label_in_an_old_database_is_escaped_everywhere(db: Path, tmp_pa
         text = write_report(db, ["rA", "rB"], tmp_path / f"r.{fmt}", fmt=fmt).read_text()
         _no_control(text)
         assert "\\x1b[31mRED" in text
+    junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
+    r = runner.invoke(app, ["check", "--baseline", HOSTILE + "2", "--run", "rA", "--db", str(db),
+                            "--junit", str(junit), "--summary", str(summary)])  # fmt: skip
+    assert r.exit_code in (0, 1), r.output
+    _no_control(r.output)
+    assert "\\x1b[31mRED" in r.output
+    for path in (junit, summary):
+        _no_control(path.read_text())
+    ET.parse(junit)  # still well-formed XML
+    r = runner.invoke(app, ["check", "--baseline", HOSTILE, "--run", "rB", "--db", str(db)])
+    assert r.exit_code == 2 and r.output.startswith("error: ")  # an error message quoting stored text
+    _no_control(r.output)
 
 
 def test_a_label_that_moves_shows_on_its_new_run_only(db: Path, tmp_path: Path) -> None:

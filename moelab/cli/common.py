@@ -23,7 +23,7 @@ DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the us
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"error: {first}", file=sys.stderr)
+    print(f"error: {safe_text(first)}", file=sys.stderr)  # messages quote user input and stored strings
     return typer.Exit(code)
 
 
