@@ -4,7 +4,14 @@ iteration a step) and the GPU kernel breakdown by kernel type and by kernel.
 
     python benchmarks/hta_check.py RUN_DIR/nccl-a2a/traces/CASE
 
-Needs HTA (PyPI `HolisticTraceAnalysis`; imports pandas, plotly, networkx, pydot, psutil, pyyaml).
+Needs HTA (PyPI `HolisticTraceAnalysis` 0.5.0). Its metadata also asks for jupyterlab and pytest, which it
+does not import; on a machine without the internet, carry these wheels and install them with --no-deps
+(numpy is already there; match --python-version to the machine's python3):
+
+    pip download --no-deps --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \
+        -d .wheels/hta HolisticTraceAnalysis==0.5.0 pandas pytz plotly narwhals networkx pydot pyparsing \
+        psutil python-dateutil six tzdata PyYAML        # about 30 MB
+    pip install --no-deps --no-index .wheels/hta/*.whl
 Exit code 1 when HTA finds no profiler step, or (unless --cpu) an empty kernel breakdown.
 """
 
@@ -35,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("hta").setLevel(logging.ERROR)
     analyzer = TraceAnalysis(trace_dir=str(args.trace_dir), include_last_profiler_step=True)
     steps = analyzer.get_profiler_steps()
-    print(f"profiler steps seen by HTA: {steps}")
+    print(f"profiler steps seen by HTA: {[int(s) for s in steps]}")
     ok = bool(steps)
     if args.cpu:
         return 0 if ok else 1
