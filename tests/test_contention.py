@@ -207,3 +207,38 @@ def test_a_run_beside_another_is_marked_suspect_and_says_why(db_path: Path, tmp_
     finally:
         con.close()
     assert rows and all(s and "moelab-run: another moelab run (someone-elses-run" in r for s, r in rows)
+
+
+def _orphan(*args: str) -> int:
+    """A sleeping python that is not below us (its shell parent exits at once), with `args` on its line."""
+    line = " ".join([sys.executable, "-c", "'import time; time.sleep(60)'", *args])
+    out = subprocess.run(
+        ["sh", "-c", f"{line} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout.strip())
+
+
+def test_our_processes_include_children_and_processes_naming_the_run() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    rank = _orphan("/runs/run-xyz/nccl-a2a")  # as an srun rank: a child of slurmstepd, naming our run dir
+    stranger = _orphan("/runs/other-run/nccl-a2a")
+    try:
+        own = contention.our_processes("run-xyz")
+        assert os.getpid() in own and child.pid in own and rank in own
+        assert stranger not in own
+        assert rank not in contention.our_processes("run-abc")
+    finally:
+        child.kill()
+        child.wait()
+        for pid in (rank, stranger):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_history_stays_bounded(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(contention, "HISTORY_MAX_BYTES", 2000)
+    for i in range(60):
+        with contention.register(f"r{i}", root):
+            pass
+    size = (root / "history.jsonl").stat().st_size
+    assert size < 4000
+    assert "r59" in (root / "history.jsonl").read_text()

@@ -87,9 +87,20 @@ def _entry_path(root: Path, run_id: str, pid: int) -> Path:
     return root / f"{run_id}.{pid}.run.json"  # the pid too: torchrun nodes of one run may share a host
 
 
+HISTORY_MAX_BYTES = 1 << 20
+
+
 def _append_history(root: Path, record: dict[str, Any]) -> None:
-    with (root / "history.jsonl").open("a") as fh:
+    """One line per start and end; past HISTORY_MAX_BYTES the older half is dropped (days-old runs
+    overlap no job that is still being checked)."""
+    with (root / "history.jsonl").open("a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
+        if fh.tell() > HISTORY_MAX_BYTES:
+            fh.seek(0)
+            lines = fh.readlines()
+            fh.seek(0)
+            fh.truncate()
+            fh.writelines(lines[len(lines) // 2 :])
         fh.write(json.dumps(record) + "\n")
 
 
@@ -261,11 +272,21 @@ def check(
     return found + load_findings(own_busy)
 
 
-def _our_processes() -> list[int]:
-    """This launcher and every process below it (the job's agent and ranks): their GPU use is ours."""
+def our_processes(run_id: str) -> list[int]:
+    """Processes whose GPU use is ours: this launcher and every process below it (torchrun's agent and
+    ranks), and any process whose command line names the run (srun's ranks are children of slurmstepd,
+    not of us; their arguments hold RUN_DIR, which ends in the run id). A rank inside a container whose
+    pids NVML reports from another namespace cannot be matched and counts as another process."""
     from moelab.launch.diagnosis import with_descendants
 
-    return with_descendants([os.getpid()])
+    own = set(with_descendants([os.getpid()]))
+    needle = run_id.encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in own:
+            with contextlib.suppress(OSError):
+                if needle in (entry / "cmdline").read_bytes():
+                    own.add(int(entry.name))
+    return sorted(own)
 
 
 class ContentionMonitor:
@@ -278,7 +299,7 @@ class ContentionMonitor:
         own_pids: Callable[[], Sequence[int]] | None = None,
     ) -> None:  # fmt: skip
         self.run_id, self.own_busy, self.interval_s, self.root = run_id, own_busy, interval_s, root
-        self.own_pids = own_pids or _our_processes
+        self.own_pids = own_pids or (lambda: our_processes(run_id))
         self.findings: list[ContentionFinding] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="moelab-contention", daemon=True)
