@@ -174,6 +174,27 @@ def test_consequences_do_not_hide_the_cause(tmp_path: Path) -> None:
     assert diag.tails[0].endswith("Connection closed by peer\n")
 
 
+def test_the_earliest_cause_is_the_root(tmp_path: Path) -> None:
+    """Rank 1 raised first; rank 0 aborted later (as NCCL's watchdog does after a peer failed)."""
+    (tmp_path / "rank1.error.json").write_text(
+        json.dumps({"type": "ValueError", "message": "bad", "traceback": ""})
+    )
+    (tmp_path / "rank1.log").write_text("ValueError: bad\n")
+    (tmp_path / "rank0.log").write_text(
+        "Fatal Python error: Aborted\n\nCurrent thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/x/moelab/measure/worker.py", line 9 in main\n'
+    )
+    os.utime(tmp_path / "rank1.error.json", (1000, 1000))
+    os.utime(tmp_path / "rank0.log", (2000, 2000))
+    diag = read_diagnosis(tmp_path)
+    assert diag.headline() == "rank 1: ValueError: bad; rank 0: Fatal Python error: Aborted"
+    assert [s.line() for s in diag.stacks] == ["rank 0 crashed at worker.py:9 in main"]
+    os.utime(tmp_path / "rank0.log", (500, 500))
+    assert (
+        read_diagnosis(tmp_path).headline() == "rank 0: Fatal Python error: Aborted; rank 1: ValueError: bad"
+    )
+
+
 def test_install_is_harmless_when_nothing_happens(tmp_path: Path) -> None:
     code = "import sys; from pathlib import Path; from moelab.launch.diagnosis import install_stack_dumps; " \
         "install_stack_dumps(Path(sys.argv[1]), 0); print('ok')"  # fmt: skip

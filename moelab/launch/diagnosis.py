@@ -160,6 +160,7 @@ class RankError:
     message: str
     traceback: str
     source: str  # "exception" (rank<R>.error.json) or "fatal" (faulthandler in the rank log)
+    at: float | None = None  # when it was written (file mtime): the earliest cause is the root
 
     @property
     def is_consequence(self) -> bool:
@@ -198,12 +199,11 @@ class JobDiagnosis:
 
     @property
     def root_cause(self) -> RankError | RankStack | None:
-        """The first error that is not a consequence of another rank's (else the first error); with no
-        error, the stack of a rank stuck at the timeout."""
+        """The earliest error that is not a consequence of another rank's (a lost peer, a collective
+        timeout), else the earliest error; with no error, the stack of a rank stuck at the timeout."""
         causes = [e for e in self.errors if not e.is_consequence] or list(self.errors)
-        fatal = [e for e in causes if e.source == "fatal"]
-        if fatal or causes:
-            return (fatal or causes)[0]
+        if causes:
+            return min(causes, key=lambda e: (e.at if e.at is not None else float("inf"), e.rank))
         stacks = [s for s in self.stacks if s.trigger == "timeout"] or list(self.stacks)
         return stacks[0] if stacks else None
 
@@ -239,6 +239,7 @@ def _read_error(path: Path, rank: int) -> RankError | None:
         message=str(data.get("message") or ""),
         traceback=str(data.get("traceback") or ""),
         source="exception",
+        at=path.stat().st_mtime,
     )
 
 
@@ -304,8 +305,9 @@ def _from_log(rank: int, log: Path) -> tuple[RankError | None, RankStack | None]
     error = None
     if fatal:
         error = RankError(
-            rank=rank, type="Fatal Python error", message=fatal["what"], traceback=dump, source="fatal"
-        )
+            rank=rank, type="Fatal Python error", message=fatal["what"], traceback=dump, source="fatal",
+            at=log.stat().st_mtime,
+        )  # fmt: skip
     return error, stack
 
 
