@@ -12,6 +12,8 @@ test-segv = moelab_testplugins:SegfaultBackend
 test-raise = moelab_testplugins:RaiseBackend
 test-hang = moelab_testplugins:HangBackend
 test-hang-all = moelab_testplugins:HangAllBackend
+test-ctor-raise = moelab_testplugins:CtorRaiseBackend
+test-abort = moelab_testplugins:AbortBackend
 """
 
 

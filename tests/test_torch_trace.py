@@ -60,6 +60,13 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
     assert times["pair"].calls == 8  # 4 instances × 2 calls each, from the trace's own metadata
     assert times["dispatch"].calls == 4 and times["dispatch"].kernel_us is None
     assert times["dispatch"].to_record()["kernels"]
+    steps = sorted(
+        int(e["name"].removeprefix("ProfilerStep#"))
+        for e in data["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+    )
+    # one step per profiled iteration (4 dispatch + 4 pair), plus the empty one the last step() opens
+    assert steps[:8] == list(range(8)) and len(steps) in (8, 9)
 
 
 def _traced_a2a_rank(rank: int, world: int, out_dir: str) -> dict[str, Any]:

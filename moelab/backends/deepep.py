@@ -433,5 +433,7 @@ class DeepEPBackend(Backend):
         if self._case is not None and self._case.workload.dtype == "fp8":
             x_fp8, scales = common.per_token_cast_to_fp8(rows)
             payload = (x_fp8, scales.T.contiguous().T)
-        got = self._engine.dispatch(payload, rows, rows, handle, self._num_experts())  # cached: along `handle`
+        got = self._engine.dispatch(
+            payload, rows, rows, handle, self._num_experts()
+        )  # cached: along `handle`
         return got.recv_x_float().to(torch.bfloat16) if got.recv_scales is not None else got.recv_x

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.display import safe_text
 from moelab.errors import MoelabError
 from moelab.gate import outputs
 from moelab.gate.baseline import candidate_run, load_baseline
@@ -52,7 +53,7 @@ def check(
 ) -> None:
     """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
 
-    Example: moelab check --baseline results/baseline-h200x2 --junit check.xml
+    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL)
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
@@ -69,11 +70,11 @@ def check(
     result = decide(base, cand, policy, described)
     if matched(result) == 0 and not result.failing:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
-    console.print(f"baseline: {described}; run: {cand_id}")
+    console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
     table = outputs.rows(result, include_unchanged=show_all)
     if table:
         print_table(outputs.COLUMNS, table)
-    console.print(outputs.headline(result))
+    console.print(safe_text(outputs.headline(result)))
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary is not None:
         _write(summary, outputs.markdown(result))

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from moelab.display import format_time_us, safe_text
 from moelab.errors import MoelabError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -22,7 +23,7 @@ DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the us
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"error: {first}", file=sys.stderr)
+    print(f"error: {safe_text(first)}", file=sys.stderr)  # messages quote user input and stored strings
     return typer.Exit(code)
 
 
@@ -39,13 +40,34 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+TIME_SUFFIX = " µs"
+FOLD_COLUMNS = {
+    "case": 30, "reason": 20, "note": 20, "description": 20, "label": 12, "command": 20, "workload": 20, "plan": 12,
+}  # fmt: skip
+
+
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    table = Table(title=title, show_lines=False)
-    for c in columns:
-        table.add_column(str(c), overflow="fold")
+    """A rich table of stored values: every string escaped (`safe_text`: stored labels, reasons and names
+    may hold control bytes), columns headed `... µs` printed in the unit that fits each figure. Short
+    columns (figures, ops, backends, run ids) never wrap, so on a narrow terminal the long text columns
+    (case ids, reasons) give up width and fold, at least FOLD_COLUMNS[name] characters wide."""
+    table = Table(title=safe_text(title) if title else None, show_lines=False)
+    times = [str(c).endswith(TIME_SUFFIX) for c in columns]
+    for c, is_time in zip(columns, times, strict=True):
+        name = str(c).removesuffix(TIME_SUFFIX) if is_time else str(c)
+        if name in FOLD_COLUMNS:
+            table.add_column(safe_text(name), overflow="fold", min_width=FOLD_COLUMNS[name])
+        else:
+            table.add_column(safe_text(name), no_wrap=True, justify="right" if is_time else "left")
     for r in rows:
-        table.add_row(*[_fmt(v) for v in r])
+        table.add_row(
+            *[format_time_us(v) if t and _is_number(v) else _fmt(v) for v, t in zip(r, times, strict=True)]
+        )
     console.print(table)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _fmt(v: Any) -> str:
@@ -55,7 +77,7 @@ def _fmt(v: Any) -> str:
         if v != v:
             return "nan"
         return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.6g}"
-    return str(v)
+    return safe_text(v)
 
 
 def parse_list(value: str | None, kind: type = str, name: str = "value") -> list[Any] | None:

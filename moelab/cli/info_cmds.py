@@ -7,6 +7,7 @@ import typer
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.store.db import open_db, resolve_db_path
+from moelab.store.labels import names_by_run
 
 
 @user_errors
@@ -46,6 +47,8 @@ def runs(
             """,
             [limit],
         ).fetchall()
+        names = names_by_run(con)
+    rows = [(r[0], r[1], ", ".join(names.get(r[0], [])) or None, *r[3:]) for r in rows]
     print_table(
         ["run", "created (UTC)", "label", "suite", "status", "backends", "device", "ranks", "ok", "cases"],
         rows,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.display import safe_text
 from moelab.errors import MoelabError
 from moelab.reports.query import latest_run_ids
 from moelab.store import labels
@@ -31,7 +32,9 @@ def label(
             raise MoelabError("--list and --remove take no RUN NAME arguments")
         with open_db(path) as con:
             if remove:
-                console.print(f"removed label {remove} (was run {labels.remove_label(con, remove)})")
+                console.print(
+                    safe_text(f"removed label {remove} (was run {labels.remove_label(con, remove)})")
+                )
                 return
             print_table(["label", "run", "set at"], labels.list_labels(con))
         return

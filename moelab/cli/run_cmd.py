@@ -11,9 +11,11 @@ import typer
 
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
+from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.runner import execute, is_launching_host, new_run_id
+from moelab.plan.case_list import print_case_list
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
 from moelab.plan.spec import RunSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
@@ -185,7 +187,7 @@ def run(
     case: list[str] = typer.Option(
         [],
         "--case",
-        help="Run only these case ids (see the suite's expansion in a --dry-run)",
+        help="Run only these case ids (--list-cases prints them)",
         rich_help_panel="Workload",
     ),
     bind: str | None = typer.Option(
@@ -239,6 +241,12 @@ def run(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="No per-case progress while jobs run", rich_help_panel="Launch"
     ),
+    allow_empty: bool = typer.Option(
+        False,
+        "--allow-empty",
+        help="Exit 0 even when every case was unsupported or skipped (nothing measured)",
+        rich_help_panel="Store",
+    ),
 ) -> None:
     """Run dispatch/combine benchmarks: each backend as its own job, results stored in DuckDB.
 
@@ -273,11 +281,7 @@ def run(
     planned = plan_run(req, HostFacts(cuda_devices=_cuda_devices()), new_run_id=new_run_id())
     spec = planned.spec
     if list_cases:
-        for c in spec.cases:
-            console.print(
-                f"{c.backend}\t{c.case_id}" + (f"\tskipped: {c.skip_reason}" if c.skip_reason else "")
-            )
-        return
+        return print_case_list(spec.cases)
     for note in planned.notes:
         console.print(note)
     if spec.launch.device == "cpu":
@@ -319,6 +323,8 @@ def run(
         with open_db(db_path) as con:
             set_label(con, spec.run_id, label)
     failed = print_run_summary(db_path, spec.run_id)
+    print_failures(db_path, spec.run_id)
+    empty = None if allow_empty else nothing_measured_reason(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")
     if report is not None:
         from moelab.reports.html import write_report
@@ -327,7 +333,9 @@ def run(
     if outcome.interrupted_by:
         console.print(f"run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored")
         raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
-    if failed or not outcome.all_jobs_ok:
+    if empty:
+        console.print(f"error: {empty}")
+    if failed or not outcome.all_jobs_ok or empty:
         raise typer.Exit(1)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from moelab.display import safe_text
 from moelab.gate.decision import FAILING, GateResult, Verdict, matched
 
 COLUMNS = ("status", "case", "op", "baseline µs", "candidate µs", "change", "test", "p", "note")
@@ -43,7 +44,7 @@ def headline(result: GateResult) -> str:
 
 
 def _md(text: Any) -> str:
-    s = "" if text is None else str(text)
+    s = safe_text(text)
     return (
         s.replace("\\", "\\\\")
         .replace("|", "\\|")
@@ -118,4 +119,6 @@ def junit(result: GateResult) -> str:
         el.set("errors", "0")
         el.set("skipped", str(skipped))
     ET.indent(suites)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+    # XML 1.0 cannot hold control characters at all, escaped or not: a stored label or case id with one
+    # would make the file unreadable to CI, so they are written as visible escapes
+    return safe_text(ET.tostring(suites, encoding="unicode", xml_declaration=True), keep_newlines=True) + "\n"

@@ -247,12 +247,25 @@ def _script_word(word: str, params: Sequence[str]) -> str:
     return shlex.quote(word)
 
 
+CLI_MODULE = "moelab.cli.main"
+
+
+def cli_by_interpreter(argv: Sequence[str], python: str) -> list[str]:
+    """A command starting with the bare `moelab` entry point, run as `PYTHON -m moelab.cli.main` instead:
+    a batch job starts with the compute node's PATH, where the entry point of the submitting environment
+    usually is not (as the srun lines already name the interpreter). Other commands are unchanged."""
+    if argv and argv[0] == "moelab":
+        return [python, "-m", CLI_MODULE, *argv[1:]]
+    return list(argv)
+
+
 def sbatch_script(
     plan: LaunchPlan, body: Sequence[Sequence[str]] | None = None, script_params: Sequence[str] = ()
 ) -> str:
     """A batch script for `sbatch` (submission from outside an allocation).
 
-    `body`: the commands to run, default the worker's srun step. `script_params`: names bound to the
+    `body`: the commands to run, default the worker's srun step; a body command that starts with `moelab`
+    runs as `plan.python -m moelab.cli.main` (`cli_by_interpreter`). `script_params`: names bound to the
     script's positional arguments (`sbatch x.sbatch /runs/r1 nccl-a2a`); `${NAME}` of one of them inside
     a word is expanded (in double quotes), everything else is quoted literally.
     """
@@ -286,7 +299,7 @@ def sbatch_script(
         for i, name in enumerate(script_params, start=1):
             lines.append(f'{name}="${{{i}:?usage: sbatch $0 {usage}}}"')
     for argv in body if body is not None else [srun_argv(plan)]:
-        lines.append(" ".join(_script_word(w, script_params) for w in argv))
+        lines.append(" ".join(_script_word(w, script_params) for w in cli_by_interpreter(argv, plan.python)))
     return "\n".join(lines) + "\n"
 
 

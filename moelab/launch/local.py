@@ -6,7 +6,8 @@ What we rely on:
 - init_process_group(timeout=...) in the worker: a rank waiting in a collective for a peer that never
   comes raises after that timeout (gloo, and NCCL with async error handling, torch's default).
 - an outer wall-clock timeout here: the job runs in its own process session, and on timeout the whole
-  group (agent and ranks) gets SIGTERM, then SIGKILL. That also covers hangs inside custom kernels,
+  group (agent and ranks) gets SIGTERM, then SIGKILL; before that the ranks get SIGUSR1, on which
+  faulthandler writes every thread's stack (moelab.launch.diagnosis). That also covers hangs inside custom kernels,
   which no collective timeout sees.
 - a parent-death signal (moelab/launch/lifeline.py): if this process is killed without warning, the job's
   leader gets SIGTERM and its ranks follow, so no job outlives the run that started it.
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.launch.diagnosis import request_stack_dumps
 from moelab.launch.lifeline import job_preexec
 from moelab.launch.rundir import JobFiles, now_iso
 
@@ -125,6 +127,7 @@ def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, s
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
+            request_stack_dumps(_pids_in_session(sid))  # each rank's Python stack, where it hung
             _kill_session(sid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=KILL_GRACE_S)

@@ -15,6 +15,7 @@ from pathlib import Path
 import moelab
 from moelab.backends import registry
 from moelab.errors import MoelabError
+from moelab.health import contention
 from moelab.launch import commands
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.local import JobOutcome, run_job
@@ -128,10 +129,14 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
 
         require_healthy(before)  # type: ignore[arg-type]
     num_cases, launch = len(spec.cases_for(backend)), spec.launch
-    with watch_job(files.dir, num_cases, launch.world, launch.device, quiet):
+    with (
+        watch_job(files.dir, num_cases, launch.world, launch.device, quiet),
+        contention.ContentionMonitor(spec.run_id, own_busy=launch.nproc_per_node) as monitor,
+    ):
         outcome = run_job(
             files, job_argv(spec, rd.path, backend), launch.job_timeout_s, env=job_env(spec, backend)
         )
+    contention.write_findings(files.dir, monitor.findings)
     after = _health(spec, files, "after")
     if before is not None and after is not None:
         from moelab.health.snapshot import diff, is_suspect
@@ -215,6 +220,7 @@ def execute(
     except FileExistsError:
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
+    registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
     with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
         for backend in spec.backends:
             if stop.requested:
@@ -231,6 +237,7 @@ def execute(
                 note_interrupted_job(rd.job(backend), str(stop.signal_name))
             jobs[backend] = outcome
             progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
+        registration.close()
         if stop.requested:
             rd.set_status("interrupted", signal=stop.signal_name)
         else:
@@ -239,4 +246,5 @@ def execute(
         if ingested:
             with open_db(db_path) as con:
                 ingest(con, rd.path)
+                contention.mark_spread_suspects(con, spec.run_id)
     return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name)

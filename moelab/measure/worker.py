@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
+from moelab.launch.diagnosis import install_stack_dumps, record_worker_error
 from moelab.launch.lifeline import die_with_parent
 from moelab.launch.rundir import JobFiles
 from moelab.measure import environment
@@ -99,6 +100,7 @@ def main(argv: list[str]) -> int:
     files = JobFiles(run_dir, backend_name)
     events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)
     _redirect_output(files.rank_log(rank))
+    install_stack_dumps(files.dir, rank)  # faulthandler on SIGUSR1 (the launcher's timeout) and SIGTERM
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
     if spec.launch.bind == "numa":
@@ -171,7 +173,8 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException as exc:
         traceback.print_exc()
+        record_worker_error(sys.argv[1:], exc)  # RUN_DIR/BACKEND/rank<R>.error.json
         sys.stderr.flush()
         os._exit(1)  # skip interpreter teardown: a wedged process group must not hang the exit

@@ -12,7 +12,9 @@ from typing import Any
 
 import duckdb
 import jinja2
+import markupsafe
 
+from moelab.display import safe_text
 from moelab.errors import MoelabError
 from moelab.reports import compare, e2e_section, query, sections, verification
 from moelab.reports.peaks import PeakTable, load_peaks
@@ -41,6 +43,7 @@ class ReportData:
     case_metrics: list[dict[str, Any]] = field(default_factory=list)
     library_figures: list[dict[str, Any]] = field(default_factory=list)  # moelab verify rows
     e2e: list[dict[str, Any]] = field(default_factory=list)  # e2e_section.build blocks
+    failure_ranks: list[dict[str, Any]] = field(default_factory=list)
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
     above_peak_note: str = sections.ABOVE_PEAK_NOTE
@@ -74,6 +77,7 @@ def load(
         jobs=query.jobs(con), definitions=query.definitions(con), suspects=query.suspects(con),
         health=query.health(con), traces=sections.trace_links(query.traces(con), trace_base),
         case_metrics=query.case_metrics(con), library_figures=verification.library_figures(con), peaks_source=peaks.source,
+        failure_ranks=query.failure_ranks(con),
     )  # fmt: skip
     data.nodes = sections.nodes_panel(env, peaks)
     data.flags = sections.annotate_results(results, env, peaks)
@@ -105,11 +109,22 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_finalize,
     )
     env.filters["md"] = _md_cell
     env.filters["pct"] = _pct
     env.globals["fmtnum"] = _fmtnum
     return env
+
+
+def _finalize(value: Any) -> Any:
+    """Every printed value without control bytes (autoescape covers markup, not ESC or BEL): stored
+    labels, reasons and log tails may hold them. Markup (the drawn charts) stays markup."""
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(safe_text(value, keep_newlines=True))
+    if isinstance(value, str):
+        return safe_text(value, keep_newlines=True)
+    return value
 
 
 def render(data: ReportData, fmt: str = "html") -> str:

@@ -44,16 +44,15 @@ def select_runs(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
 
 
 def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    from moelab.store.labels import names_by_run
+
     rows = dicts(con.execute(
         """SELECT r.run_id, r.created_at, r.label, r.suite, r.status, r.backends, r.device, r.world, r.nodes,
-                  r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir,
-                  (SELECT list(l.label ORDER BY l.label) FROM labels l WHERE l.run_id = r.run_id) AS labels
+                  r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir
            FROM runs r SEMI JOIN _sel USING (run_id) ORDER BY r.created_at, r.run_id"""))  # fmt: skip
+    names = names_by_run(con)
     for r in rows:
-        names = list(r["labels"] or [])
-        if r["label"] and r["label"] not in names:
-            names.insert(0, r["label"])
-        r["labels"] = names
+        r["labels"] = names.get(r["run_id"], [])
     return rows
 
 
@@ -91,9 +90,47 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute(
+    """Cases not measured, with the cause of their job's failure (`cause`) where one was diagnosed."""
+    rows = dicts(con.execute(
         "SELECT run_id, backend, case_id, status, reason FROM cases SEMI JOIN _sel USING (run_id) "
         f"WHERE status <> 'ok' ORDER BY run_id, {case_order()}"))  # fmt: skip
+    causes = _causes(con)
+    for r in rows:
+        r["cause"] = causes.get((r["run_id"], r["backend"])) if r["status"] in BAD_STATUSES else None
+    return rows
+
+
+BAD_STATUSES = ("failed", "crashed", "timeout")
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """A database opened read-only is not migrated: an older one may lack a later table."""
+    return bool(
+        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[
+            0
+        ]  # type: ignore[index]
+    )
+
+
+def _causes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
+    if not _has_table(con, "failure_diagnosis"):
+        return {}
+    return {
+        (r[0], r[1]): r[2]
+        for r in con.execute(
+            "SELECT run_id, backend, any_value(headline) FROM failure_diagnosis SEMI JOIN _sel USING (run_id) "
+            "WHERE headline IS NOT NULL GROUP BY ALL"
+        ).fetchall()
+    }
+
+
+def failure_ranks(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Per rank of each failed job: exception, where its stack was, its stack and its last log lines."""
+    if not _has_table(con, "failure_diagnosis"):
+        return []
+    return dicts(con.execute(
+        "SELECT run_id, backend, rank, exc_type, exc_message, traceback, stack_trigger, stack_where, stack, "
+        "log_tail, root_cause FROM failure_diagnosis SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, rank"))  # fmt: skip
 
 
 def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -103,9 +140,13 @@ def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 def jobs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute(
+    rows = dicts(con.execute(
         "SELECT run_id, backend, status, description, returncode, signal, timed_out, duration_s FROM jobs "
         "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend"))  # fmt: skip
+    causes = _causes(con)
+    for r in rows:
+        r["cause"] = causes.get((r["run_id"], r["backend"]))
+    return rows
 
 
 def health(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import duckdb
 
+from moelab.health.contention import job_suspect_reason
+from moelab.launch.diagnosis import diagnosis_rows
 from moelab.launch.rundir import JobFiles, RunDir
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.case_record import CaseRecord, OpResult
@@ -22,6 +24,10 @@ from moelab.store.schema import RUN_TABLES
 from moelab.verify.store import rows_from_run_dir
 
 Row = dict[str, Any]
+DIAGNOSIS_COLUMNS = (
+    "run_id", "backend", "rank", "exc_type", "exc_message", "traceback", "stack_trigger", "stack_where", "stack",
+    "log_tail", "root_cause", "headline",
+)  # fmt: skip
 
 
 def _job_status(job: dict[str, Any] | None) -> str:
@@ -232,7 +238,11 @@ def collect(run_dir: Path) -> RunRows:
         first_env = environment_rows(rows, backend, files)
         env0 = env0 or first_env
         records = {r.case_id: r for r in files.read_results()}
-        job_suspect = suspect_reason(files)
+        job_suspect = job_suspect_reason(files.dir, suspect_reason(files))
+        for d in diagnosis_rows(spec.run_id, files.dir):
+            rows.tables.setdefault("failure_diagnosis", []).append(
+                dict(zip(DIAGNOSIS_COLUMNS, d, strict=True))
+            )
         for case in spec.cases_for(backend):
             rec = _record_for(
                 case, records.get(case.case_id), job, spec.launch.world, spec.launch.gpus_per_node

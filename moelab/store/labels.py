@@ -7,15 +7,11 @@ from __future__ import annotations
 import duckdb
 
 from moelab.errors import MoelabError
+from moelab.plan.validate import validate_label
 
 
 def _check_name(label: str) -> str:
-    name = label.strip()
-    if not name:
-        raise MoelabError("a label cannot be empty")
-    if len(name) > 200 or any(ord(c) < 32 for c in name):
-        raise MoelabError(f"label {name[:40]!r} is too long or holds control characters")
-    return name
+    return validate_label(label)
 
 
 def set_label(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> str | None:
@@ -43,6 +39,20 @@ def list_labels(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, object]]
         tuple(r)
         for r in con.execute("SELECT label, run_id, created_at FROM labels ORDER BY label").fetchall()
     ]  # type: ignore[misc]
+
+
+def names_by_run(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """The names each run answers to now: its labels, and its own `--label` unless `moelab label` has
+    moved that name to another run (a moved label shows on its new run only)."""
+    out: dict[str, list[str]] = {}
+    for run_id, name in con.execute("SELECT run_id, label FROM labels ORDER BY label").fetchall():
+        out.setdefault(str(run_id), []).append(str(name))
+    claimed = {n: r for r, names in out.items() for n in names}
+    for run_id, own in con.execute("SELECT run_id, label FROM runs WHERE label IS NOT NULL").fetchall():
+        names = out.setdefault(str(run_id), [])
+        if claimed.get(own, run_id) == run_id and own not in names:
+            names.insert(0, str(own))
+    return out
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:

@@ -120,8 +120,22 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        6,
+        "failure diagnosis: per rank of a failed job, its exception, stack when stopped, last log lines",
+        (
+            """CREATE TABLE failure_diagnosis (
+                run_id VARCHAR, backend VARCHAR, rank INTEGER, exc_type VARCHAR, exc_message VARCHAR,
+                traceback VARCHAR, stack_trigger VARCHAR, stack_where VARCHAR, stack VARCHAR, log_tail VARCHAR,
+                root_cause BOOLEAN, headline VARCHAR)""",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
+    "failure_diagnosis",
 )  # fmt: skip
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -4,7 +4,9 @@ Capture: after the timed iterations, each op runs `iters` more times under
 `record_function("moelab/<backend>/<op>/<case>")` inside one torch.profiler session (CPU activities,
 plus CUDA on GPU), and the session is exported as one Chrome-trace JSON per rank. Ranks pass a barrier
 before each iteration (outside the range); on GPU the range ends with a device synchronize, so its CPU
-span covers the op until its kernels finish (the "API" time of the trace).
+span covers the op until its kernels finish (the "API" time of the trace). Each iteration is one
+profiler step (`prof.step()`), so the trace holds `ProfilerStep#N` events that HTA's per-iteration views
+(temporal breakdown, idle time, CUDA kernel launch statistics) split by.
 
 Holistic Trace Analysis reads a directory of traces and needs each file's top-level
 `distributedInfo.rank` (unique per file; hta/common/trace_file.py raises without it). torch writes
@@ -80,6 +82,12 @@ def _sync(device: Any, group: Any) -> None:
         dist.barrier(group=group)
 
 
+def _always_record(step: int) -> Any:
+    from torch.profiler import ProfilerAction
+
+    return ProfilerAction.RECORD
+
+
 def capture_torch_trace(
     ops: Sequence[TracedOp],
     *,
@@ -103,7 +111,11 @@ def capture_torch_trace(
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     calls: dict[str, int] = {}
     _sync(device, group)
-    with profile(activities=activities, record_shapes=False, with_stack=False) as prof:
+    # a schedule that always records: torch only marks ProfilerStep#N (what HTA splits iterations by) when
+    # it is given a schedule, and each `prof.step()` below ends one profiled iteration
+    with profile(
+        activities=activities, record_shapes=False, with_stack=False, schedule=_always_record
+    ) as prof:
         if not (dist.is_available() and dist.is_initialized()):
             prof.add_metadata_json("distributedInfo", json.dumps({"rank": rank, "world_size": world_size}))
         for op in ops:
@@ -114,6 +126,7 @@ def capture_torch_trace(
                     op.fn()
                     if cuda:
                         torch.cuda.synchronize(device)
+                prof.step()
             calls[name] = calls.get(name, 0) + iters * op.calls
         prof.add_metadata_json("moelab", json.dumps({"backend": backend, "case_id": case_id, "calls": calls}))
         _sync(device, group)

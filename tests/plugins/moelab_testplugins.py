@@ -60,3 +60,21 @@ class HangAllBackend(_OneBadRank):
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         time.sleep(3600)
         raise AssertionError("unreachable")
+
+
+class CtorRaiseBackend(NcclA2ABackend):
+    """Every rank raises while the backend is built (a bad knob, a library that refuses the GPU)."""
+
+    name = "test-ctor-raise"
+
+    def __init__(self, ctx: Any, cases: Any) -> None:
+        raise ValueError(f"test-ctor-raise: refusing to build on rank {ctx.rank}")
+
+
+class AbortBackend(_OneBadRank):
+    """One rank aborts (SIGABRT, as a failed C++ assertion in a library does)."""
+
+    name = "test-abort"
+
+    def misbehave(self) -> None:
+        os.abort()

@@ -1,0 +1,57 @@
+"""Strings and numbers as a terminal or a report shows them.
+
+`safe_text`: stored strings (labels, reasons, log tails, exception messages) may hold control bytes, from
+old databases or from a crashing library; printed raw, an ESC sequence clears or retitles the terminal.
+Jinja's autoescape covers HTML markup, not control bytes. `format_time_us`: a time in the unit that fits.
+"""
+
+from __future__ import annotations
+
+import math
+
+_KEEP = {"\n", "\t"}
+
+
+def safe_text(s: object, keep_newlines: bool = False) -> str:
+    """`s` as text with every control character (C0, DEL, C1, line/paragraph separators) written as a
+    visible escape (`\\x1b`, `\\u2028`); newlines and tabs stay when `keep_newlines` (log tails)."""
+    text = "" if s is None else str(s)
+    if not any(_is_control(c) for c in text):
+        return text
+    out = []
+    for c in text:
+        if keep_newlines and c in _KEEP:
+            out.append(c)
+        elif _is_control(c):
+            o = ord(c)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _is_control(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 0x7F <= o < 0xA0 or c in "\u2028\u2029"
+
+
+def format_time_us(us: float | None, digits: int = 4) -> str:
+    """A time given in microseconds, in ns, µs, ms or s, whichever keeps the figure between 1 and 1000
+    (`2.796e+05 µs` → `279.6 ms`); `—` for a missing figure."""
+    if us is None:
+        return "—"
+    if math.isnan(us):
+        return "nan"
+    if math.isinf(us):
+        return "inf µs" if us > 0 else "-inf µs"
+    a = float(f"{abs(us):.{digits}g}")  # choose the unit after rounding: 999.99 µs is 1 ms
+    if a == 0:
+        return "0 µs"
+    for scale, unit in ((1e6, "s"), (1e3, "ms"), (1.0, "µs"), (1e-3, "ns")):
+        if a >= scale or unit == "ns":
+            v = us / scale
+            text = f"{v:.{digits}g}"
+            if "e" in text:  # below 1 ns or above 1e4 s: the plain figure
+                text = f"{v:.{max(digits - 3, 1)}f}" if abs(v) >= 1 else f"{v:.3g}"
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")
