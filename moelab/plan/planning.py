@@ -15,7 +15,7 @@ from moelab.backends import registry
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.rundir import now_iso
-from moelab.plan.names import validate_label, validate_run_id
+from moelab.plan.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.suites.loader import Suite, expand, load_suite
 
@@ -92,9 +92,7 @@ def check_request(req: RunRequest) -> None:
     """Flag values that are wrong whatever the suite."""
     if not req.backends:
         raise SpecError("--backend names no backend")
-    dupes = sorted({b for b in req.backends if list(req.backends).count(b) > 1})
-    if dupes:
-        raise SpecError(f"--backend names {', '.join(dupes)} more than once")
+    dedupe_backends(req.backends)
     for name, value in (("--gpus", req.gpus), ("--gpus-per-node", req.gpus_per_node), ("--nodes", req.nodes),
                         ("--iters", req.iters), ("--timeout", req.timeout_s),
                         ("--collective-timeout", req.collective_timeout_s), ("--trace-iters", req.trace_iters),
