@@ -15,8 +15,8 @@ from moelab.backends import registry
 from moelab.errors import MoelabError, SpecError
 from moelab.launch import commands
 from moelab.launch.rundir import now_iso
-from moelab.plan.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.plan.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.suites.loader import Suite, expand, load_suite
 
 TRACE_MODES = ("none", "torch", "nsys")
