@@ -95,6 +95,7 @@ class Backend(abc.ABC):
     sm_control: ClassVar[str | None] = None  # how --sms maps to the library, None when it cannot
     phases: ClassVar[bool] = False  # implements layout() and dispatch(..., layout=...)
     knobs: ClassVar[dict[str, str]] = {}  # knob name -> what it does; validated before anything launches
+    library_ops: ClassVar[tuple[str, ...]] = ()  # ops whose library figure is timed the library's way too
     job_kind: ClassVar[str] = (
         "ranks"  # "ranks": one worker per rank (moelab.measure.worker); else a registered job kind
     )
@@ -146,6 +147,11 @@ class Backend(abc.ABC):
 
     def prepare(self, case: CaseConfig) -> None:  # noqa: B027 - optional hook
         """Apply per-case settings (SM count, knobs) before the case runs."""
+
+    def library_timed_ops(self) -> tuple[str, ...]:
+        """The ops of the prepared case that its library's own test times (library_ops, unless a knob took
+        the case off that path)."""
+        return type(self).library_ops
 
     def splits_phases(self) -> bool:
         """Whether this instance times layout apart from the payload (a family may differ per library API)."""

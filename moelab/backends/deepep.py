@@ -119,7 +119,7 @@ def deepep_nvl_figure(
     return [
         Figure(
             definition="deepep_nvl", bytes_mean=rank0, bytes_max=rank0, gbps=rank0 / (t * 1e-6) / 1e9,
-            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine",
+            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
         )
     ]  # fmt: skip
 
@@ -225,6 +225,7 @@ class DeepEPBackend(Backend):
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"
     default_config_sms: ClassVar[int] = 20  # deep_ep.Buffer.num_sms at import (buffer.py:31)
     phases = True  # V1; V2's ElasticBuffer is timed whole (splits_phases)
+    library_ops = ("dispatch", "combine")  # what tests/test_intranode.py times, along a cached handle
     knobs: ClassVar[dict[str, str]] = {
         "fp8_cast": "outside (default: cast once per input, as DeepEP's test) | inside (cast in every dispatch)",
         "nvl_chunk": "V1 Config NVL send chunk of dispatch (default: Buffer.get_dispatch_config)",

@@ -101,7 +101,7 @@ def hybrid_ep_figure(
         Figure(
             definition="hybrid_ep_rank0_bytes_over_mean_time", bytes_mean=rank0, bytes_max=rank0,
             gbps=rank0 / (t * 1e-6) / 1e9,
-            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine",
+            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
         )
     ]  # fmt: skip
 
@@ -134,6 +134,7 @@ class HybridEPBackend(Backend):
     payload_dtypes = ("bf16", "fp8")
     sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
     phases = True  # the plain path; the permute paths are timed whole (splits_phases)
+    library_ops = ("dispatch", "combine")  # what tests/test_hybrid_ep.py times, along a cached handle
     knobs: ClassVar[dict[str, str]] = {
         "fused": "true: fuse_permute_dispatch / fuse_unpermute_combine (expert-major rows, one kernel each way)",
         "permute": "true: dispatch_with_permute / combine_with_unpermute",
@@ -320,6 +321,9 @@ class HybridEPBackend(Backend):
 
     def splits_phases(self) -> bool:
         return not self._settings.permute
+
+    def library_timed_ops(self) -> tuple[str, ...]:
+        return () if self._settings.permute else type(self).library_ops  # its test's dispatch/combine lines
 
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> HybridHandle:
         """What HybridEPBuffer.dispatch runs first when it has no handle: the routing map and the metadata

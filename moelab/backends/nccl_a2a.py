@@ -5,15 +5,14 @@ The baseline every library is compared against, so it is written as a careful to
   per-rank counts and their exchange, the rows' routing metadata (local expert ids, weights) in
   destination order, one device-to-host copy of the counts (the only host synchronisation: NCCL takes
   split sizes on the host), and the metadata exchange;
-- dispatch with the layout known: one grouped exchange (ncclGroupStart/End through batch_isend_irecv)
+- dispatch with the layout known: one all_to_all of tensor lists (one NCCL group of sends and receives)
   of the payload. A destination that receives every token in token order (common when topk covers many
   experts per rank) is sent `x` itself, with no gather; only partial destinations gather their rows;
 - a fresh dispatch does both, with the metadata and the payload in ONE grouped exchange after the host
   sync, and everything that does not need the counts on the host (sort, metadata) enqueued before it,
   while the host waits only on an event behind the count exchange;
 - combine: the rows back along the reversed splits, then a dense sum where a segment holds every token.
---sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count. On gloo
-(CPU), which cannot send to itself, a rank's own segment is a local copy.
+--sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ class NcclA2ABackend(Backend):
         self._groups: dict[int | None, Any] = {None: ctx.group}
         self._group = ctx.group
         self._experts_per_rank = 1
-        self._self_send = ctx.comm_backend == "nccl"  # gloo cannot send to its own rank
+        self._lists = ctx.comm_backend == "nccl"  # all_to_all of tensor lists: uneven sizes need NCCL
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:
         if case.sms is not None and self.ctx.comm_backend != "nccl":
@@ -178,24 +177,14 @@ class NcclA2ABackend(Backend):
         send_splits: list[int],
         recv_splits: list[int],
     ) -> None:
-        """One grouped exchange (one NCCL group) of several (per-destination send segments, receive rows)
-        pairs along the same splits."""
-        me = self.ctx.rank
-        ops = []
+        """Each (per-destination send segments, receive rows) pair in one all_to_all of tensor lists (one
+        NCCL group of sends and receives, one Python call: on a slow host each launch counts)."""
         for s_parts, recv in pairs:
-            r_parts = list(recv.split(recv_splits))
-            for peer in range(self.ctx.world):
-                if peer == me and not self._self_send:
-                    if send_splits[peer]:
-                        r_parts[peer].copy_(s_parts[peer])
-                    continue
-                if send_splits[peer]:
-                    ops.append(dist.P2POp(dist.isend, s_parts[peer], peer, group=self._group))
-                if recv_splits[peer]:
-                    ops.append(dist.P2POp(dist.irecv, r_parts[peer], peer, group=self._group))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+            if self._lists:
+                dist.all_to_all(list(recv.split(recv_splits)), s_parts, group=self._group)
+            else:  # gloo's list all_to_all wants equal sizes: one contiguous send buffer instead
+                send = s_parts[0] if len(s_parts) == 1 else torch.cat(s_parts)
+                dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
 
     def _payload_segments(self, x: torch.Tensor, handle: A2AHandle) -> list[torch.Tensor]:
         """Per destination, the rows to send: `x` itself where the destination takes every token in token

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch.distributed as dist
@@ -61,8 +61,10 @@ def op_calls(backend: Backend, inputs: CaseInputs, checked: Checked) -> dict[str
 def time_ops(
     cc: CaseContext, case_id: str, calls: dict[str, Callable[[], object]], counts: Counter[str]
 ) -> dict[str, Sampled]:
-    """Each op in turn, inside its own NVTX range, until its median is stable (TimingSpec)."""
+    """Each op in turn, inside its own NVTX range, until its median is stable (TimingSpec); an op that
+    holds a host sync from host-aligned iterations; an op with a library figure also the library's way."""
     out = {}
+    syncs = cc.backend.host_sync_ops()
     for op, fn in calls.items():
         if cc.events is not None:
             cc.events.case_start(case_id, op)
@@ -72,7 +74,10 @@ def time_ops(
             with nvtx_range(rname, counts):
                 return fn()
 
-        out[op] = cc.clock.sample_until_stable(ranged, cc.spec.timing)
+        sampled = cc.clock.sample_until_stable(ranged, cc.spec.timing, host_aligned=op in syncs)
+        if op in cc.backend.library_timed_ops():
+            sampled = replace(sampled, library_samples_us=cc.clock.sample_back_to_back(ranged))
+        out[op] = sampled
     return out
 
 
@@ -192,8 +197,14 @@ def build_record(
             noise_target=cc.spec.timing.noise_target if cc.spec.timing.iters is None else None,
             host_sync=syncs.get(op),
             kernel=[_kernel_time(e["traced"].get("ops", {}).get(op)) for e in extras] if traced else None,
+            library_samples_us=s.library_samples_us,
         )  # fmt: skip
-        library = {op: type(backend).library_figures(op, rows, m.bytes_per_row, s.samples_us)}
+        # a library's figure only from the path and the timing its own test uses (Sampled.library_samples_us)
+        library = {
+            op: type(backend).library_figures(op, rows, m.bytes_per_row, s.library_samples_us)
+            if s.library_samples_us
+            else []
+        }
         results.append(op_result(m, rows, library))
     traces = tuple(TraceFile(**e["traced"]["trace"]) for e in extras if e["traced"].get("trace"))
     return CaseRecord(

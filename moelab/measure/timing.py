@@ -42,6 +42,7 @@ class Sampled:
     samples_us: list[list[float]]  # [rank][iteration]
     noise: float  # achieved median_noise of the slowest-rank iteration times
     seconds: float  # wall time spent timing
+    library_samples_us: list[list[float]] | None = None  # [rank][call]: the same op timed the library's way
 
 
 class Clock:
@@ -76,14 +77,25 @@ class Clock:
         self.sync()
         return times
 
-    def _batch(self, fn: Callable[[], object], iters: int, repeat: int = 1) -> list[float]:
+    def _batch(
+        self, fn: Callable[[], object], iters: int, repeat: int = 1, host_aligned: bool = False
+    ) -> list[float]:
+        """`host_aligned`: for an op that synchronizes the host inside, start each iteration from an idle
+        GPU with every rank's host past a barrier (as the libraries' own benches find it), so the op's
+        internal sync does not wait on the flush and barrier queued ahead of it (a wait whose length
+        depends on how fast the host thread wakes: what made such ops bimodal between runs)."""
         if self.cuda:
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
             for i in range(iters):
                 if self._flush is not None:
                     self._flush.zero_()
-                self._barrier()
+                if host_aligned:
+                    torch.cuda.synchronize(self.device)
+                    dist.barrier(group=self.group)  # type: ignore[arg-type]
+                    torch.cuda.synchronize(self.device)
+                else:
+                    self._barrier()
                 starts[i].record()
                 for _ in range(repeat):
                     fn()
@@ -109,7 +121,38 @@ class Clock:
         dist.all_gather(out, local, group=self.group)  # type: ignore[arg-type]
         return [t.cpu().tolist() for t in out]
 
-    def sample_until_stable(self, fn: Callable[[], object], timing: TimingSpec) -> Sampled:
+    def sample_back_to_back(
+        self, fn: Callable[[], object], iters: int = 50, warmup: int = 20
+    ) -> list[list[float]]:
+        """Every rank's times of `iters` back-to-back calls, as DeepEP's and Hybrid-EP's own benches time
+        (tests/utils.py bench): warm-up, one L2 flush, an event pair per call, no barrier between calls."""
+        for _ in range(warmup):
+            fn()
+        if self._flush is not None:
+            self._flush.zero_()
+        self.sync()
+        if self.cuda:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+            for i in range(iters):
+                starts[i].record()
+                fn()
+                ends[i].record()
+            torch.cuda.synchronize(self.device)
+            times = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
+        else:
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter_ns()
+                fn()
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+        shared = self._share(times)
+        self.sync()
+        return shared
+
+    def sample_until_stable(
+        self, fn: Callable[[], object], timing: TimingSpec, host_aligned: bool = False
+    ) -> Sampled:
         """Warm up, then time batches until the slowest-rank median's noise is under the target (after
         `min_iters` and `min_time_s`) or `max_iters` is reached; every rank stops at the same batch."""
         for _ in range(timing.warmup):
@@ -123,7 +166,7 @@ class Clock:
         while True:
             done = 0 if per_rank is None else len(per_rank[0])
             batch = min(step, most - done)
-            shared = self._share(self._batch(fn, batch))
+            shared = self._share(self._batch(fn, batch, host_aligned=host_aligned))
             per_rank = shared if per_rank is None else [a + b for a, b in zip(per_rank, shared, strict=True)]
             n = len(per_rank[0])
             noise = median_noise(np.asarray(per_rank).max(axis=0))

@@ -28,6 +28,7 @@ class OpMeasurement:
     noise_target: float | None = None
     host_sync: str | None = None
     kernel: Sequence[RankKernelTime | None] | None = None
+    library_samples_us: Sequence[Sequence[float]] | None = None  # the library's own timing of this op
 
 
 def summary_of(samples_us: Sequence[Sequence[float]], noise: float | None) -> Summary:
@@ -82,4 +83,6 @@ def op_result(
         op=m.op, samples_us=tuple(tuple(float(t) for t in r) for r in m.samples_us), bytes_per_row=m.bytes_per_row,
         summary=s, figures=tuple(figures), host_sync=m.host_sync,
         kernel=None if m.kernel is None else tuple(m.kernel), kernel_us=kernel_us, stability=stability(m, s),
+        library_samples_us=None if m.library_samples_us is None
+        else tuple(tuple(float(t) for t in r) for r in m.library_samples_us),
     )  # fmt: skip

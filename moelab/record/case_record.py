@@ -81,6 +81,7 @@ class OpResult:
     kernel: tuple[RankKernelTime | None, ...] | None = None  # per rank, when traced
     kernel_us: float | None = None  # slowest rank's kernel-only time
     stability: str | None = None  # None when stable, else why the median is not to be trusted
+    library_samples_us: tuple[tuple[float, ...], ...] | None = None  # [rank][call], timed the library's way
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -283,6 +284,9 @@ def _op_from(d: dict[str, Any]) -> OpResult:
         ),
         kernel_us=d.get("kernel_us"),
         stability=d.get("stability"),
+        library_samples_us=None
+        if d.get("library_samples_us") is None
+        else tuple(tuple(float(t) for t in r) for r in d["library_samples_us"]),
     )
 
 
