@@ -53,7 +53,7 @@ class _Routed:
     counts_host: torch.Tensor  # pinned [2W]: send counts, then receive counts
     ready: Any  # a CUDA event behind the count exchange's copy (None on CPU)
     send_tok_all: torch.Tensor  # [T*W] candidate rows, selected ones first, destination-major
-    meta_all: torch.Tensor  # [T*W, 2K] int64: local ids, then weights as float64 bits
+    meta_all: torch.Tensor  # [T, 2K] int64: each token's global expert ids, then its weights as float64 bits
     num_tokens: int
     topk: int
 
@@ -110,13 +110,13 @@ class NcclA2ABackend(Backend):
     # -- layout ---------------------------------------------------------------------------------------
 
     def _route(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> _Routed:
-        """Counts, their exchange and the metadata, all enqueued; the host has not waited yet."""
+        """Counts, their exchange, the send order and the routing rows, all enqueued; the host has not
+        waited yet. Every launch before the host sync delays the payload (the GPU idles while a slow host
+        launches), so the sender only packs its routing rows as they are; receivers derive local ids."""
         world = self.ctx.world
         num_tokens, topk = topk_idx.shape
-        epr = self._experts_per_rank
-        dest = topk_idx // epr  # [T, K]
         in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=topk_idx.device)
-        in_rank.scatter_(1, dest, True)
+        in_rank.scatter_(1, topk_idx // self._experts_per_rank, True)
         counts = self._counts
         torch.sum(in_rank, dim=0, out=counts[:world])
         dist.all_to_all_single(counts[world:], counts[:world], group=self._group)
@@ -125,18 +125,10 @@ class NcclA2ABackend(Backend):
         if counts.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
-        # Enqueued behind the copy, so the GPU works on them while the host waits for the counts.
-        flat = in_rank.t().reshape(-1)  # (destination rank, token) order
-        order = torch.sort(flat.logical_not().to(torch.uint8), stable=True).indices  # selected first
-        send_tok_all = order % num_tokens
-        local = topk_idx.index_select(0, send_tok_all) - ((order // num_tokens) * epr).unsqueeze(1)
-        on_dest = (local >= 0) & (local < epr)
-        meta_all = torch.empty(order.numel(), 2 * topk, dtype=torch.int64, device=topk_idx.device)
-        meta_all[:, :topk].copy_(torch.where(on_dest, local, -1))
-        meta_all[:, topk:].view(torch.float64).copy_(
-            torch.where(on_dest, topk_weights.index_select(0, send_tok_all).double(), 0.0)
-        )
-        return _Routed(self._counts_host, ready, send_tok_all, meta_all, num_tokens, topk)
+        # Behind the copy, so the GPU works on them while the host waits for the counts.
+        order = torch.sort(in_rank.t().reshape(-1).logical_not().view(torch.uint8), stable=True).indices
+        meta = torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)  # [T, 2K]
+        return _Routed(self._counts_host, ready, order % num_tokens, meta, num_tokens, topk)
 
     def _splits(self, routed: _Routed) -> tuple[list[int], list[int]]:
         if routed.ready is not None:
@@ -148,26 +140,33 @@ class NcclA2ABackend(Backend):
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
         routed = self._route(topk_idx, topk_weights)
         send_splits, recv_splits = self._splits(routed)
-        num_send, num_recv = sum(send_splits), sum(recv_splits)
-        recv_meta = torch.empty(num_recv, 2 * routed.topk, dtype=torch.int64, device=topk_idx.device)
-        self._exchange(
-            [(list(routed.meta_all[:num_send].split(send_splits)), recv_meta)], send_splits, recv_splits
-        )
-        return self._handle(routed, send_splits, recv_splits, recv_meta)
+        recv_meta = torch.empty(sum(recv_splits), 2 * routed.topk, dtype=torch.int64, device=topk_idx.device)
+        handle = self._handle(routed, send_splits, recv_splits, recv_meta)
+        self._exchange([(self._segments(routed.meta_all, handle, None), recv_meta)], send_splits, recv_splits)
+        return self._localise(handle, recv_meta)
 
-    @staticmethod
     def _handle(
-        routed: _Routed, send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor
+        self, routed: _Routed, send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor
     ) -> A2AHandle:
-        k = routed.topk
         return A2AHandle(
             send_tok=routed.send_tok_all[: sum(send_splits)],
             send_splits=send_splits,
             recv_splits=recv_splits,
             num_tokens=routed.num_tokens,
-            recv_topk_idx=recv_meta[:, :k],
-            recv_topk_weights=recv_meta[:, k:].view(torch.float64),
+            recv_topk_idx=recv_meta,  # global ids until _localise
+            recv_topk_weights=recv_meta,
         )
+
+    def _localise(self, handle: A2AHandle, recv_meta: torch.Tensor) -> A2AHandle:
+        """Received routing rows (global expert ids, weights as float64 bits) to this rank's view: local ids,
+        -1 and weight 0 where the expert lives elsewhere. Launched after the payload, under its transfer."""
+        k = recv_meta.shape[1] // 2
+        epr = self._experts_per_rank
+        local = recv_meta[:, :k] - self.ctx.rank * epr
+        on_rank = (local >= 0) & (local < epr)
+        handle.recv_topk_idx = torch.where(on_rank, local, -1)
+        handle.recv_topk_weights = torch.where(on_rank, recv_meta[:, k:].view(torch.float64), 0.0)
+        return handle
 
     # -- the exchange ---------------------------------------------------------------------------------
 
@@ -186,21 +185,27 @@ class NcclA2ABackend(Backend):
                 send = s_parts[0] if len(s_parts) == 1 else torch.cat(s_parts)
                 dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
 
-    def _payload_segments(self, x: torch.Tensor, handle: A2AHandle) -> list[torch.Tensor]:
-        """Per destination, the rows to send: `x` itself where the destination takes every token in token
-        order (no gather), else its rows gathered into the send buffer."""
-        hidden = x.shape[1]
+    def _segments(
+        self, src: torch.Tensor, handle: A2AHandle, buffer: torch.Tensor | None
+    ) -> list[torch.Tensor]:
+        """Per destination, the rows of `src` ([T, W] one per source token) to send: `src` itself where the
+        destination takes every token in token order (no gather), else its rows gathered (into `buffer`
+        when given, the reused send buffer of the payload)."""
+        width = src.shape[1]
         num_send = sum(handle.send_splits)
-        send_x = self._send[: num_send * hidden].view(num_send, hidden).view(x.dtype)
+        if buffer is not None:
+            out = buffer[: num_send * width].view(num_send, width).view(src.dtype)
+        elif not all(handle.full):
+            out = torch.empty(num_send, width, dtype=src.dtype, device=src.device)
         segments = []
         start = 0
         for count, whole in zip(handle.send_splits, handle.full, strict=True):
             if whole:
-                segments.append(x)
+                segments.append(src)
             else:
-                seg = send_x[start : start + count]
+                seg = out[start : start + count]
                 if count:
-                    torch.index_select(x, 0, handle.send_tok[start : start + count], out=seg)
+                    torch.index_select(src, 0, handle.send_tok[start : start + count], out=seg)
                 segments.append(seg)
             start += count
         return segments
@@ -214,21 +219,23 @@ class NcclA2ABackend(Backend):
             handle: A2AHandle = layout
             recv_x = self._recv_rows(x, handle)
             self._exchange(
-                [(self._payload_segments(x, handle), recv_x)], handle.send_splits, handle.recv_splits
+                [(self._segments(x, handle, self._send), recv_x)], handle.send_splits, handle.recv_splits
             )
             return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
         routed = self._route(topk_idx, topk_weights)
         send_splits, recv_splits = self._splits(routed)
-        num_send, num_recv = sum(send_splits), sum(recv_splits)
-        recv_meta = torch.empty(num_recv, 2 * routed.topk, dtype=torch.int64, device=x.device)
+        recv_meta = torch.empty(sum(recv_splits), 2 * routed.topk, dtype=torch.int64, device=x.device)
         handle = self._handle(routed, send_splits, recv_splits, recv_meta)
         recv_x = self._recv_rows(x, handle)
-        meta_segments = list(routed.meta_all[:num_send].split(send_splits))
         self._exchange(
-            [(meta_segments, recv_meta), (self._payload_segments(x, handle), recv_x)],
+            [
+                (self._segments(x, handle, self._send), recv_x),
+                (self._segments(routed.meta_all, handle, None), recv_meta),
+            ],
             send_splits,
             recv_splits,
         )
+        self._localise(handle, recv_meta)
         return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
 
     def _recv_rows(self, x: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
