@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.store.db import open_db, resolve_db_path
 
@@ -15,6 +14,8 @@ def backends() -> None:
 
     Example: moelab backends
     """
+    from moelab.backends import registry  # imports the backend base class, and so torch
+
     rows = []
     for name, entry in registry.entries().items():
         reason = registry.availability(name)

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import platformdirs
 
-from moelab.accounting.bandwidth import DEFINITIONS
+from moelab.accounting.definitions import DEFINITIONS
 from moelab.errors import MoelabError
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 

@@ -1,0 +1,78 @@
+"""Names and texts of the bandwidth definitions each stored figure carries (table `definitions`).
+
+Kept apart from the byte counting (bandwidth.py, which needs torch) so that opening the store, which
+writes these texts, imports no torch: commands that measure nothing start instantly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Definition:
+    name: str
+    rows_field: str
+    text: str
+
+
+DEFINITIONS: dict[str, Definition] = {
+    d.name: d
+    for d in (
+        Definition(
+            name="nvl_recv",
+            rows_field="recv_rows",
+            text="DeepEP 'NVL': rows this rank receives in dispatch (its own included) x bytes/token / time; combine: the same rows sent back",
+        ),
+        Definition(
+            name="nvl_remote",
+            rows_field="recv_rows_remote",
+            text="as nvl_recv but rows from (combine: to) other ranks only: what crosses NVLink or the network",
+        ),
+        Definition(
+            name="rdma_pairs",
+            rows_field="rdma_pairs",
+            text="DeepEP 'RDMA': unique (token, destination node) pairs of this rank, its own node included, x bytes/token / time",
+        ),
+        Definition(
+            name="rdma_remote",
+            rows_field="rdma_pairs_remote",
+            text="as rdma_pairs but other nodes only: what crosses the NIC",
+        ),
+        Definition(
+            name="nvl_recv_kernel",
+            rows_field="recv_rows",
+            text="as nvl_recv, over the kernel-only time from a profiler trace (the union of the op's GPU kernels) instead of the event-timed API time",
+        ),
+        Definition(
+            name="nvl_remote_kernel",
+            rows_field="recv_rows_remote",
+            text="as nvl_remote, over the kernel-only time from a profiler trace",
+        ),
+        Definition(
+            name="nccl_algbw",
+            rows_field="send_rows",
+            text="nccl-tests alltoall_perf algbw (out-of-place): size / time, size = the per-rank send buffer over all peers",
+        ),
+        Definition(
+            name="nccl_busbw",
+            rows_field="send_rows",
+            text="nccl-tests alltoall_perf busbw (out-of-place): algbw x (n-1)/n",
+        ),
+        Definition(
+            name="deepep_nvl",
+            rows_field="recv_rows",
+            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration; stored for deepep to compare with DeepEP's printout",
+        ),
+        Definition(
+            name="hybrid_ep_rank0_bytes_over_mean_time",
+            rows_field="recv_rows",
+            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time; stored for hybrid-ep to compare with its printout",
+        ),
+        Definition(
+            name="algbw_send",
+            rows_field="send_rows",
+            text="algorithm bandwidth: rows this rank sends (its own included) x bytes/token / time, as nccl-tests' algbw for an all-to-all of that size",
+        ),
+    )
+}
