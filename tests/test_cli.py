@@ -44,7 +44,9 @@ def _children(group: _click.Command) -> dict[str, _click.Command]:
 def _command_paths(cmd: _click.Command, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = []
     for name, child in _children(cmd).items():
-        paths += _command_paths(child, (*prefix, name)) if isinstance(child, TyperGroup) else [(*prefix, name)]
+        paths += (
+            _command_paths(child, (*prefix, name)) if isinstance(child, TyperGroup) else [(*prefix, name)]
+        )
     return paths
 
 

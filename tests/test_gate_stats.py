@@ -31,7 +31,9 @@ def _noise(rng: np.random.Generator, n: int, spread: float, scale: float = 1.0) 
     ties=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_differ_never_crashes_at_any_sample_count(n: int, m: int, shift: float, ties: bool, seed: int) -> None:
+def test_differ_never_crashes_at_any_sample_count(
+    n: int, m: int, shift: float, ties: bool, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     a, b = _noise(rng, n, 0.05), _noise(rng, m, 0.05, shift)
     if ties:  # timers with a coarse clock give many equal samples

@@ -89,7 +89,9 @@ class LazyGroup(TyperGroup):
         super().__init__(**attrs)
         self._listing = False
         for name, entry in COMMANDS.items():
-            self.commands.setdefault(name, TyperCommand(name=name, help=entry.summary, short_help=entry.summary))
+            self.commands.setdefault(
+                name, TyperCommand(name=name, help=entry.summary, short_help=entry.summary)
+            )
         self._loaded: set[str] = set()
 
     def list_commands(self, ctx: _click.Context) -> list[str]:

@@ -6,11 +6,10 @@ as XML; mathtext is off so a `$` in a name is drawn, not parsed.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
-import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
