@@ -16,6 +16,7 @@ import duckdb
 from moelab.accounting.bandwidth import RankRows, bandwidths, library_figure
 from moelab.launch.rundir import RunDir
 from moelab.measure.stats import summarize
+from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 
 # Column lists of the version-1 tables: later migrations add columns, so inserts name theirs.
@@ -78,7 +79,7 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
             "case_metrics",
         )
     }
-    samples: dict[str, list[Any]] = {k: [] for k in ("backend", "case_id", "op", "rank", "iter", "time_us")}
+    samples = SampleColumns()
     for backend in spec.backends:
         files = rd.job(backend)
         job = files.read_job()
@@ -194,14 +195,7 @@ def collect(run_dir: Path) -> dict[str, list[Any]]:
                                 kern["share"],
                             )
                         )
-                for rank, per_rank in enumerate(opdata["samples_us"]):
-                    for i, t in enumerate(per_rank):
-                        samples["backend"].append(backend)
-                        samples["case_id"].append(case.case_id)
-                        samples["op"].append(op)
-                        samples["rank"].append(rank)
-                        samples["iter"].append(i)
-                        samples["time_us"].append(float(t))
+                samples.add(backend, case.case_id, op, opdata["samples_us"])
             for m in rec.get("metrics", []):
                 tables["case_metrics"].append(
                     (
@@ -343,7 +337,7 @@ def _finite(v: Any) -> float | None:
 def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
     """Replace the run's rows with what its directory holds, atomically. Returns the run id."""
     tables = collect(run_dir)
-    samples: dict[str, list[Any]] = tables.pop("_samples")[0]
+    samples: SampleColumns = tables.pop("_samples")[0]
     run_id = tables["runs"][0][0]
     con.execute("BEGIN TRANSACTION")
     try:
@@ -355,20 +349,7 @@ def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
                 columns = ", ".join(COLUMNS[table]) if table in COLUMNS else ""
                 target = f"{table} ({columns})" if columns else table
                 con.executemany(f"INSERT INTO {target} VALUES ({marks})", rows)
-        if samples["time_us"]:
-            con.execute(
-                "INSERT INTO samples SELECT ?, UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), "
-                "UNNEST(?::INTEGER[]), UNNEST(?::INTEGER[]), UNNEST(?::DOUBLE[])",
-                [
-                    run_id,
-                    samples["backend"],
-                    samples["case_id"],
-                    samples["op"],
-                    samples["rank"],
-                    samples["iter"],
-                    samples["time_us"],
-                ],
-            )
+        insert_samples(con, run_id, samples)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
