@@ -42,7 +42,9 @@ class SampleColumns:
             self.time_us.append(grid.reshape(-1))
         else:
             per_rank = [np.asarray(r, dtype=np.float64).reshape(-1) for r in samples_us]
-            self.rank.append(np.concatenate([np.full(r.size, i, dtype=np.int32) for i, r in enumerate(per_rank)]))
+            self.rank.append(
+                np.concatenate([np.full(r.size, i, dtype=np.int32) for i, r in enumerate(per_rank)])
+            )
             self.iter.append(np.concatenate([np.arange(r.size, dtype=np.int32) for r in per_rank]))
             self.time_us.append(np.concatenate(per_rank) if per_rank else np.zeros(0))
         self.key.append(np.full(self.time_us[-1].size, index, dtype=np.int32))
