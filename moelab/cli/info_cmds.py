@@ -39,11 +39,12 @@ def runs(
     with open_db(path, read_only=True) as con:
         rows = con.execute(
             """
+            WITH newest AS (SELECT * FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?)
             SELECT r.run_id, strftime(r.created_at, '%Y-%m-%d %H:%M:%S') AS created, r.label, r.suite, r.status,
                    array_to_string(r.backends, ','), r.device, r.world,
                    count(c.case_id) FILTER (WHERE c.status = 'ok') AS ok_cases, count(c.case_id) AS cases
-            FROM runs r LEFT JOIN cases c USING (run_id)
-            GROUP BY ALL ORDER BY created DESC LIMIT ?
+            FROM newest r LEFT JOIN cases c USING (run_id)
+            GROUP BY ALL ORDER BY created DESC, r.run_id DESC
             """,
             [limit],
         ).fetchall()
