@@ -76,3 +76,18 @@ DEFINITIONS: dict[str, Definition] = {
         ),
     )
 }
+
+
+# Formats whose exact rules a stored figure depends on: written to the same `definitions` table.
+FORMAT_DEFINITIONS: dict[str, str] = {
+    "mxfp8": (
+        "MXFP8 payload (mxfp8-a2a), OCP MX v1.0: 32-element blocks along hidden, E4M3 elements, one E8M0 scale "
+        "byte per block, s = 2^(byte-127); scale rounding rceil (default: smallest s with amax/s <= 448), "
+        "floor (OCP: floor(log2 amax) - 8), ceil (ceil(log2 amax) - 8) or even (amax rounded to 3 mantissa "
+        "bits, then floor); elements x/s clamped to +-448, rounded to nearest even. Follows the spec where "
+        "torchao 0.18's to_mx does not: a block with scale byte 0 is scaled by 2^127 (torchao: by 2^126 in "
+        "floor/ceil/even, elements half the spec's; by 1 in rceil, elements lost to 0), and a block holding "
+        "+-inf or NaN gets scale 0xFF and NaN elements (torchao, for +-inf: the largest finite scale, the inf "
+        "saturated to +-448 and the rest of the block 0), so an overflow reads back as NaN, not as numbers."
+    ),
+}

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import platformdirs
 
-from moelab.accounting.definitions import DEFINITIONS
+from moelab.accounting.definitions import DEFINITIONS, FORMAT_DEFINITIONS
 from moelab.errors import MoelabError
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 
@@ -112,11 +112,12 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         except Exception:
             con.execute("ROLLBACK")
             raise
+    texts = [(d.name, d.text) for d in DEFINITIONS.values()] + list(FORMAT_DEFINITIONS.items())
     con.execute(
         "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
-        + ", ".join(["(?, ?)"] * len(DEFINITIONS))
+        + ", ".join(["(?, ?)"] * len(texts))
         + ")",
-        [v for d in DEFINITIONS.values() for v in (d.name, d.text)],
+        [v for pair in texts for v in pair],
     )
     return current_version(con)
 
