@@ -10,16 +10,20 @@ from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
 from moelab.errors import MoelabError
 from moelab.store.db import resolve_db_path
 
+AUTO_HISTORY_RUNS = 20  # more runs than this get the history view unless --no-history: the full report
+# draws every run's charts (about a second each), the history one chart per series
+
 
 @user_errors
 def report(
     run: list[str] = typer.Option([], "--run", help="Run id(s) (default: the newest run)"),
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="File to write"),
     fmt: str = typer.Option("html", "--format", help="html (self-contained, opens offline) or md (for PRs)"),
-    history: bool = typer.Option(
-        False,
-        "--history",
-        help="Trends over many runs: one chart per (backend, op, workload, SMs), steps detected and marked",
+    history: bool | None = typer.Option(
+        None,
+        "--history/--no-history",
+        help="Trends over many runs: one chart per (backend, op, workload, SMs), steps detected and marked "
+        f"(default: when more than {AUTO_HISTORY_RUNS} runs are given)",
     ),
     since: str | None = typer.Option(
         None,
@@ -46,7 +50,17 @@ def report(
     Example: moelab report --history --since 30d --backend deepep,nccl-a2a --gpu H200 -o history.html
     """
     path = resolve_db_path(db)
-    if history or since or label or backend or gpu:
+    filtered = bool(since or label or backend or gpu)
+    if history is False and filtered:
+        raise MoelabError(
+            "--since, --label, --backend and --gpu select runs for the history view: drop --no-history"
+        )
+    if history is None and len(run) > AUTO_HISTORY_RUNS:
+        console.print(
+            f"{len(run)} runs: drawing their history (one chart per series); --no-history for the full report"
+        )
+        history = True
+    if history or filtered:
         from moelab.reports.history import Filters, parse_since, write_history
 
         filters = Filters(

@@ -10,8 +10,12 @@ Why not asv's own detector: it solves an L1 Potts problem by dynamic programming
 the worst case. Binary segmentation may merge two steps closer than the minimum segment length; the
 report is about where a figure moved, and the merge pass reports the net move.
 
+Outliers: the segmentation runs on a centred running median over 2 * MIN_SEGMENT + 1 points, which
+keeps a step's edge where it is but removes bursts of up to MIN_SEGMENT slow runs (a noisy
+neighbour, a throttled node) that a squared-error cost would otherwise fence off as two steps.
+
 Noise scale: the residual standard deviation is estimated robustly from the median absolute
-difference of consecutive points (which a few steps do not inflate), so the penalty adapts to each
+difference of consecutive raw points (which a few steps do not inflate), so the penalty adapts to each
 series' own run-to-run spread.
 """
 
@@ -60,15 +64,27 @@ def _best_split(y: np.ndarray, min_segment: int) -> tuple[int, float]:
     return int(k[best]), float(gain[best])
 
 
+def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
+    """Centred running median, the window shrinking at the ends: keeps steps sharp, drops short outliers."""
+    if window <= 1 or y.size < 3:
+        return y.copy()
+    half = window // 2
+    padded = np.pad(y, half, mode="edge")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, 2 * half + 1), axis=1)
+
+
 def change_points(
     y: Sequence[float] | np.ndarray,
     min_segment: int = MIN_SEGMENT,
     penalty_factor: float = PENALTY_FACTOR,
 ) -> list[int]:
     """Indices where a new level starts, by binary segmentation of `y` with a BIC-style penalty."""
-    arr = np.asarray(y, dtype=np.float64)
-    n = arr.size
-    sigma = noise_sigma(arr)
+    raw = np.asarray(y, dtype=np.float64)
+    n = raw.size
+    sigma = noise_sigma(raw)
+    # segment the running median (window 2 * min_segment + 1): a few slow runs in a row (a noisy neighbour,
+    # a throttled node) are not a level, and a squared-error cost would split around them
+    arr = rolling_median(raw, 2 * min_segment + 1)
     # a floor on sigma: a perfectly flat series (timer resolution) must not split on rounding
     scale = max(sigma, 1e-6 * max(1.0, float(np.median(np.abs(arr))) if n else 1.0))
     penalty = penalty_factor * scale**2 * math.log(max(n, 2))
