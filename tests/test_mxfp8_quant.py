@@ -163,7 +163,10 @@ def test_subnormal_block_round_trips(rounding: str) -> None:
 def test_plus_minus_448_exact(rounding: str) -> None:
     for k in (-100, 0, 7, 100):
         data, scale = quantize_one_block([448.0 * 2.0**k, -448.0 * 2.0**k, 2.0**k], rounding)
-        assert scale == 127 + k and data[:2] == [0x7E, 0xFE]
+        if rounding == "ceil":  # ceil(log2(448 2^k)) - 8 = k + 1: the element is 224 = 1.75 * 2^7
+            assert scale == 128 + k and data[:2] == [0x76, 0xF6]
+        else:
+            assert scale == 127 + k and data[:2] == [0x7E, 0xFE]
         out = dequantize_mxfp8(
             torch.tensor(data, dtype=torch.uint8), torch.tensor([scale], dtype=torch.uint8)
         )
@@ -220,13 +223,16 @@ def test_round_trip_error_bound(rounding: str) -> None:
     s = torch.pow(2.0, scales.double() - 127).repeat_interleave(32, dim=-1)
     # E4M3 keeps 3 mantissa bits: half an ulp is <= 2^-4 of the value; below 2^-6 * s the spacing is 2^-9 * s
     bound = torch.maximum(xd.abs() * 2.0**-4, s * 2.0**-10)
-    if rounding == "floor":
+    amax = xd.reshape(256, 16, 32).abs().amax(-1)
+    if rounding in ("floor", "even"):
         bound = bound + (xd.abs() - 448 * s).clamp(min=0)  # saturation at +-448 s
     else:
         assert torch.all(xd.abs() <= 448 * s)
-        # RCEIL's scale is the smallest power of two that fits the block maximum
-        amax = xd.reshape(256, 16, 32).abs().amax(-1)
+    if rounding == "rceil":  # the smallest power of two that fits the block maximum
         assert torch.all(amax > 448 * torch.pow(2.0, scales.double() - 128))
+    if rounding == "ceil":  # the smallest power of two that keeps the block maximum at or below 256
+        assert torch.all(amax <= 256 * torch.pow(2.0, scales.double() - 127))
+        assert torch.all(amax > 256 * torch.pow(2.0, scales.double() - 128))
     assert torch.all((out - xd).abs() <= bound)
     rel = ((out - xd).norm() / xd.norm()).item()
     assert rel < (0.04 if rounding == "rceil" else 0.06)

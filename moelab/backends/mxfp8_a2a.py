@@ -7,8 +7,9 @@ Knobs (per case; torchtitan's `expert_parallel_a2a_dispatch_impl` / `..._combine
   workload dtype is what the byte accounting uses: mxfp8 = hidden + hidden/32 bytes per token).
 - `combine_impl`: "bf16" or "mxfp8", default "mxfp8": torchtitan's MX expert-parallel path quantizes both
   directions, and its fastest configuration in the PR that added the knobs quantized both.
-- `rounding`: "rceil" (default, torchao's) or "floor" (OCP). `quantizer`: "auto" (torchao on SM100+,
-  moelab's Triton kernel on SM89+, else plain torch), "torch", "triton" or "torchao".
+- `rounding`: "rceil" (default, torchao's), "floor" (OCP), "ceil" or "even" (torchao's CEIL and EVEN; see
+  moelab/quant/mxfp8.py). `quantizer`: "auto" (torchao on SM100+ for rceil and floor, moelab's Triton
+  kernel on SM89+, else plain torch), "torch", "triton" or "torchao".
 
 How: a token is quantized once at its source, before the rows are gathered per destination (torchao
 quantizes the gathered rows; per-row quantization gives the same bits, on fewer rows), packed as

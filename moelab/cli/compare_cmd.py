@@ -9,11 +9,15 @@ import typer
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.errors import MoelabError
 from moelab.reports import compare as cmp
-from moelab.reports import query
-from moelab.reports.html import render_compare
+from moelab.reports import compare_select, query
 from moelab.reports.peaks import load_peaks
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import resolve_run
+
+
+def _some(ids: list[str], shown: int = 5) -> str:
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(ids[:shown]) + more
 
 
 @user_errors
@@ -33,6 +37,16 @@ def compare(
     ),
     peaks: Path | None = typer.Option(
         None, "--peaks", help="TOML file of link peaks adding to or replacing the built-in table"
+    ),
+    groups: int = typer.Option(
+        8,
+        "--groups",
+        min=2,
+        help="Groups per page when they are runs (--by run, --by label), the reference included",
+    ),
+    page: int = typer.Option(1, "--page", min=1, help="Which page of groups to show (--by run, --by label)"),
+    max_rows: int = typer.Option(
+        200, "--rows", min=1, help="Print at most this many rows (the HTML page holds them all)"
     ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
@@ -56,6 +70,10 @@ def compare(
         if not ids:
             raise MoelabError(f"no runs in {path}")
         query.select_runs(con, ids)
+        paged = compare_select.page_groups(con, by, reference, groups, page)
+        if by != "run":
+            label_of = compare_select.label_groups(con) if by == "label" else None
+            compare_select.newest_runs_only(con, by, label_of)
         table = cmp.build(
             query.results(con),
             query.environment(con),
@@ -67,16 +85,23 @@ def compare(
         )
     if len(table.groups) < 2:
         raise MoelabError(
-            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {', '.join(ids)}: nothing to compare"
+            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {_some(ids)}: nothing to compare"
         )
     if not table.rows:
         raise MoelabError(f"no case was measured by more than one {by}: nothing to compare")
+    rows = table.table_rows()
     print_table(
-        table.header(), table.table_rows(), title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
+        table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
     )
+    if len(rows) > max_rows:
+        console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
+    if paged is not None and paged.note:
+        console.print(paged.note)
     if html is not None:
         try:
             html.parent.mkdir(parents=True, exist_ok=True)
+            from moelab.reports.html import render_compare
+
             html.write_text(render_compare(table, f"moelab compare by {by}"))
         except OSError as exc:
             raise MoelabError(f"cannot write {html}: {exc}") from exc

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import names_by_run
@@ -16,6 +15,8 @@ def backends() -> None:
 
     Example: moelab backends
     """
+    from moelab.backends import registry  # imports the backend base class, and so torch
+
     rows = []
     for name, entry in registry.entries().items():
         reason = registry.availability(name)
@@ -39,11 +40,12 @@ def runs(
     with open_db(path, read_only=True) as con:
         rows = con.execute(
             """
+            WITH newest AS (SELECT * FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?)
             SELECT r.run_id, strftime(r.created_at, '%Y-%m-%d %H:%M:%S') AS created, r.label, r.suite, r.status,
                    array_to_string(r.backends, ','), r.device, r.world,
                    count(c.case_id) FILTER (WHERE c.status = 'ok') AS ok_cases, count(c.case_id) AS cases
-            FROM runs r LEFT JOIN cases c USING (run_id)
-            GROUP BY ALL ORDER BY created DESC LIMIT ?
+            FROM newest r LEFT JOIN cases c USING (run_id)
+            GROUP BY ALL ORDER BY created DESC, r.run_id DESC
             """,
             [limit],
         ).fetchall()

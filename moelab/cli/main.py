@@ -1,24 +1,139 @@
-"""moelab's command line."""
+"""moelab's command line.
+
+Commands are imported only when they run (or when their own --help is asked for): `moelab run` needs
+torch, `moelab check` the gate's statistics, `moelab report` the charts, but `moelab --help` and
+`moelab runs` need none of them and start in a fraction of a second. The top-level help lists each
+command from the table below, whose one-line summaries a test keeps equal to the commands' docstrings.
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
 import typer
+import typer.main
+from typer import _click
+from typer.core import TyperCommand, TyperGroup
 
 from moelab import __version__
-from moelab.cli import db_cmd, trace
-from moelab.cli.check_cmd import check
-from moelab.cli.compare_cmd import compare
-from moelab.cli.doctor import doctor
-from moelab.cli.info_cmds import backends, runs
-from moelab.cli.ingest_cmd import ingest
-from moelab.cli.label_cmd import label
-from moelab.cli.report_cmd import report
-from moelab.cli.run_cmd import run
-from moelab.cli.tune_cmd import tune_command
-from moelab.cli.verify_cmd import verify
+
+
+@dataclass(frozen=True, slots=True)
+class LazyCommand:
+    target: str  # "module:attribute": a command function, or a typer.Typer for a group
+    summary: str  # the first line of its docstring (or the group's help), shown by `moelab --help`
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "run": LazyCommand(
+        "moelab.cli.run_cmd:run",
+        "Run dispatch/combine benchmarks: each backend as its own torchrun job, results stored in DuckDB.",
+    ),
+    "backends": LazyCommand(
+        "moelab.cli.info_cmds:backends",
+        "List every backend (built-in and plugins) and whether it can run here, or why not.",
+    ),
+    "verify": LazyCommand(
+        "moelab.cli.verify_cmd:verify",
+        "Verify moelab's figures against each library's own benchmark at the same configuration.",
+    ),
+    "tune": LazyCommand(
+        "moelab.cli.tune_cmd:tune_command",
+        "Find the backend, communication SMs and knobs that give one MoE layer the most tokens/s.",
+    ),
+    "ingest": LazyCommand(
+        "moelab.cli.ingest_cmd:ingest",
+        "Store a run directory that was never stored (a killed run, another node's directory).",
+    ),
+    "runs": LazyCommand("moelab.cli.info_cmds:runs", "List stored runs, newest first."),
+    "report": LazyCommand(
+        "moelab.cli.report_cmd:report",
+        "Render a report of one run (or several), or the history of many runs as trends with detected steps.",
+    ),
+    "compare": LazyCommand(
+        "moelab.cli.compare_cmd:compare",
+        "Compare cases side by side, matched on workload and SMs, with bandwidth as a fraction of each GPU's link peak.",
+    ),
+    "check": LazyCommand(
+        "moelab.cli.check_cmd:check",
+        "Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.",
+    ),
+    "label": LazyCommand(
+        "moelab.cli.label_cmd:label",
+        "Give a run a name (moving the name if another run had it), list names, or remove one.",
+    ),
+    "doctor": LazyCommand(
+        "moelab.cli.doctor:doctor",
+        "Check GPUs (throttling, clocks under load, ECC, NVLink, PCIe), GPU paths, NICs (ports, PCIe AtomicOps, "
+        "NUMA) and CPU affinity; name the slowest GPUs across nodes.",
+    ),
+    "db": LazyCommand("moelab.cli.db_cmd:app", "Query and export the DuckDB store."),
+    "trace": LazyCommand(
+        "moelab.cli.trace:app",
+        "Summarise profiler traces: API time, kernel-only time and kernel shares per range.",
+    ),
+}
+
+
+def load_target(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_command(name: str, entry: LazyCommand) -> _click.Command:
+    """The real click command (or group) for `name`, importing its module."""
+    obj = load_target(entry.target)
+    if isinstance(obj, typer.Typer):
+        group = typer.main.get_group(obj)
+        group.name = name
+        return group
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command(name)(obj)
+    return typer.main.get_command(single)
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose commands are placeholders until one is resolved to run or to show its help."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._listing = False
+        for name, entry in COMMANDS.items():
+            self.commands.setdefault(
+                name, TyperCommand(name=name, help=entry.summary, short_help=entry.summary)
+            )
+        self._loaded: set[str] = set()
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def load(self, name: str) -> _click.Command | None:
+        entry = COMMANDS.get(name)
+        if entry is None:
+            return self.commands.get(name)
+        if name not in self._loaded:
+            self.commands[name] = build_command(name, entry)
+            self._loaded.add(name)
+        return self.commands[name]
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if self._listing:
+            return self.commands.get(cmd_name)
+        return self.load(cmd_name)
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="moelab",
+    cls=LazyGroup,
     help="moelab: benchmark, store, report and guard MoE expert-parallel dispatch/combine across backends.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -43,20 +158,6 @@ def main(
     Example: moelab run --backend nccl-a2a --experts-per-rank 8 --report report.html
     """
 
-
-app.command("run")(run)
-app.command("verify")(verify)
-app.command("tune")(tune_command)
-app.command("backends")(backends)
-app.command("runs")(runs)
-app.command("report")(report)
-app.command("compare")(compare)
-app.command("check")(check)
-app.command("label")(label)
-app.command("ingest")(ingest)
-app.command("doctor")(doctor)
-app.add_typer(db_cmd.app, name="db")
-app.add_typer(trace.app, name="trace")
 
 if __name__ == "__main__":
     app()

@@ -1,4 +1,4 @@
-"""`moelab report`."""
+"""`moelab report`: one run (or a few) in full, or the history of many as trends with detected steps."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from pathlib import Path
 
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, user_errors
-from moelab.reports.html import write_report
+from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
+from moelab.errors import MoelabError
 from moelab.store.db import resolve_db_path
+
+AUTO_HISTORY_RUNS = 20  # more runs than this get the history view unless --no-history: the full report
+# draws every run's charts (about a second each), the history one chart per series
 
 
 @user_errors
@@ -16,11 +19,64 @@ def report(
     run: list[str] = typer.Option([], "--run", help="Run id(s) (default: the newest run)"),
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="File to write"),
     fmt: str = typer.Option("html", "--format", help="html (self-contained, opens offline) or md (for PRs)"),
+    history: bool | None = typer.Option(
+        None,
+        "--history/--no-history",
+        help="Trends over many runs: one chart per (backend, op, workload, SMs), steps detected and marked "
+        f"(default: when more than {AUTO_HISTORY_RUNS} runs are given)",
+    ),
+    since: str | None = typer.Option(
+        None,
+        "--since",
+        help="History from this date (2026-11-01) or span back (30d, 12h, 2w); implies --history",
+    ),
+    label: list[str] = typer.Option([], "--label", help="History of runs with this label; implies --history"),
+    backend: str | None = typer.Option(
+        None, "--backend", help="History of these backends (comma-separated); implies --history"
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help="History on GPUs whose name contains this (e.g. H200; comma-separated); implies --history",
+    ),
+    metric: str = typer.Option("nvl_recv", "--metric", help="History: the bandwidth definition drawn"),
+    x_axis: str = typer.Option("time", "--x", help="History: x axis, run time or runs in order ('run')"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
-    """Render a report of one or more runs: environment, SM-vs-bandwidth charts, results table.
+    """Render a report of one run (or several), or the history of many runs as trends with detected steps.
 
     Example: moelab report --run 20261122T070000Z-abc123 -o report.html
+
+    Example: moelab report --history --since 30d --backend deepep,nccl-a2a --gpu H200 -o history.html
     """
-    path = write_report(resolve_db_path(db), run or None, out, fmt)
-    console.print(f"report: {path}")
+    path = resolve_db_path(db)
+    filtered = bool(since or label or backend or gpu)
+    if history is False and filtered:
+        raise MoelabError(
+            "--since, --label, --backend and --gpu select runs for the history view: drop --no-history"
+        )
+    if history is None and len(run) > AUTO_HISTORY_RUNS:
+        console.print(
+            f"{len(run)} runs: drawing their history (one chart per series); --no-history for the full report"
+        )
+        history = True
+    if history or filtered:
+        from moelab.reports.history import Filters, parse_since, write_history
+
+        filters = Filters(
+            since=parse_since(since),
+            labels=tuple(label),
+            backends=tuple(parse_list(backend, name="backend") or ()),
+            gpus=tuple(parse_list(gpu, name="gpu") or ()),
+            runs=tuple(run),
+            metric=metric,
+        )
+        written = write_history(path, filters, out, fmt, x_axis)
+        console.print(f"history: {written}")
+        return
+    if metric != "nvl_recv" or x_axis != "time":
+        raise MoelabError("--metric and --x apply to the history view: add --history")
+    from moelab.reports.html import write_report
+
+    written = write_report(path, run or None, out, fmt)
+    console.print(f"report: {written}")

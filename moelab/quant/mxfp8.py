@@ -2,21 +2,28 @@
 E8M0 scale per block. One function, three implementations that agree bit for bit: torchao's kernels (SM100+),
 moelab's fused Triton kernel (Hopper and Ada, `mxfp8_triton`), and plain torch ops (any device).
 
-Scale rounding (the E8M0 byte, biased by 127, of the block scale s = 2^(byte - 127)):
+Scale rounding (the E8M0 byte, biased by 127, of the block scale s = 2^(byte - 127)); for amax = m * 2^E
+(m in [1, 2)) every rule is E - 8 plus one where m passes a threshold, computed from the bits of the
+float32 amax (ROUND_UP_ABOVE), so no float division or subnormal arithmetic is involved:
 - ``rceil`` (default, torchao's RCEIL / cuBLAS's rule): the smallest s with amax / s <= 448, i.e.
-  ceil(log2(amax / 448)). For amax = m * 2^E (m in [1, 2)) that is E - 8, plus 1 where m > 1.75: moelab
-  computes it from the bits of the float32 amax, so no float division or subnormal arithmetic is involved.
-  torchao computes float32(amax * float32(1/448)) and rounds its exponent up; the two agree for every
-  bf16 and fp16 value (tests check all of them) and for every float32 amax but one: 448 * 2^-127 plus one
-  ulp, whose product torchao rounds down to the subnormal 2^-127 (byte 0) where the spec gives byte 1.
+  ceil(log2(amax / 448)): plus one where m > 1.75. torchao computes float32(amax * float32(1/448)) and
+  rounds its exponent up; the two agree for every bf16 and fp16 value (tests check all of them) and for
+  every float32 amax but one: 448 * 2^-127 plus one ulp, whose product torchao rounds down to the
+  subnormal 2^-127 (byte 0) where the spec gives byte 1.
 - ``floor`` (the OCP rule): floor(log2(amax)) - 8, 8 being the exponent of 448; elements of a block whose
   amax has a mantissa above 1.75 exceed 448 after scaling and saturate to +-448 (up to 12.5% error).
+- ``ceil`` (torchao's CEIL): ceil(log2(amax)) - 8: plus one where m > 1. Nothing saturates (amax / s is at
+  most 256) at the price of one bit of range for most blocks: for users who want no clipping and a
+  rule that does not depend on the element format's maximum.
+- ``even`` (torchao's EVEN): amax rounded to E4M3's 3 mantissa bits (half away from zero), then floor:
+  plus one where m >= 1.9375. Between floor and rceil: saturates for m in [1.75, 1.9375).
 The byte is clamped to [0, 254]; a block containing NaN or +-inf gets 0xFF (E8M0 NaN).
 
 Elements: x * 2^(127 - byte) in float32 (exact: a power-of-two product), clamped to +-448, then rounded to
-nearest-even E4M3 (the clamp matters for ``floor`` and for torch < 2.13, whose eager cast did not saturate).
+nearest-even E4M3 (the clamp matters for ``floor`` and ``even``, and for torch < 2.13, whose eager cast did
+not saturate).
 
-Special values, what each implementation produces:
+Special values, what moelab produces (the OCP spec's behaviour):
 - block of zeros: byte 0 (s = 2^-127); elements keep their sign (+0 -> 0x00, -0 -> 0x80); dequantizes to +-0.
 - subnormal inputs (bf16/fp32 subnormals): amax below 448 * 2^-127 gives byte 0, elements are x * 2^127
   rounded to E4M3: a block of subnormals comes back to within E4M3 precision (bf16 subnormals exactly
@@ -26,8 +33,26 @@ Special values, what each implementation produces:
 - values so close to the float32 maximum that E4M3 rounding carries them to 2^128 (|x| >= 0xF * 2^123,
   e.g. bf16 3.39e38): byte 247 and element 256; they dequantize to +-inf, as they do in torchao.
 - +-inf or NaN anywhere in a block: byte 0xFF and every element of that block 0x7F (E4M3 NaN, positive, so
-  the bits do not depend on which NaN the hardware produced); dequantizes to NaN for the whole block
-  (torchao behaves the same: its reciprocal scale is NaN). Other blocks of the row are unaffected.
+  the bits do not depend on which NaN the hardware produced); dequantizes to NaN for the whole block.
+  Other blocks of the row are unaffected.
+
+Where torchao 0.18's `to_mx` (the eager reference of its kernels) differs, and why moelab keeps the spec
+(tests/test_mxfp8_torchao.py checks each difference against torchao on the CPU):
+- scale byte 0 (amax below 448 * 2^-127 for rceil, below 2^-119 for the others): the spec's scale is the
+  float32 subnormal 2^-127 and moelab multiplies by 2^127. torchao's floor/ceil/even clamp the scale to the
+  smallest normal float, 2^-126, so their elements are half the spec's (read back by the byte they are off
+  by 2x); its rceil multiplies by 1 instead, so the elements round to +-0 and the block's data is lost.
+  torchao avoids subnormal scales because GPU code generation mishandled them (pytorch#125557); moelab's
+  bit arithmetic never computes with a subnormal, so it can keep the spec, which is what a consumer reading
+  the byte as 2^(byte - 127) (a block-scaled MMA, moelab's dequantizer) expects.
+- +-inf in a block: torchao takes the block's scale from the inf's exponent (floor/ceil/even: byte 247,
+  rceil: byte 254, the largest finite scales), saturates the inf elements to +-448 and rounds every other
+  element to +-0: the block reads back as finite garbage (+-448 * 2^120) or +-inf plus zeros. The spec
+  makes a block with a non-finite amax NaN (scale 0xFF); moelab follows it so an overflow upstream shows up
+  as NaN after the all-to-all instead of as plausible numbers.
+- NaN in a block: both give scale 0xFF, so the block dequantizes to NaN in both; torchao's element bytes
+  vary (NaN times x, or x / inf = 0), moelab's are always 0x7F.
+The stored definition `mxfp8` (table `definitions`) carries the same statement.
 
 Dequantization: float32(E4M3) * 2^(byte - 127) (byte 0 is the float32 subnormal 2^-127, 0xFF is NaN), then
 one rounding to the output dtype. Data and scales travel as uint8 (gloo refuses float8 dtypes; torchao
@@ -47,11 +72,12 @@ E4M3_MAX = 448.0
 E8M0_NAN = 0xFF
 E8M0_BIAS = 127
 E4M3_NAN_BYTE = 0x7F
-ROUNDINGS = ("rceil", "floor")
+ROUNDINGS = ("rceil", "floor", "ceil", "even")
+# the scale exponent is the amax's plus one where the amax's float32 mantissa bits exceed this
+ROUND_UP_ABOVE = {"floor": 0x7FFFFF, "rceil": 0x600000, "ceil": 0, "even": 0x77FFFF}
+TORCHAO_KERNEL_ROUNDINGS = ("rceil", "floor")  # torchao's triton_to_mxfp8_dim0 has no ceil or even
 IMPLS = ("auto", "torch", "triton", "torchao")
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-_MANTISSA_1_75 = 0x600000  # float32 mantissa bits of 1.75 = 448 / 2^8
 
 
 def check_rounding(rounding: str) -> None:
@@ -82,8 +108,12 @@ def reference_scale_exponent(amax: torch.Tensor, rounding: str) -> torch.Tensor:
         # r = mant * 2^exp with mant in [0.5, 1): ceil(log2 r) = exp - 1 when r is a power of two, else exp
         e = torch.where(mant == 0.5, exp - 1, exp).to(torch.int64)
     else:
-        _, exp = torch.frexp(safe)
+        mant, exp = torch.frexp(safe)  # amax = (2 mant) * 2^(exp - 1), 2 mant in [1, 2)
         e = exp.to(torch.int64) - 1 - 8  # floor(log2 amax) - emax(E4M3)
+        if rounding == "ceil":
+            e = e + (mant > 0.5).to(torch.int64)
+        elif rounding == "even":  # 2 mant rounded to 3 fraction bits, half away from zero, reaches 2
+            e = e + (2 * mant >= 2 - 2.0**-4).to(torch.int64)
     e = torch.where(amax > 0, e, torch.full_like(e, -E8M0_BIAS))
     return torch.where(finite, e, torch.full_like(e, E8M0_BIAS + 1))
 
@@ -155,9 +185,7 @@ def scale_bytes_from_amax(amax: torch.Tensor, rounding: str) -> torch.Tensor:
     """E8M0 bytes (int32) from float32 block maxima by exponent arithmetic on their bits."""
     bits = amax.to(torch.float32).view(torch.int32)
     ebits = torch.bitwise_right_shift(bits, 23) & 0xFF
-    byte = ebits - 8
-    if rounding == "rceil":
-        byte = byte + ((bits & 0x7FFFFF) > _MANTISSA_1_75).to(torch.int32)
+    byte = ebits - 8 + ((bits & 0x7FFFFF) > ROUND_UP_ABOVE[rounding]).to(torch.int32)
     byte = torch.clamp(byte, min=0)
     return torch.where(ebits == 0xFF, torch.full_like(byte, E8M0_NAN), byte)
 
@@ -261,6 +289,12 @@ def quantize_mxfp8(
     _check_input(x)
     check_rounding(rounding)
     chosen = resolve_impl(impl, x.device, x.dtype)
+    if chosen == "torchao" and rounding not in TORCHAO_KERNEL_ROUNDINGS:
+        if impl != "auto":
+            raise BackendUnavailable(
+                f"MXFP8 quantizer 'torchao' has no {rounding!r} scale rounding (only rceil, floor)"
+            )
+        chosen = "triton" if triton_unavailable_reason(x.device) is None else "torch"
     if chosen == "triton":
         from moelab.quant import mxfp8_triton
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moelab.quant.mxfp8 import ROUND_UP_ABOVE
+
 BLOCK = 32
 
 
@@ -26,7 +28,7 @@ def _quantize_kernel(
     stride_x,
     stride_data,
     stride_scale,
-    ROUND_UP: tl.constexpr,  # True: RCEIL, False: FLOOR
+    ROUND_UP_ABOVE: tl.constexpr,  # mxfp8.ROUND_UP_ABOVE[rounding]: exponent + 1 above these mantissa bits
     BLOCK_ROWS: tl.constexpr,
     BLOCKS_PER_TILE: tl.constexpr,
 ):
@@ -44,9 +46,7 @@ def _quantize_kernel(
     amax = tl.max(mag, axis=2)
     bits = amax.to(tl.int32, bitcast=True)
     ebits = (bits >> 23) & 0xFF
-    byte = ebits - 8
-    if ROUND_UP:
-        byte = byte + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    byte = ebits - 8 + ((bits & 0x7FFFFF) > ROUND_UP_ABOVE).to(tl.int32)
     byte = tl.maximum(byte, 0)
     nan_block = ebits == 0xFF
     byte = tl.where(nan_block, 0xFF, byte)
@@ -137,7 +137,7 @@ def quantize(
         x2.stride(0),
         d2.stride(0),
         s2.stride(0),
-        ROUND_UP=rounding == "rceil",
+        ROUND_UP_ABOVE=ROUND_UP_ABOVE[rounding],
         BLOCK_ROWS=br,
         BLOCKS_PER_TILE=bc // BLOCK,
         num_warps=num_warps or (8 if br * bc >= 8192 else 4),

@@ -6,18 +6,27 @@ as XML; mathtext is off so a `$` in a name is drawn, not parsed.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter  # noqa: E402
 
-plt.rcParams["svg.hashsalt"] = "moelab"  # stable ids: golden files do not churn
-plt.rcParams["text.parse_math"] = False
+@functools.cache
+def _pyplot() -> Any:
+    """matplotlib, imported on the first chart: commands that draw nothing do not pay for it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.hashsalt"] = "moelab"  # stable ids: golden files do not churn
+    plt.rcParams["text.parse_math"] = False
+    return plt
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,7 +42,7 @@ class Series:
 def _to_svg(fig: plt.Figure) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
+    _pyplot().close(fig)
     svg = buf.getvalue()
     return svg[svg.index("<svg") :]
 
@@ -52,6 +61,8 @@ def _draw(ax: plt.Axes, series: Mapping[str, Series], hline: tuple[float, str] |
     if hline is not None:
         ax.axhline(hline[0], color="#b00", linestyle=":", linewidth=1.2, label=hline[1])
     if logx:
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
         # plain tick labels at the measured points: mathtext is off, so the default 2^n labels would show raw
         ax.set_xscale("log", base=2)
         ticks = sorted({float(x) for s in series.values() for x in s.xs})
@@ -71,7 +82,7 @@ def line_chart(
     logx: bool = False,
 ) -> str:
     """One line per series, a band for its spread, optional fit and marks, and an optional reference line."""
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 3.6))
     _draw(ax, series, hline, logx)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
@@ -89,7 +100,7 @@ def pair_chart(
     logx: bool = False,
 ) -> str:
     """Two panels over the same x (bandwidth and latency against tokens); the reference line goes left."""
-    fig, (ax_l, ax_r) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax_l, ax_r) = _pyplot().subplots(1, 2, figsize=(11, 3.8))
     _draw(ax_l, left, hline, logx)
     _draw(ax_r, right, None, logx)
     for ax, ylabel in ((ax_l, ylabels[0]), (ax_r, ylabels[1])):
@@ -106,7 +117,7 @@ def bar_chart(
     xlabel: str,
     vline: tuple[float, str] | None = None,
 ) -> str:
-    fig, ax = plt.subplots(figsize=(6.4, 0.4 * max(len(labels), 3) + 1))
+    fig, ax = _pyplot().subplots(figsize=(6.4, 0.4 * max(len(labels), 3) + 1))
     ax.barh(range(len(labels)), values, color="#4477aa")
     ax.set_yticks(range(len(labels)), labels, fontsize="x-small")
     ax.invert_yaxis()

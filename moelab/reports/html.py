@@ -137,6 +137,19 @@ def render(data: ReportData, fmt: str = "html") -> str:
     return template.render(d=data)
 
 
+def render_history(history: Any, fmt: str = "html") -> str:
+    """The history view (reports/history.py): steps table, series table, one chart per series."""
+    from moelab.reports import steps
+
+    if fmt not in ("html", "md"):
+        raise MoelabError(f"unknown report format {fmt!r}: choose html or md")
+    env = _env()
+    if fmt == "md":
+        env.autoescape = False
+    template = env.get_template("history.html.j2" if fmt == "html" else "history.md.j2")
+    return template.render(h=history, min_effect=steps.MIN_EFFECT, min_segment=steps.MIN_SEGMENT)
+
+
 def render_compare(table: compare.CompareTable, title: str) -> str:
     """A standalone HTML page holding one comparison (`moelab compare --html`)."""
     return _env().get_template("compare.html.j2").render(t=table, title=title)

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import platformdirs
 
-from moelab.accounting.bandwidth import DEFINITIONS
+from moelab.accounting.definitions import DEFINITIONS, FORMAT_DEFINITIONS
 from moelab.errors import MoelabError
 from moelab.measure.ops import OPS
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
@@ -113,9 +113,11 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
         except Exception:
             con.execute("ROLLBACK")
             raise
-    texts = [(d.name, d.text) for d in DEFINITIONS.values()] + [
-        (f"op:{o.name}", o.text) for o in OPS.values()
-    ]
+    texts = (
+        [(d.name, d.text) for d in DEFINITIONS.values()]
+        + [(f"op:{o.name}", o.text) for o in OPS.values()]
+        + list(FORMAT_DEFINITIONS.items())
+    )
     con.execute(
         "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
         + ", ".join(["(?, ?)"] * len(texts))

@@ -20,6 +20,7 @@ from moelab.launch.rundir import JobFiles, RunDir
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.case_record import CaseRecord, OpResult
 from moelab.record.peaks import read_peaks
+from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 from moelab.verify.store import rows_from_run_dir
 
@@ -68,9 +69,7 @@ class RunRows:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.tables: dict[str, list[Row]] = {}
-        self.samples: dict[str, list[Any]] = {
-            k: [] for k in ("backend", "case_id", "op", "rank", "iter", "time_us")
-        }
+        self.samples = SampleColumns()
         self.definitions: dict[str, str] = {}
 
     def add(self, table: str, **row: Any) -> None:
@@ -192,14 +191,7 @@ def op_rows(rows: RunRows, rec: CaseRecord, op: OpResult) -> None:
         for kern in k.kernels if k is not None else ():
             rows.add("trace_kernels", **key, rank=rank, kernel_name=kern.name, count=kern.count,
                      total_us=kern.total_us, share=kern.share)  # fmt: skip
-    for rank, per_rank in enumerate(op.samples_us):
-        n = len(per_rank)
-        rows.samples["backend"] += [rec.backend] * n
-        rows.samples["case_id"] += [rec.case_id] * n
-        rows.samples["op"] += [op.op] * n
-        rows.samples["rank"] += [rank] * n
-        rows.samples["iter"] += list(range(n))
-        rows.samples["time_us"] += [float(t) for t in per_rank]
+    rows.samples.add(rec.backend, rec.case_id, op.op, op.samples_us)
 
 
 def nccl_tests_rows(rows: RunRows, rec: CaseRecord) -> None:
@@ -285,13 +277,7 @@ def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
                 _insert(con, table, table_rows)
         for name, text in rows.definitions.items():
             con.execute("INSERT OR REPLACE INTO definitions VALUES (?, ?)", [name, text])
-        s = rows.samples
-        if s["time_us"]:
-            con.execute(
-                "INSERT INTO samples SELECT ?, UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), UNNEST(?::VARCHAR[]), "
-                "UNNEST(?::INTEGER[]), UNNEST(?::INTEGER[]), UNNEST(?::DOUBLE[])",
-                [run_id, s["backend"], s["case_id"], s["op"], s["rank"], s["iter"], s["time_us"]],
-            )
+        insert_samples(con, run_id, rows.samples)
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
