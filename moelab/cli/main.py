@@ -9,6 +9,7 @@ command from the table below, whose one-line summaries a test keeps equal to the
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,26 @@ class LazyGroup(TyperGroup):
         if self._listing:
             return self.commands.get(cmd_name)
         return self.load(cmd_name)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """click's own handling, except that a usage error (a bad flag value, an unknown option) is one
+        `error:` line and exit 2 like every other user error, not a usage box."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            print("error: aborted", file=sys.stderr)
+            sys.exit(130)
+        except Exception as exc:
+            # click's usage and parameter errors, by their public shape (no import of click internals)
+            if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+                raise
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
+            print(f"error: {exc.format_message()}{hint}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         self._listing = True
