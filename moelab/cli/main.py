@@ -124,24 +124,33 @@ class LazyGroup(TyperGroup):
             return self.commands.get(cmd_name)
         return self.load(cmd_name)
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         """click's own handling, except that a usage error (a bad flag value, an unknown option) is one
         `error:` line and exit 2 like every other user error, not a usage box."""
+        passed = {"args": args, "prog_name": prog_name, "complete_var": complete_var, **kwargs}
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(standalone_mode=False, **passed)
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(standalone_mode=False, **passed)
         except typer.Abort:
             print("error: aborted", file=sys.stderr)
             sys.exit(130)
         except Exception as exc:
             # click's usage and parameter errors, by their public shape (no import of click internals)
-            if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            exit_code = getattr(exc, "exit_code", None)
+            if not (hasattr(exc, "format_message") and isinstance(exit_code, int)):
                 raise
             ctx = getattr(exc, "ctx", None)
-            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exit_code == 2 else ""
             print(f"error: {exc.format_message()}{hint}", file=sys.stderr)
-            sys.exit(exc.exit_code)
+            sys.exit(exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
