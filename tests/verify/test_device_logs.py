@@ -1,0 +1,39 @@
+"""The libraries' own tests as they printed on 2xH200 (results/h200x2-r2, hidden 4096, 2048 tokens/rank,
+16 experts): the parsers take DeepEP's default-chunk lines and Hybrid-EP's API lines, and a log cut off
+mid-run (the Hybrid-EP test killed by verify's timeout) still yields what it printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moelab.verify import parse_deepep, parse_hybrid_ep
+
+LOGS = Path(__file__).resolve().parents[2] / "results" / "h200x2-r2" / "call2" / "library_logs"
+
+
+def test_deepep_default_chunk_lines() -> None:
+    figs = {
+        (f.op, f.dtype): f
+        for f in parse_deepep.intranode_figures((LOGS / "deepep_test_intranode.log").read_text())
+    }
+    assert set(figs) == {("dispatch", "fp8"), ("dispatch", "bf16"), ("combine", "bf16")}
+    assert (
+        figs[("dispatch", "bf16")].gbps,
+        figs[("dispatch", "fp8")].gbps,
+        figs[("combine", "bf16")].gbps,
+    ) == (
+        240.06,
+        150.48,
+        247.0,
+    )
+    assert all("NVL chunk default" in f.label for f in figs.values())
+
+
+def test_hybrid_ep_cut_off_log() -> None:
+    figs = parse_hybrid_ep.figures((LOGS / "hybrid_ep_test_hybrid_ep.log").read_text())
+    api = {(f.op, f.dtype): f.gbps for f in figs if f.timing == "api" and f.op in ("dispatch", "combine")}
+    assert api[("dispatch", "bf16")] == 196.03 and api[("combine", "bf16")] == 315.51
+    assert (
+        "dispatch",
+        "fp8",
+    ) not in api  # the FP8 benchmark never printed: killed during its correctness check
