@@ -91,6 +91,9 @@ class Mxfp8A2ABackend(NcclA2ABackend):
 
     @classmethod
     def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        if workload.dtype not in cls.payload_dtypes:  # e.g. fp8 from `--dtype bf16,fp8`: an unsupported case
+            super().check_knobs(knobs, workload)
+            return
         Mxfp8Settings.from_case(CaseConfig(case_id="", workload=workload, knobs=knobs))
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:

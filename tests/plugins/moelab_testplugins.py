@@ -20,10 +20,12 @@ class _OneBadRank(NcclA2ABackend):
     def misbehave(self) -> None:
         raise NotImplementedError
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
         if self.ctx.rank == self.bad_rank:
             self.misbehave()
-        return super().dispatch(x, topk_idx, topk_weights)
+        return super().dispatch(x, topk_idx, topk_weights, layout=layout)
 
     def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
         return super().combine(expert_out, handle)
@@ -57,7 +59,9 @@ class HangAllBackend(_OneBadRank):
 
     name = "test-hang-all"
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Dispatched:
         time.sleep(3600)
         raise AssertionError("unreachable")
 
