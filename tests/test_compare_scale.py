@@ -82,7 +82,10 @@ def _app() -> typer.Typer:
     return app
 
 
-def test_by_run_is_paged_with_the_reference_on_every_page(db: Path) -> None:
+def test_by_run_is_paged_with_the_reference_on_every_page(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moelab.cli.common import console
+
+    monkeypatch.setattr(console, "width", 400)  # figure columns never wrap: give them room to show whole
     shown = []
     for page in (1, 2, 3, 4):
         r = CliRunner().invoke(
@@ -90,8 +93,8 @@ def test_by_run_is_paged_with_the_reference_on_every_page(db: Path) -> None:
         )
         assert r.exit_code == 0, r.output
         assert f"page {page} of 4: {4 if page < 4 else 3} of 12 groups shown" in r.stdout
-        assert "run00 µs" in r.stdout  # the reference
-        shown.append({f"run{i:02d}" for i in range(1, 12) if f"run{i:02d} µs" in r.stdout})
+        assert "run00 GB/s" in r.stdout  # the reference (time columns print their unit per cell)
+        shown.append({f"run{i:02d}" for i in range(1, 12) if f"run{i:02d} GB/s" in r.stdout})
     assert set().union(*shown) == {f"run{i:02d}" for i in range(1, 12)}
     assert [len(s) for s in shown] == [3, 3, 3, 2]
 

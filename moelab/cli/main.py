@@ -30,7 +30,7 @@ class LazyCommand:
 COMMANDS: dict[str, LazyCommand] = {
     "run": LazyCommand(
         "moelab.cli.run_cmd:run",
-        "Run dispatch/combine benchmarks: each backend as its own torchrun job, results stored in DuckDB.",
+        "Run dispatch/combine benchmarks: each backend as its own job, results stored in DuckDB.",
     ),
     "backends": LazyCommand(
         "moelab.cli.info_cmds:backends",
@@ -38,15 +38,15 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "verify": LazyCommand(
         "moelab.cli.verify_cmd:verify",
-        "Verify moelab's figures against each library's own benchmark at the same configuration.",
+        "Check moelab's figures against each library's own benchmark at the same configuration.",
     ),
     "tune": LazyCommand(
         "moelab.cli.tune_cmd:tune_command",
-        "Find the backend, communication SMs and knobs that give one MoE layer the most tokens/s.",
+        "Search backend x SMs x chunk knobs x schedule for the most end-to-end tokens/s of one MoE layer.",
     ),
     "ingest": LazyCommand(
         "moelab.cli.ingest_cmd:ingest",
-        "Store a run directory that was never stored (a killed run, another node's directory).",
+        "Store a run directory in the database; a run already stored is left as it is (exit 0).",
     ),
     "runs": LazyCommand("moelab.cli.info_cmds:runs", "List stored runs, newest first."),
     "report": LazyCommand(
