@@ -109,10 +109,14 @@ def test_count_rows_conservation_and_internode_agreement(
     for r in rows:
         assert wl.tokens_per_rank <= r.send_rows <= wl.tokens_per_rank * min(topk, world)
         assert r.rdma_pairs_remote <= r.rdma_pairs <= r.send_rows
+    # an independent oracle (sets, not masks) for the one RDMA counter, and internode_bytes reports it
+    oracle = []
+    for src, routing in enumerate(routings):
+        nodes = [{e // epr // gpus_per_node for e in row} for row in routing.topk_idx.tolist()]
+        oracle.append((sum(len(n) for n in nodes), sum(len(n - {src // gpus_per_node}) for n in nodes)))
+    assert [(r.rdma_pairs, r.rdma_pairs_remote) for r in rows] == oracle
     other = internode_bytes(routings, experts_per_rank=epr, gpus_per_node=gpus_per_node, bytes_per_token=1)
-    assert [(r.rdma_pairs, r.rdma_pairs_remote) for r in rows] == [
-        (r.rdma_rows, r.rdma_rows_remote) for r in other.ranks
-    ]
+    assert [(r.rdma_rows, r.rdma_rows_remote) for r in other.ranks] == oracle
 
 
 def test_bandwidths_arithmetic() -> None:

@@ -9,8 +9,8 @@ Nodes are groups of `gpus_per_node` consecutive ranks (so one 2-GPU host can be 
   * forwarded: DeepEP's hierarchical path. A token enters each destination node at the GPU with the
     sender's local index, which forwards it over NVLink to each other rank of that node holding one of
     its experts.
-Bytes are rows x bytes per token. Written independently of moelab.accounting.bandwidth (sets, not masks): the
-tests check the two agree.
+Bytes are rows x bytes per token. The RDMA rows are moelab.accounting.rows.count_rows' (one counter for
+what the store keeps); this module adds the per-node NVLink models.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from moelab.accounting.rows import count_rows
 from moelab.plan.routing import Routing
 
 
@@ -72,26 +73,24 @@ def internode_bytes(
     forwarded = [0] * num_nodes
     for src, routing in enumerate(routings):
         src_node, src_local = divmod(src, gpus_per_node)
-        rows = rows_remote = 0
         for dests in destination_ranks(routing, experts_per_rank):
             if max(dests) >= world:
                 raise ValueError(f"rank {src} routes to an expert beyond {world} ranks x {experts_per_rank}")
             dest_nodes = {d // gpus_per_node for d in dests}
-            rows += len(dest_nodes)
-            rows_remote += len(dest_nodes - {src_node})
             direct[src_node] += sum(1 for d in dests if d != src and d // gpus_per_node == src_node)
             for node in dest_nodes:
                 entry = node * gpus_per_node + src_local
                 forwarded[node] += sum(1 for d in dests if d // gpus_per_node == node and d != entry)
+    for r in count_rows(routings, experts_per_rank, gpus_per_node):
         ranks.append(
             RankRdma(
-                rank=src,
-                node=src_node,
-                rdma_rows=rows,
-                rdma_rows_remote=rows_remote,
-                rdma_bytes=rows * bytes_per_token,
-                rdma_bytes_remote=rows_remote * bytes_per_token,
-            )
+                rank=r.rank,
+                node=r.rank // gpus_per_node,
+                rdma_rows=r.rdma_pairs,
+                rdma_rows_remote=r.rdma_pairs_remote,
+                rdma_bytes=r.rdma_pairs * bytes_per_token,
+                rdma_bytes_remote=r.rdma_pairs_remote * bytes_per_token,
+            )  # fmt: skip
         )
     nodes = tuple(
         NodeNvl(
