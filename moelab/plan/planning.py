@@ -139,11 +139,18 @@ def check_suite_backends(suite: Suite) -> None:
 
 
 def check_knobs(cases: Sequence[CaseSpec]) -> None:
-    """Every case's knobs through its backend's own check: an unknown or misspelt knob, or a bad value, is
-    refused here with the valid names, never stored as an unsupported case."""
+    """Every case's knobs through their owners' checks (the e2e layer's own knobs, the rest the backend's):
+    an unknown or misspelt knob, or a bad value, is refused here with the valid names, never stored as an
+    unsupported case."""
+    from moelab.e2e import backend_knobs, is_e2e
+    from moelab.e2e.bench import E2ESettings
+
     for case in cases:
-        cls = registry.load(case.backend)
-        cls.check_knobs(case.knobs, case.workload)
+        knobs = dict(case.knobs)
+        if is_e2e(knobs):
+            E2ESettings.from_knobs(knobs, case.workload)
+            knobs = backend_knobs(knobs)
+        registry.load(case.backend).check_knobs(knobs, case.workload)
 
 
 def _world(req: RunRequest, host: HostFacts) -> tuple[str, int, int]:
