@@ -244,7 +244,13 @@ def execute(
             rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
         ingested = is_launching_host(spec)
         if ingested:
-            with open_db(db_path) as con:
-                ingest(con, rd.path)
-                contention.mark_spread_suspects(con, spec.run_id)
+            try:
+                with open_db(db_path) as con:
+                    ingest(con, rd.path)
+                    contention.mark_spread_suspects(con, spec.run_id)
+            except Exception as exc:  # the measurements are on disk: say how to store them later
+                raise MoelabError(
+                    f"storing run {spec.run_id} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+                    f"its run directory is kept: store it with `moelab ingest {rd.path} --db {db_path}`"
+                ) from exc
     return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name)

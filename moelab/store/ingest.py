@@ -16,6 +16,7 @@ import duckdb
 
 from moelab.health.contention import job_suspect_reason
 from moelab.launch.diagnosis import diagnosis_rows
+from moelab.launch.progress import one_time_costs
 from moelab.launch.rundir import JobFiles, RunDir
 from moelab.plan.spec import CaseSpec, RunSpec
 from moelab.record.case_record import CaseRecord, OpResult
@@ -34,6 +35,8 @@ DIAGNOSIS_COLUMNS = (
 def _job_status(job: dict[str, Any] | None) -> str:
     if job is None:
         return "not-run"
+    if job.get("interrupted"):
+        return "interrupted"
     if job.get("timed_out"):
         return "timeout"
     if job.get("returncode") == 0:
@@ -90,7 +93,7 @@ def job_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any] | N
         signal=j.get("signal"), timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"),
         failed_ranks=json.dumps(j.get("failed_ranks", [])),
         stderr_tails=json.dumps({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
-        argv=json.dumps(j.get("argv", [])),
+        argv=json.dumps(j.get("argv", [])), one_time_s=json.dumps(one_time_costs(files.dir)),
     )  # fmt: skip
     for t in nsys_data.get("traces", []):
         rows.add("traces", backend=backend, case_id=None, rank=t.get("rank"), kind=t.get("kind"),

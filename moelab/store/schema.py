@@ -133,6 +133,14 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        7,
+        "one-time costs of each job (communicator, buffers, library JIT), kept apart from the measurements",
+        ("ALTER TABLE jobs ADD COLUMN one_time_s JSON",),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
