@@ -70,14 +70,29 @@ def signal_jobs(sig: int, parent: int | None = None, skip: Collection[int] = ())
         if child in skip:
             continue
         try:
-            targets = session_members(child) if os.getsid(child) == child else [child]
+            leader = os.getsid(child) == child
         except ProcessLookupError:
             continue
+        if not leader and not _is_moelab_helper(child):
+            continue  # not ours to stop: e.g. multiprocessing's resource tracker, which the caller still needs
+        targets = session_members(child) if leader else [child]
         for pid in targets:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
                 hit.append(pid)
     return hit
+
+
+HELPER_MARKS = (b"moelab", b"alltoall_perf", b"torch.distributed.run", b"torchrun")
+
+
+def _is_moelab_helper(pid: int) -> bool:
+    """A child this run started that is not a job session: a health probe, nccl-tests' alltoall_perf."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(mark in cmdline for mark in HELPER_MARKS)
 
 
 def _say(text: str) -> None:
