@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-host SLURM cluster (Debian slurm-wlm) so that tests/test_slurm_real.py runs a real srun; see containers/README.md.
+# A one-host SLURM cluster (Debian slurm-wlm) so that tests/launch/test_slurm_real.py runs a real srun; see containers/README.md.
 set -euo pipefail
 apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge
 mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge && chown munge:munge /run/munge

@@ -1,4 +1,4 @@
-"""A tiny rank program for tests/test_slurm_real.py: SLURM variables -> torch.distributed (gloo) -> one file."""
+"""A tiny rank program for tests/launch/test_slurm_real.py: SLURM variables -> torch.distributed (gloo) -> one file."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ thousands. Here the exact null distribution is the Gaussian binomial coefficient
 built from the left tail (all that a two-sided p needs) with one NumPy pass per sample of the smaller side.
 
 Method choice as scipy's "auto": exact when one side has at most 8 samples and there are no ties, else
-the normal approximation with the tie correction and the continuity correction. tests/test_gate_stats.py
+the normal approximation with the tie correction and the continuity correction. tests/gate/test_gate_stats.py
 holds the two to each other.
 """
 

@@ -16,7 +16,7 @@ import pytest
 
 from moelab.launch.commands import LaunchPlan, srun_argv
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _cluster_ready() -> bool:

@@ -9,8 +9,8 @@ import typer
 from typer.testing import CliRunner
 
 from moelab.cli import trace
-from tests.test_nsys_sqlite import build_db
-from tests.test_torch_trace import _gpu_trace
+from tests.tracing.test_nsys_sqlite import build_db
+from tests.tracing.test_torch_trace import _gpu_trace
 
 root = typer.Typer()
 root.add_typer(trace.app, name="trace")

@@ -16,7 +16,7 @@ from moelab.store.export import export_runs
 from tests.synthetic_history import HistoryModel, build
 
 HEAVY = ("torch", "scipy")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 PROBE = """
 import json, sys

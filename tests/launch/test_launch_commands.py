@@ -3,7 +3,7 @@
 Golden files live in tests/golden/launch/; the example batch scripts in containers/slurm/ are generated
 from the same function and must stay in sync. After an intended change, regenerate both with
 
-    UPDATE_GOLDEN=1 python -m pytest tests/test_launch_commands.py
+    UPDATE_GOLDEN=1 python -m pytest tests/launch/test_launch_commands.py
 
 and review the diff.
 """
@@ -37,8 +37,8 @@ from moelab.launch.commands import (
     torchrun_multinode_argv,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden" / "launch"
+ROOT = Path(__file__).resolve().parent.parent.parent
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "launch"
 CONTAINER_SCRIPTS = ROOT / "containers" / "slurm"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"  # test-only switch, documented above
 

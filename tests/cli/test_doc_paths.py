@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 PATH_RE = re.compile(r"(?<![\w/.-])((?:results|benchmarks|containers|tests|moelab|\.ci)/[\w./-]*[\w/])")
 COMMANDS = [["run"], ["check"], ["compare"], ["report"], ["label"], ["runs"], ["db", "export"], ["db", "query"],
             ["trace", "summarize"], ["doctor"], ["backends"]]  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 
 from moelab.launch.interrupt import children, session_members, signal_jobs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from tests.test_crash_isolation import SMALL
+from tests.launch.test_crash_isolation import SMALL
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from moelab.store.ingest import ingest
 from moelab.verify import measure
 from moelab.verify import store as verify_store
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "verify"
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "verify"
 runner = CliRunner()
 
 

@@ -10,7 +10,7 @@ import pytest
 from moelab.verify import parse_deepep, parse_hybrid_ep
 from moelab.verify.parse_nccl_tests import figures as nccl_figures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "results" / "h200x2" / "logs"
 
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 TOKENS = (64, 72, 80)
 # about 1-2 s per case on a 2-core CPU host (more when it is busy): long enough to stop a job between two cases
 WORKLOAD = [

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.launch.commands import cli_by_interpreter
-from tests.test_crash_isolation import SMALL
-from tests.test_slurm_real import _cluster_ready
+from tests.launch.test_crash_isolation import SMALL
+from tests.launch.test_slurm_real import _cluster_ready
 
 
 def _script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> str:

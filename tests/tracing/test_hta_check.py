@@ -12,7 +12,7 @@ import torch
 
 from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, trace_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def test_hta_sees_profiler_steps(tmp_path: Path) -> None:

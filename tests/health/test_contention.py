@@ -21,7 +21,7 @@ from moelab.health import contention
 from moelab.store.db import connect
 from tests.synthetic_runs import RunModel, build_db
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 _HOLDER = textwrap.dedent(
     """
@@ -191,7 +191,7 @@ def test_a_run_beside_another_is_marked_suspect_and_says_why(db_path: Path, tmp_
     from typer.testing import CliRunner
 
     from moelab.cli.main import app
-    from tests.test_crash_isolation import SMALL
+    from tests.launch.test_crash_isolation import SMALL
 
     other = _holder(contention.registry_root(), "someone-elses-run", 300)
     try:

@@ -23,7 +23,7 @@ from moelab.backends.nccl_tests import (
 )
 from moelab.errors import BackendUnavailable, MoelabError
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "nccl_tests"
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "nccl_tests"
 
 
 def _read(name: str) -> str:

@@ -25,7 +25,7 @@ from moelab.launch.diagnosis import (
     stack_path,
 )
 from moelab.reports.html import write_report
-from tests.test_crash_isolation import SMALL
+from tests.launch.test_crash_isolation import SMALL
 
 
 def _run(backend: str, runs: Path, timeout: int) -> tuple[str, Path]:
@@ -100,11 +100,10 @@ _SLEEPER = textwrap.dedent(
     from pathlib import Path
     from moelab.launch.diagnosis import install_stack_dumps
 
-    def waiting_here():
-        time.sleep(60)
+    def waiting_here():  # "ready" from inside the frame the dump must name: no race with the signal
+        print("ready", flush=True); time.sleep(60)
 
     install_stack_dumps(Path(sys.argv[1]), 3)
-    print("ready", flush=True)
     waiting_here()
     """
 )
@@ -133,7 +132,7 @@ def test_sigusr1_dump_names_the_frame_and_the_process_goes_on(tmp_path: Path) ->
         [sys.executable, "-c", run, str(tmp_path), "-m", "moelab.measure.worker"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent.parent)},
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

@@ -26,7 +26,7 @@ from moelab.quant.mxfp8 import (
     reference_quantize_mxfp8,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def all_bf16_values() -> torch.Tensor:
