@@ -139,6 +139,7 @@ WORLD4 = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,specs", [(2, WORLD2), (4, WORLD4)], ids=["world2", "world4"])
 def test_dispatch_combine_match_reference_within_quantization(world: int, specs: list[Any]) -> None:
     per_rank = run_ranks(world, _check_cases, specs)

@@ -14,6 +14,8 @@ from moelab.plan.routing import Routing, route_all
 from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
+pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
+
 
 def _check_rank(
     rank: int, world: int, workload: Workload, routings: list[Routing] | None, layout: str = "fresh"

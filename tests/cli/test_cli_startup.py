@@ -83,6 +83,7 @@ def test_instant_commands_import_no_torch_or_scipy(db: Path, tmp_path: Path) -> 
         assert result["code"] in ((0, 1) if args[0] == "check" else (0,)), (args, result["stderr"])
 
 
+@pytest.mark.slow
 def test_the_probe_can_fail() -> None:
     """`moelab run --help` imports torch (run needs it): the probe sees it, so the test above can fail."""
     out = subprocess.run(

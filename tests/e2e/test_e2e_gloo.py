@@ -24,6 +24,8 @@ from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import run_ranks
 
+pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
+
 INTER = 16
 SCHEDULES = (("serial", 1, "loop"), ("chunked", 3, "loop"), ("tbo", 2, "grouped"))
 

@@ -117,6 +117,7 @@ any_float = st.one_of(
     rounding=st.sampled_from(mxfp8.ROUNDINGS),
     data=st.data(),
 )
+@pytest.mark.slow
 def test_random_shapes_and_values_match_reference(lead, num_blocks, dtype, rounding, data) -> None:
     shape = (*lead, num_blocks * 32)
     n = math.prod(shape)

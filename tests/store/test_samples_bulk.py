@@ -6,6 +6,7 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,7 @@ block = st.tuples(
 
 @settings(max_examples=50, deadline=None)
 @given(blocks=st.lists(block, min_size=0, max_size=6))
+@pytest.mark.slow
 def test_bulk_insert_equals_row_by_row(blocks: list[tuple[Any, ...]]) -> None:
     con = duckdb.connect(":memory:")
     migrate(con)

@@ -294,6 +294,7 @@ con.close()
 """
 
 
+@pytest.mark.slow
 def test_a_second_writer_waits_then_fails_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "locked.duckdb"
     connect(path).close()

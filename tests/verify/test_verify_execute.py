@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from moelab.verify.commands import LibraryCommand
 from moelab.verify.execute import run_library
 
@@ -34,6 +36,7 @@ def test_environment_and_cwd(tmp_path: Path) -> None:
     assert run.ok and run.text.strip() == f"{tmp_path} 7"
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_session(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
