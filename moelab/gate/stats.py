@@ -5,7 +5,7 @@
   per compared op at 0.2% or less, so a suite of a few hundred ops rarely raises a false alarm. It is
   used when the sample sizes can reach that p at all: the smallest two-sided exact p is 2 / C(n+m, n)
   (7 + 7 samples: 0.0006; 6 + 6: 0.0022).
-- With fewer samples (the back-to-back "pair" op keeps 5 repetitions), the fallback is the order-
+- With fewer samples (an e2e layer op keeps 5 repetitions), the fallback is the order-
   statistic one: the two samples' ranges [min, max] must not overlap, every candidate iteration slower
   (or faster) than every baseline one. [min, max] is the widest order-statistic interval of each median;
   under no change the chance the two do not overlap is exactly 2 / C(n+m, n), the smallest Mann-Whitney
