@@ -36,7 +36,7 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
     a = torch.randn(32, 32)
     path = trace_path(tmp_path / "b", "case/1", rank=3)
     cap = capture_torch_trace(
-        [TracedOp(op="dispatch", fn=lambda: a @ a), TracedOp(op="pair", fn=lambda: (a @ a) @ a, calls=2)],
+        [TracedOp(op="dispatch", fn=lambda: a @ a), TracedOp(op="roundtrip", fn=lambda: (a @ a) @ a, calls=2)],
         backend="b",
         case_id="case1",
         iters=4,
@@ -57,7 +57,7 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
     assert "aten::mm" in {k.name for k in d.kernels} or "aten::matmul" in {k.name for k in d.kernels}
     assert abs(sum(k.share for k in d.kernels) - 1.0) < 1e-9
     times = op_kernel_times(summary, "b", "case1")
-    assert times["pair"].calls == 8  # 4 instances × 2 calls each, from the trace's own metadata
+    assert times["roundtrip"].calls == 8  # 4 instances × 2 calls each, from the trace's own metadata
     assert times["dispatch"].calls == 4 and times["dispatch"].kernel_us is None
     assert times["dispatch"].to_record()["kernels"]
     steps = sorted(
