@@ -4,23 +4,12 @@ is its slowest rank's (the collective is as slow as its slowest member)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from moelab.record.case_record import Summary
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TimeSummary:
-    n: int
-    median_us: float
-    p10_us: float
-    p90_us: float
-    p99_us: float
-    min_us: float
-    max_us: float
-    mean_us: float
-    rank_spread_us: float  # median over iterations of (slowest - fastest rank)
-    rel_iqr: float  # (p75 - p25) / median: the noise the regression gate sees
+TimeSummary = Summary  # the record's type: one summary shape from the samples to the store
 
 
 def iteration_times(samples: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ every derived number and the store only stores it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moelab.accounting.bandwidth import bandwidths
 from moelab.accounting.rows import RankRows
@@ -32,12 +32,8 @@ class OpMeasurement:
 
 
 def summary_of(samples_us: Sequence[Sequence[float]], noise: float | None) -> Summary:
-    s = summarize(samples_us)
-    return Summary(
-        n=s.n, median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us, min_us=s.min_us,
-        max_us=s.max_us, mean_us=s.mean_us, rank_spread_us=s.rank_spread_us, rel_iqr=s.rel_iqr,
-        noise=noise if noise is not None and noise == noise and noise != float("inf") else None,
-    )  # fmt: skip
+    finite = noise is not None and noise == noise and noise != float("inf")
+    return replace(summarize(samples_us), noise=noise if finite else None)
 
 
 def stability(m: OpMeasurement, s: Summary) -> str | None:
