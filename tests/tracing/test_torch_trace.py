@@ -36,7 +36,10 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
     a = torch.randn(32, 32)
     path = trace_path(tmp_path / "b", "case/1", rank=3)
     cap = capture_torch_trace(
-        [TracedOp(op="dispatch", fn=lambda: a @ a), TracedOp(op="roundtrip", fn=lambda: (a @ a) @ a, calls=2)],
+        [
+            TracedOp(op="dispatch", fn=lambda: a @ a),
+            TracedOp(op="roundtrip", fn=lambda: (a @ a) @ a, calls=2),
+        ],
         backend="b",
         case_id="case1",
         iters=4,
