@@ -106,24 +106,6 @@ class DeepEPLayout:
     in_rank: torch.Tensor
 
 
-def deepep_nvl_figure(
-    op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
-) -> list[Figure]:
-    """tests/test_intranode.py's printed figure: rank 0's received bytes over rank 0's mean time, the first
-    iteration dropped (its bench), for the two ops it times with a cached handle: dispatch and combine."""
-    if op not in ("dispatch", "combine") or not rows:
-        return []
-    kept = list(samples_us[0][1:]) or list(samples_us[0])
-    t = sum(kept) / len(kept)
-    rank0 = float(rows[0].recv_rows * bytes_per_row)
-    return [
-        Figure(
-            definition="deepep_nvl", bytes_mean=rank0, bytes_max=rank0, gbps=rank0 / (t * 1e-6) / 1e9,
-            text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
-        )
-    ]  # fmt: skip
-
-
 class _V1Engine:
     """DeepEP V1 `Buffer`: get_dispatch_layout, then dispatch (fresh or cached), combine with a Config."""
 
@@ -244,7 +226,18 @@ class DeepEPBackend(Backend):
     def library_figures(
         cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
     ) -> list[Figure]:
-        return deepep_nvl_figure(op, rows, bytes_per_row, samples_us)
+        """tests/test_intranode.py's printed figure: rank 0's received bytes over rank 0's bench time (its
+        mean after dropping the first call), for the ops it times along a cached handle."""
+        if op not in cls.library_ops or not rows:
+            return []
+        t = common.deepep_bench_time_us(samples_us[0])
+        rank0 = float(rows[0].recv_rows * bytes_per_row)
+        return [
+            Figure(
+                definition="deepep_nvl", bytes_mean=rank0, bytes_max=rank0, gbps=rank0 / (t * 1e-6) / 1e9,
+                text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
+            )
+        ]  # fmt: skip
 
     @classmethod
     def availability(cls) -> str | None:

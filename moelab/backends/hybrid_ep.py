@@ -88,24 +88,6 @@ class HybridHandle:
     recv_topk_weights: torch.Tensor | None = None
 
 
-def hybrid_ep_figure(
-    op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
-) -> list[Figure]:
-    """tests/test_hybrid_ep.py's printed figure (_report_bw): rank 0's bytes over the mean, across ranks, of
-    each rank's mean time, for the ops it times along a cached handle: dispatch and combine."""
-    if op not in ("dispatch", "combine") or not rows:
-        return []
-    t = sum(sum(s) / len(s) for s in samples_us) / len(samples_us)
-    rank0 = float(rows[0].recv_rows * bytes_per_row)
-    return [
-        Figure(
-            definition="hybrid_ep_rank0_bytes_over_mean_time", bytes_mean=rank0, bytes_max=rank0,
-            gbps=rank0 / (t * 1e-6) / 1e9,
-            text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
-        )
-    ]  # fmt: skip
-
-
 def local_topk(
     local_map: torch.Tensor, local_weights: torch.Tensor, topk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +132,18 @@ class HybridEPBackend(Backend):
     def library_figures(
         cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
     ) -> list[Figure]:
-        return hybrid_ep_figure(op, rows, bytes_per_row, samples_us)
+        """tests/test_hybrid_ep.py's printed figure (_report_bw): rank 0's bytes over the mean, across ranks,
+        of each rank's mean time, for the ops it times along a cached handle."""
+        if op not in cls.library_ops or not rows:
+            return []
+        rank0 = float(rows[0].recv_rows * bytes_per_row)
+        lib = common.hybrid_ep_figure(rank0, [sum(s) / len(s) for s in samples_us])
+        return [
+            Figure(
+                definition=lib.definition, bytes_mean=rank0, bytes_max=rank0, gbps=lib.gbps,
+                text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
+            )
+        ]  # fmt: skip
 
     @classmethod
     def availability(cls) -> str | None:
