@@ -28,13 +28,13 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends.base import BackendContext, CaseConfig, Dispatched
-from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
+from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend, exchange_knob
 from moelab.errors import BackendUnavailable, SpecError
 from moelab.plan.workload import Workload, payload_bytes_per_token
 from moelab.quant import mxfp8
 
 PAYLOADS = ("bf16", "mxfp8")
-KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer")
+KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer", "exchange")
 DEFAULT_COMBINE_IMPL = "mxfp8"
 
 
@@ -73,6 +73,7 @@ class Mxfp8Settings:
                 f"set the workload dtype to {settings.dispatch_impl} instead"
             )
         mxfp8.check_rounding(settings.rounding)
+        exchange_knob(knobs)  # nccl-a2a's exchange (splits or allgather), validated here as the others
         if settings.quantizer not in mxfp8.IMPLS:
             raise SpecError(f"mxfp8-a2a: quantizer must be one of {', '.join(mxfp8.IMPLS)}")
         return settings
@@ -80,13 +81,14 @@ class Mxfp8Settings:
 
 class Mxfp8A2ABackend(NcclA2ABackend):
     name = "mxfp8-a2a"
-    description = "all_to_all_single with MXFP8 payloads (E4M3 + E8M0 per 32), dequantized to bf16 on receipt"
+    description = "nccl-a2a with MXFP8 payloads (E4M3 + E8M0 per 32), dequantized to bf16 on receipt"
     payload_dtypes = ("bf16", "mxfp8")
     knobs: ClassVar[dict[str, str]] = {
         "dispatch_impl": "bf16 | mxfp8: the dispatch payload on the wire (must match the workload dtype)",
         "combine_impl": "bf16 | mxfp8 (default): the combine payload on the wire",
         "rounding": "rceil (default, torchao's) | floor (OCP)",
         "quantizer": "auto | torch | triton | torchao",
+        "exchange": NcclA2ABackend.knobs["exchange"],
     }
 
     @classmethod

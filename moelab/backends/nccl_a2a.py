@@ -1,44 +1,87 @@
-"""`nccl-a2a`: dispatch/combine over torch.distributed point-to-point exchanges (NCCL on GPU, gloo on CPU).
+"""`nccl-a2a`: dispatch/combine over torch.distributed collectives (NCCL on GPU, gloo on CPU).
 
-The baseline every library is compared against, so it is written as a careful torch implementation would be:
-- layout: which ranks each token goes to (once per rank, however many of its experts live there), the
-  per-rank counts and their exchange, the rows' routing metadata (local expert ids, weights) in
-  destination order, one device-to-host copy of the counts (the only host synchronisation: NCCL takes
-  split sizes on the host), and the metadata exchange;
-- dispatch with the layout known: one all_to_all of tensor lists (one NCCL group of sends and receives)
-  of the payload. A destination that receives every token in token order (common when topk covers many
-  experts per rank) is sent `x` itself, with no gather; only partial destinations gather their rows;
-- a fresh dispatch does both, with the metadata and the payload in ONE grouped exchange after the host
-  sync, and everything that does not need the counts on the host (sort, metadata) enqueued before it,
-  while the host waits only on an event behind the count exchange;
-- combine: the rows back along the reversed splits, then a dense sum where a segment holds every token.
+The baseline every library is compared against, so it is written as a careful torch implementation would
+be, with two exchanges (knob `exchange`):
+- `splits`: exact split sizes. layout = which ranks each token goes to (once per rank, however many of its
+  experts live there), the per-rank counts and their exchange, one device-to-host copy of the counts (the
+  only host synchronisation: NCCL takes split sizes on the host), then the routing rows (global expert ids,
+  weights) sent along the same splits and localised by the receiver. Only the counts are computed before
+  the sync; everything else is launched after the payload, under its transfer. dispatch with the layout
+  known = one all_to_all of tensor lists (one NCCL group of sends and receives); a destination that
+  receives every token in token order is sent `x` itself (no gather), only partial ones gather their rows.
+  combine = the rows back along the reversed splits, then a dense sum where a segment holds every token.
+- `allgather`: every token to every rank (the worst-case capacity, Megatron-Core's "allgather" token
+  dispatcher): dispatch = all_gather of `x`, layout = all_gather of the routing rows, combine =
+  reduce_scatter of the expert outputs (sum at the source). No counts and no host sync; the wire carries
+  every token to every rank, so it only pays where nearly every token goes to nearly every rank.
+- `auto` (default): `allgather` where the case's routing sends at least 95% of all (token, rank) pairs
+  (then it moves at most ~5% more bytes than exact splits), else `splits`. The resolved exchange and the
+  fill are stored with each case.
 --sms maps to NCCL's CTA limits (ncclConfig_t min/max CTAs) of a communicator made per SM count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.padded import SparseDispatched
+from moelab.errors import SpecError
+from moelab.plan.workload import Workload
 
 HOST_SYNC = "one device-to-host copy of the per-rank counts (NCCL takes split sizes on the host)"
+EXCHANGES = ("auto", "splits", "allgather")
+ALLGATHER_MIN_FILL = 0.95  # auto: all-gather where it moves at most ~5% more than exact splits
+# torch >= 2.12 renamed these (the old names warn); older torch (the GPU image's 2.11) has only the old
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def exchange_knob(knobs: Mapping[str, Any]) -> str:
+    value = str(knobs.get("exchange", "auto"))
+    if value not in EXCHANGES:
+        raise SpecError(f"exchange must be one of {', '.join(EXCHANGES)}, not {value!r}")
+    return value
+
+
+def routing_fill(workload: Workload, world: int) -> float:
+    """Share of all (token, rank) pairs the case's routing sends: 1.0 when every token goes to every rank.
+    Computed on the host from moelab's deterministic routing, outside every timed region."""
+    from moelab.accounting.rows import count_rows
+    from moelab.plan.routing import route_all
+
+    rows = count_rows(route_all(workload, world), workload.experts_per_rank, world)
+    return sum(r.send_rows for r in rows) / (workload.tokens_per_rank * world * world)
+
+
+def resolve_exchange(knobs: Mapping[str, Any], workload: Workload, world: int) -> tuple[str, float]:
+    """(the exchange a case runs, its routing fill)."""
+    asked = exchange_knob(knobs)
+    fill = routing_fill(workload, world)
+    if asked != "auto":
+        return asked, fill
+    return ("allgather" if fill >= ALLGATHER_MIN_FILL else "splits"), fill
 
 
 @dataclass(slots=True)
 class A2AHandle:
     """The layout of one routing: what dispatch needs to move the payload, and combine to bring it back."""
 
-    send_tok: torch.Tensor  # [S] source token of each sent row, destination-major
+    send_tok: torch.Tensor  # [S] source token of each sent row, destination-major (empty where all full)
     send_splits: list[int]
     recv_splits: list[int]
     num_tokens: int
     recv_topk_idx: torch.Tensor  # [R, K] local expert ids, -1 elsewhere
     recv_topk_weights: torch.Tensor  # [R, K] float64
+    gathered: bool = False  # the allgather exchange: R = world * num_tokens, one row per (source, token)
+    views: dict[tuple[int, torch.dtype], tuple[torch.Tensor, list[torch.Tensor]]] = field(
+        default_factory=dict
+    )  # (width, dtype) -> the receive rows and their per-source parts, in the reused buffer
 
     @property
     def full(self) -> list[bool]:
@@ -47,29 +90,38 @@ class A2AHandle:
 
 
 @dataclass(slots=True)
-class _Routed:
-    """A routing's layout before the host knows the counts (everything enqueued ahead of the sync)."""
+class _Counted:
+    """A routing's counts before the host knows them (enqueued ahead of the one host sync)."""
 
     counts_host: torch.Tensor  # pinned [2W]: send counts, then receive counts
     ready: Any  # a CUDA event behind the count exchange's copy (None on CPU)
-    send_tok_all: torch.Tensor  # [T*W] candidate rows, selected ones first, destination-major
-    meta_all: torch.Tensor  # [T, 2K] int64: each token's global expert ids, then its weights as float64 bits
+    in_rank: torch.Tensor  # [T, W] bool: token t goes to rank w
     num_tokens: int
-    topk: int
 
 
 class NcclA2ABackend(Backend):
     name = "nccl-a2a"
-    description = "torch.distributed grouped point-to-point exchanges (NCCL on GPU, gloo on CPU)"
+    description = (
+        "torch.distributed all_to_all with exact splits, or all_gather where every token goes everywhere"
+    )
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "NCCL communicator per SM count with ncclConfig min_ctas = max_ctas = sms"
     phases = True
+    knobs: ClassVar[dict[str, str]] = {
+        "exchange": "auto (default) | splits | allgather: exact splits with one host sync, or every token to "
+        "every rank with none; auto takes allgather where the routing sends >= 95% of (token, rank) pairs",
+    }
 
     @classmethod
     def availability(cls) -> str | None:
         if not dist.is_available():
             return "torch.distributed is not available in this torch build"
         return None
+
+    @classmethod
+    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
+        super().check_knobs(knobs, workload)
+        exchange_knob(knobs)
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         super().__init__(ctx, cases)
@@ -85,6 +137,8 @@ class NcclA2ABackend(Backend):
         self._groups: dict[int | None, Any] = {None: ctx.group}
         self._group = ctx.group
         self._experts_per_rank = 1
+        self._gathered = False
+        self._fill = 0.0
         self._lists = ctx.comm_backend == "nccl"  # all_to_all of tensor lists: uneven sizes need NCCL
 
     def unsupported_reason(self, case: CaseConfig) -> str | None:
@@ -94,6 +148,8 @@ class NcclA2ABackend(Backend):
 
     def prepare(self, case: CaseConfig) -> None:
         self._experts_per_rank = case.workload.experts_per_rank
+        exchange, self._fill = resolve_exchange(case.knobs, case.workload, self.ctx.world)
+        self._gathered = exchange == "allgather"
         if case.sms not in self._groups:
             assert case.sms is not None  # None is the default group, present from the start
             opts = dist.ProcessGroupNCCL.Options()
@@ -105,16 +161,17 @@ class NcclA2ABackend(Backend):
         self._group = self._groups[case.sms]
 
     def host_sync_ops(self) -> dict[str, str]:
+        if self._gathered:
+            return {}
         return {"layout": HOST_SYNC, "dispatch_fresh": HOST_SYNC, "roundtrip": HOST_SYNC}
 
-    # -- layout ---------------------------------------------------------------------------------------
+    # -- layout: exact splits -------------------------------------------------------------------------
 
-    def _route(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> _Routed:
-        """Counts, their exchange, the send order and the routing rows, all enqueued; the host has not
-        waited yet. Every launch before the host sync delays the payload (the GPU idles while a slow host
-        launches), so the sender only packs its routing rows as they are; receivers derive local ids."""
+    def _count(self, topk_idx: torch.Tensor) -> _Counted:
+        """The per-rank counts and their exchange, then the copy the host waits on: the only launches
+        ahead of the sync (on a slow host every launch before it delays the payload)."""
         world = self.ctx.world
-        num_tokens, topk = topk_idx.shape
+        num_tokens = topk_idx.shape[0]
         in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=topk_idx.device)
         in_rank.scatter_(1, topk_idx // self._experts_per_rank, True)
         counts = self._counts
@@ -125,41 +182,37 @@ class NcclA2ABackend(Backend):
         if counts.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
-        # Behind the copy, so the GPU works on them while the host waits for the counts.
-        order = torch.sort(in_rank.t().reshape(-1).logical_not().view(torch.uint8), stable=True).indices
+        return _Counted(self._counts_host, ready, in_rank, num_tokens)
+
+    def _handle(self, counted: _Counted, topk: int) -> A2AHandle:
+        """Wait for the counts (the one host sync) and lay out the sends. The send order (a stable sort) is
+        computed only where a destination takes part of the tokens: where every destination takes every
+        token (`x` itself is sent) there is nothing to order."""
+        if counted.ready is not None:
+            counted.ready.synchronize()
+        both = counted.counts_host.tolist()
+        world, num_tokens = self.ctx.world, counted.num_tokens
+        send_splits, recv_splits = both[:world], both[world:]
+        if all(c == num_tokens for c in send_splits):
+            send_tok = counted.in_rank.new_empty(0, dtype=torch.int64)
+        else:
+            flat = counted.in_rank.t().reshape(-1).logical_not().view(torch.uint8)
+            order = torch.sort(flat, stable=True).indices[: sum(send_splits)]
+            send_tok = order % num_tokens
+        empty = torch.empty(0, topk, dtype=torch.int64, device=counted.in_rank.device)
+        return A2AHandle(send_tok, send_splits, recv_splits, num_tokens, empty, empty)
+
+    def _send_routing(self, handle: A2AHandle, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
+        """The routing rows (global expert ids, weights as float64 bits) along the payload's splits, then
+        localised: launched after the payload, so the host issues them while the GPU moves it."""
         meta = torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)  # [T, 2K]
-        return _Routed(self._counts_host, ready, order % num_tokens, meta, num_tokens, topk)
-
-    def _splits(self, routed: _Routed) -> tuple[list[int], list[int]]:
-        if routed.ready is not None:
-            routed.ready.synchronize()  # the one host sync
-        both = routed.counts_host.tolist()
-        world = self.ctx.world
-        return both[:world], both[world:]
-
-    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
-        routed = self._route(topk_idx, topk_weights)
-        send_splits, recv_splits = self._splits(routed)
-        recv_meta = torch.empty(sum(recv_splits), 2 * routed.topk, dtype=torch.int64, device=topk_idx.device)
-        handle = self._handle(routed, send_splits, recv_splits, recv_meta)
-        self._exchange([(self._segments(routed.meta_all, handle, None), recv_meta)], send_splits, recv_splits)
-        return self._localise(handle, recv_meta)
-
-    def _handle(
-        self, routed: _Routed, send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor
-    ) -> A2AHandle:
-        return A2AHandle(
-            send_tok=routed.send_tok_all[: sum(send_splits)],
-            send_splits=send_splits,
-            recv_splits=recv_splits,
-            num_tokens=routed.num_tokens,
-            recv_topk_idx=recv_meta,  # global ids until _localise
-            recv_topk_weights=recv_meta,
-        )
+        recv_meta = torch.empty(sum(handle.recv_splits), meta.shape[1], dtype=torch.int64, device=meta.device)
+        self._exchange(self._segments(meta, handle, None), recv_meta, handle.send_splits, handle.recv_splits)
+        self._localise(handle, recv_meta)
 
     def _localise(self, handle: A2AHandle, recv_meta: torch.Tensor) -> A2AHandle:
         """Received routing rows (global expert ids, weights as float64 bits) to this rank's view: local ids,
-        -1 and weight 0 where the expert lives elsewhere. Launched after the payload, under its transfer."""
+        -1 and weight 0 where the expert lives elsewhere."""
         k = recv_meta.shape[1] // 2
         epr = self._experts_per_rank
         local = recv_meta[:, :k] - self.ctx.rank * epr
@@ -168,22 +221,39 @@ class NcclA2ABackend(Backend):
         handle.recv_topk_weights = torch.where(on_rank, recv_meta[:, k:].view(torch.float64), 0.0)
         return handle
 
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
+        if self._gathered:
+            return self._gather_routing(topk_idx, topk_weights)
+        handle = self._handle(self._count(topk_idx), topk_idx.shape[1])
+        self._send_routing(handle, topk_idx, topk_weights)
+        return handle
+
+    # -- layout: all-gather ---------------------------------------------------------------------------
+
+    def _gather_routing(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
+        """Every rank's routing rows to every rank (no counts, no host sync), localised: a token that has
+        no expert here is a row with expert -1 everywhere."""
+        world, (num_tokens, topk) = self.ctx.world, topk_idx.shape
+        meta = torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)
+        recv_meta = torch.empty(world * num_tokens, 2 * topk, dtype=torch.int64, device=meta.device)
+        _all_gather(recv_meta, meta, group=self._group)
+        empty = meta.new_empty(0)
+        splits = [num_tokens] * world
+        handle = A2AHandle(empty, splits, list(splits), num_tokens, empty, empty, gathered=True)
+        return self._localise(handle, recv_meta)
+
     # -- the exchange ---------------------------------------------------------------------------------
 
     def _exchange(
-        self,
-        pairs: list[tuple[list[torch.Tensor], torch.Tensor]],
-        send_splits: list[int],
-        recv_splits: list[int],
+        self, s_parts: list[torch.Tensor], recv: torch.Tensor, send_splits: list[int], recv_splits: list[int]
     ) -> None:
-        """Each (per-destination send segments, receive rows) pair in one all_to_all of tensor lists (one
-        NCCL group of sends and receives, one Python call: on a slow host each launch counts)."""
-        for s_parts, recv in pairs:
-            if self._lists:
-                dist.all_to_all(list(recv.split(recv_splits)), s_parts, group=self._group)
-            else:  # gloo's list all_to_all wants equal sizes: one contiguous send buffer instead
-                send = s_parts[0] if len(s_parts) == 1 else torch.cat(s_parts)
-                dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
+        """Per-destination send segments into the receive rows: one all_to_all of tensor lists (one NCCL
+        group of sends and receives, one Python call: on a slow host each launch counts)."""
+        if self._lists:
+            dist.all_to_all(list(recv.split(recv_splits)), s_parts, group=self._group)
+        else:  # gloo's list all_to_all wants equal sizes: one contiguous send buffer instead
+            send = s_parts[0] if len(s_parts) == 1 else torch.cat(s_parts)
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self._group)
 
     def _segments(
         self, src: torch.Tensor, handle: A2AHandle, buffer: torch.Tensor | None
@@ -191,15 +261,18 @@ class NcclA2ABackend(Backend):
         """Per destination, the rows of `src` ([T, W] one per source token) to send: `src` itself where the
         destination takes every token in token order (no gather), else its rows gathered (into `buffer`
         when given, the reused send buffer of the payload)."""
+        full = handle.full
+        if all(full):
+            return [src] * len(full)
         width = src.shape[1]
         num_send = sum(handle.send_splits)
         if buffer is not None:
             out = buffer[: num_send * width].view(num_send, width).view(src.dtype)
-        elif not all(handle.full):
+        else:
             out = torch.empty(num_send, width, dtype=src.dtype, device=src.device)
         segments = []
         start = 0
-        for count, whole in zip(handle.send_splits, handle.full, strict=True):
+        for count, whole in zip(handle.send_splits, full, strict=True):
             if whole:
                 segments.append(src)
             else:
@@ -210,6 +283,28 @@ class NcclA2ABackend(Backend):
             start += count
         return segments
 
+    def _recv_views(self, x: torch.Tensor, handle: A2AHandle) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The receive rows in the reused buffer and their per-source parts, made once per handle."""
+        key = (x.shape[1], x.dtype)
+        views = handle.views.get(key)
+        if views is None:
+            num_recv, width = sum(handle.recv_splits), x.shape[1]
+            rows = self._recv[: num_recv * width].view(num_recv, width).view(x.dtype)
+            views = handle.views[key] = (rows, list(rows.split(handle.recv_splits)))
+        return views
+
+    def _send_payload(self, x: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        recv_x, parts = self._recv_views(x, handle)
+        if handle.gathered:
+            _all_gather(recv_x, x, group=self._group)
+        elif self._lists:
+            dist.all_to_all(parts, self._segments(x, handle, self._send), group=self._group)
+        else:
+            self._exchange(
+                self._segments(x, handle, self._send), recv_x, handle.send_splits, handle.recv_splits
+            )
+        return recv_x
+
     # -- dispatch / combine ---------------------------------------------------------------------------
 
     def dispatch(
@@ -217,39 +312,45 @@ class NcclA2ABackend(Backend):
     ) -> Dispatched:
         if layout is not None:
             handle: A2AHandle = layout
-            recv_x = self._recv_rows(x, handle)
-            self._exchange(
-                [(self._segments(x, handle, self._send), recv_x)], handle.send_splits, handle.recv_splits
+            recv_x = self._send_payload(x, handle)
+        elif self._gathered:
+            num_tokens, world = x.shape[0], self.ctx.world
+            splits = [num_tokens] * world
+            empty = topk_idx.new_empty(0)
+            handle = A2AHandle(empty, splits, list(splits), num_tokens, empty, empty, gathered=True)
+            recv_x = self._send_payload(x, handle)  # first: the GPU moves it while the host issues the rest
+            gathered = self._gather_routing(topk_idx, topk_weights)
+            handle.recv_topk_idx, handle.recv_topk_weights = (
+                gathered.recv_topk_idx,
+                gathered.recv_topk_weights,
             )
-            return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
-        routed = self._route(topk_idx, topk_weights)
-        send_splits, recv_splits = self._splits(routed)
-        recv_meta = torch.empty(sum(recv_splits), 2 * routed.topk, dtype=torch.int64, device=x.device)
-        handle = self._handle(routed, send_splits, recv_splits, recv_meta)
-        recv_x = self._recv_rows(x, handle)
-        self._exchange(
-            [
-                (self._segments(x, handle, self._send), recv_x),
-                (self._segments(routed.meta_all, handle, None), recv_meta),
-            ],
-            send_splits,
-            recv_splits,
-        )
-        self._localise(handle, recv_meta)
+        else:
+            handle = self._handle(self._count(topk_idx), topk_idx.shape[1])
+            recv_x = self._send_payload(x, handle)
+            self._send_routing(handle, topk_idx, topk_weights)
+        if handle.gathered:
+            return SparseDispatched(
+                recv_x=recv_x,
+                recv_topk_idx=handle.recv_topk_idx,
+                recv_topk_weights=handle.recv_topk_weights,
+                handle=handle,
+            )
         return Dispatched(recv_x, handle.recv_topk_idx, handle.recv_topk_weights, handle)
 
-    def _recv_rows(self, x: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
-        num_recv, width = sum(handle.recv_splits), x.shape[1]
-        return self._recv[: num_recv * width].view(num_recv, width).view(x.dtype)
-
     def combine(self, expert_out: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
+        if handle.gathered:
+            out = torch.empty(
+                handle.num_tokens, expert_out.shape[1], dtype=expert_out.dtype, device=expert_out.device
+            )
+            _reduce_scatter(out, expert_out.contiguous(), group=self._group)  # the sum at the source
+            return out
         return self._sum_at_source(self._exchange_back(expert_out, handle), handle)
 
     def _exchange_back(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
         """Send each received row back to its source rank (splits reversed); rows may be any 2-byte type."""
         num_send, width = sum(handle.send_splits), rows.shape[1]
         back = self._back[: num_send * width].view(num_send, width).view(rows.dtype)
-        self._exchange([(list(rows.split(handle.recv_splits)), back)], handle.recv_splits, handle.send_splits)
+        self._exchange(list(rows.split(handle.recv_splits)), back, handle.recv_splits, handle.send_splits)
         return back
 
     def _sum_at_source(self, back: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
@@ -290,7 +391,12 @@ class NcclA2ABackend(Backend):
         return versions
 
     def record(self, case: CaseConfig) -> dict[str, Any]:
-        return {"comm_backend": self.ctx.comm_backend, "nccl_ctas": case.sms}
+        return {
+            "comm_backend": self.ctx.comm_backend,
+            "nccl_ctas": case.sms,
+            "exchange": "allgather" if self._gathered else "splits",
+            "routing_fill": round(self._fill, 6),
+        }
 
     def dispatch_with_handle(self, rows: torch.Tensor, handle: A2AHandle) -> torch.Tensor:
         """Send one row per source token (`rows` [T, H], e.g. the gradient of combine's output) to where an
@@ -299,7 +405,9 @@ class NcclA2ABackend(Backend):
         The backward of combine (moelab.e2e). The rows cross as they are (no quantization), into fresh
         tensors rather than the reused buffers, so the result outlives the next dispatch.
         """
-        send = rows.index_select(0, handle.send_tok)
         recv = torch.empty(sum(handle.recv_splits), rows.shape[1], dtype=rows.dtype, device=rows.device)
-        self._exchange([(list(send.split(handle.send_splits)), recv)], handle.send_splits, handle.recv_splits)
+        if handle.gathered:
+            _all_gather(recv, rows.contiguous(), group=self._group)
+        else:
+            self._exchange(self._segments(rows, handle, None), recv, handle.send_splits, handle.recv_splits)
         return recv

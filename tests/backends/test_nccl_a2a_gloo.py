@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from moelab.backends.base import BackendContext, CaseConfig
-from moelab.backends.nccl_a2a import NcclA2ABackend
+from moelab.backends.nccl_a2a import NcclA2ABackend, resolve_exchange
+from moelab.backends.padded import received_rows
+from moelab.errors import SpecError
 from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
 from moelab.plan.routing import Routing, route_all
@@ -18,7 +22,12 @@ pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
 
 
 def _check_rank(
-    rank: int, world: int, workload: Workload, routings: list[Routing] | None, layout: str = "fresh"
+    rank: int,
+    world: int,
+    workload: Workload,
+    routings: list[Routing] | None,
+    layout: str = "fresh",
+    exchange: str = "auto",
 ) -> dict[str, object]:
     ctx = BackendContext(
         rank=rank,
@@ -29,9 +38,13 @@ def _check_rank(
         gpus_per_node=world,
         comm_backend="gloo",
     )
-    case = CaseConfig(case_id="t", workload=workload)
+    case = CaseConfig(case_id="t", workload=workload, knobs={"exchange": exchange})
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
+    recorded = backend.record(case)
+    if exchange != "auto":
+        assert recorded["exchange"] == exchange
+    assert (backend.host_sync_ops() == {}) == (recorded["exchange"] == "allgather")  # no counts, no sync
     routings = routings if routings is not None else route_all(workload, world)
     routing = routings[rank]
     x = make_tokens(workload, rank)
@@ -50,11 +63,19 @@ def _check_rank(
     d2 = backend.dispatch(x, routing.topk_idx, routing.topk_weights, layout=d.handle if cached else None)
     out2 = backend.combine(expert_out, d2.handle)
     assert torch.equal(out, out2)
-    return {"rows": d.num_rows, "combine_err": err}
+    # the backward of combine (e2e): each token's row back to where dispatch sent it, in received order
+    back = backend.dispatch_with_handle(x, d.handle)
+    assert torch.equal(received_rows(replace(d, recv_x=back)).recv_x, received_rows(d).recv_x)
+    return {"rows": received_rows(d).num_rows, "combine_err": err, "exchange": recorded["exchange"]}
 
 
 def _check_many(rank: int, world: int, workloads: list[Workload]) -> list[dict[str, object]]:
-    return [_check_rank(rank, world, wl, None, layout) for wl in workloads for layout in ("fresh", "cached")]
+    return [
+        _check_rank(rank, world, wl, None, layout, exchange)
+        for wl in workloads
+        for layout in ("fresh", "cached")
+        for exchange in ("splits", "allgather")
+    ]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -71,7 +92,10 @@ def test_dispatch_combine_equal_reference(world: int) -> None:
         for kind, seed in (("uniform", 0), ("uniform", 7), ("zipf", 1), ("hot", 3))
     ]
     results = run_ranks(world, _check_many, workloads)
-    assert all(sum(r[i]["rows"] for r in results) > 0 for i in range(2 * len(workloads)))
+    assert all(sum(r[i]["rows"] for r in results) > 0 for i in range(4 * len(workloads)))  # type: ignore[misc]
+    # both exchanges receive exactly the same rows
+    for r in results:
+        assert [c["rows"] for c in r[0::2]] == [c["rows"] for c in r[1::2]]
 
 
 def test_topk_one_and_tokens_per_rank_one() -> None:
@@ -95,6 +119,7 @@ def test_every_token_to_one_expert_and_empty_ranks() -> None:
     wl = Workload(hidden=128, tokens_per_rank=16, topk=1, experts_per_rank=2)
     results = run_ranks(4, _check_rank, wl, _all_to_expert_zero(wl, 4))
     assert [r["rows"] for r in results] == [64, 0, 0, 0]
+    assert results[0]["exchange"] == "splits"  # auto: a quarter of the (token, rank) pairs is sent
 
 
 def _broken_rank(rank: int, world: int, workload: Workload) -> str:
@@ -125,3 +150,19 @@ def test_check_detects_corruption() -> None:
     wl = Workload(hidden=256, tokens_per_rank=32, topk=2, experts_per_rank=2)
     messages = run_ranks(2, _broken_rank, wl)
     assert all("payload error" in m for m in messages)
+
+
+def test_exchange_knob_auto_resolution_and_refusal() -> None:
+    """auto takes allgather only where nearly every (token, rank) pair is sent; bad values are refused."""
+    dense = Workload(hidden=128, tokens_per_rank=256, topk=8, experts_per_rank=8)  # 16 experts, 2 ranks
+    assert resolve_exchange({}, dense, 2)[0] == "allgather"
+    assert resolve_exchange({}, dense, 2)[1] > 0.99
+    sparse = Workload(hidden=128, tokens_per_rank=256, topk=2, experts_per_rank=2)  # 8 experts, 4 ranks
+    exchange, fill = resolve_exchange({}, sparse, 4)
+    assert exchange == "splits" and 0.3 < fill < 0.6
+    assert resolve_exchange({"exchange": "allgather"}, sparse, 4)[0] == "allgather"
+    assert resolve_exchange({"exchange": "splits"}, dense, 2)[0] == "splits"
+    with pytest.raises(SpecError, match="exchange must be one of"):
+        NcclA2ABackend.check_knobs({"exchange": "ring"}, dense)
+    with pytest.raises(SpecError, match="unknown knob"):
+        NcclA2ABackend.check_knobs({"exchnge": "splits"}, dense)
