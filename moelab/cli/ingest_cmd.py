@@ -9,6 +9,7 @@ import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, user_errors
 from moelab.errors import MoelabError
+from moelab.health.judge import judge_stored_run
 from moelab.launch.recover import launcher_state, mark_abandoned
 from moelab.launch.rundir import RunDir
 from moelab.store.db import check_writable, open_db, resolve_db_path
@@ -81,6 +82,7 @@ def ingest(
     check_writable(db_path)
     with open_db(db_path) as con:
         ingest_run_dir(con, rd.path)
+        judge_stored_run(con, run_id)
         counts = con.execute(
             "SELECT status, count(*) FROM cases WHERE run_id = ? GROUP BY status ORDER BY status", [run_id]
         ).fetchall()

@@ -16,6 +16,7 @@ import moelab
 from moelab.backends import registry
 from moelab.errors import MoelabError
 from moelab.health import contention
+from moelab.health.judge import judge_stored_run
 from moelab.launch import commands
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.local import JobOutcome, run_job
@@ -247,7 +248,7 @@ def execute(
             try:
                 with open_db(db_path) as con:
                     ingest(con, rd.path)
-                    contention.mark_spread_suspects(con, spec.run_id)
+                    judge_stored_run(con, spec.run_id)
             except Exception as exc:  # the measurements are on disk: say how to store them later
                 raise MoelabError(
                     f"storing run {spec.run_id} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "

@@ -51,7 +51,7 @@ def check_dispatch(
             order=None,
             ref_rows=None,
         )
-    recv = d.recv_x_float().cpu()
+    recv = d.recv_x_float()  # stays on its device: the error is computed there
     src, tok, exact = decode_identity(recv)
     if not exact:
         return DispatchCheck(
@@ -79,7 +79,7 @@ def check_dispatch(
         sel = torch.nonzero(expected.src_rank == s).squeeze(1)
         if sel.numel():
             ref_sorted[sel] = make_tokens(workload, s)[expected.src_token[sel]]
-    err = relative_error(recv[order], ref_sorted)
+    err = relative_error(recv[order.to(recv.device)], ref_sorted)
     tol = DISPATCH_TOL.get(workload.dtype, 0.0)
     if not err <= tol:
         return DispatchCheck(

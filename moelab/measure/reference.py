@@ -14,6 +14,7 @@ and the source sums the rows from all ranks: out[t] = sum_k w[t,k] * scale(e[t,k
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -42,9 +43,15 @@ def _seed(*parts: object) -> int:
 
 
 def make_tokens(workload: Workload, rank: int) -> torch.Tensor:
-    """Deterministic bf16 tokens [T, H] on the CPU, identity-encoded in the first block."""
-    num_tokens, hidden = workload.tokens_per_rank, workload.hidden
-    gen = torch.Generator().manual_seed(_seed("tokens", workload.routing.seed, rank, hidden))
+    """Deterministic bf16 tokens [T, H] on the CPU, identity-encoded in the first block (a fresh copy: the
+    cases of a job that differ only in SMs or knobs share the generated tokens, not the tensor)."""
+    return _tokens(workload.tokens_per_rank, workload.hidden, workload.routing.seed, rank).clone()
+
+
+@functools.lru_cache(maxsize=16)
+def _tokens(num_tokens: int, hidden: int, seed: int, rank: int) -> torch.Tensor:
+    """Generating them costs a fraction of a second at the reference size, per rank and case."""
+    gen = torch.Generator().manual_seed(_seed("tokens", seed, rank, hidden))
     x = torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float32)
     block = min(IDENTITY_BLOCK, hidden)
     x[:, :block] = 7.0
@@ -133,7 +140,9 @@ def reference_combine(x: torch.Tensor, routing: Routing) -> torch.Tensor:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    """||out - ref|| / ||ref|| in float64, on `out`'s device (the GPU's, for received rows: seconds of CPU
+    time per case at the reference size otherwise)."""
+    out64, ref64 = out.double(), ref.to(out.device).double()
     if not torch.isfinite(out64).all():
         return float("inf")
     denom = ref64.norm().item()

@@ -1,0 +1,48 @@
+"""Run-to-run drift: an op whose median moved between two runs of the same case on the same machine and
+software is marked unstable in both runs; a changed driver is not drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moelab.health.drift import DRIFT_TOLERANCE, drift_flags, mark_drift
+from moelab.store.db import connect
+from tests.synthetic_runs import RunModel, build_db
+
+
+def _stability(con: object, run_id: str) -> list[str]:
+    rows = con.execute(  # type: ignore[attr-defined]
+        "SELECT stability FROM results WHERE run_id = ? AND stability IS NOT NULL", [run_id]
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_a_moved_median_marks_both_runs_and_names_the_other(tmp_path: Path) -> None:
+    db = tmp_path / "d.duckdb"
+    build_db(db, tmp_path / "runs", [
+        RunModel(run_id="a", created_at="2026-11-20T07:00:00+00:00", noise=0.005, seed=1, iters=60),
+        RunModel(run_id="b", created_at="2026-11-20T08:00:00+00:00", noise=0.005, seed=2, iters=60),
+        RunModel(run_id="c", created_at="2026-11-20T09:00:00+00:00", noise=0.005, seed=3, iters=60, slowdown=1.2),
+        RunModel(run_id="d", created_at="2026-11-20T10:00:00+00:00", noise=0.005, seed=4, iters=60,
+                 slowdown=1.2, driver="590.10.01"),
+    ])  # fmt: skip
+    con = connect(db)
+    try:
+        assert drift_flags(con, "b") == []  # same mode twice: no drift
+        assert mark_drift(con, "b") == []
+        flags = mark_drift(con, "c")
+        assert flags and all(f.previous_run == "b" for f in flags)
+        assert all(abs(f.change - 0.2) < 0.05 and abs(f.change) > DRIFT_TOLERANCE for f in flags)
+        mine, theirs = _stability(con, "c"), _stability(con, "b")
+        assert len(mine) == len(flags) == len(theirs)
+        assert all("from run b's" in s and "+" in s for s in mine)
+        assert all("from run c's" in s and "-" in s for s in theirs)
+        suspect = con.execute("SELECT count(*) FROM cases WHERE run_id = 'c' AND suspect").fetchone()[0]
+        assert suspect >= 1
+        mark_drift(con, "c")  # judging twice adds nothing twice
+        assert _stability(con, "c") == mine
+        # a new driver is not drift (the gate's business), and CPU runs are not judged
+        assert drift_flags(con, "d") == []
+        assert drift_flags(con, "c", devices=("cpu",)) == []
+    finally:
+        con.close()
