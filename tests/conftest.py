@@ -14,6 +14,7 @@ test-hang = moelab_testplugins:HangBackend
 test-hang-all = moelab_testplugins:HangAllBackend
 test-ctor-raise = moelab_testplugins:CtorRaiseBackend
 test-abort = moelab_testplugins:AbortBackend
+test-jit = moelab_testplugins:JitBackend
 """
 
 

@@ -96,6 +96,9 @@ class Backend(abc.ABC):
     phases: ClassVar[bool] = False  # implements layout() and dispatch(..., layout=...)
     knobs: ClassVar[dict[str, str]] = {}  # knob name -> what it does; validated before anything launches
     library_ops: ClassVar[tuple[str, ...]] = ()  # ops whose library figure is timed the library's way too
+    # compiles its kernels on the first call of each new configuration (a JIT): each case's correctness
+    # check, its first call, is then timed as the one-time cost "jit" rather than hidden in the job's time
+    compiles_on_first_call: ClassVar[bool] = False
     job_kind: ClassVar[str] = (
         "ranks"  # "ranks": one worker per rank (moelab.measure.worker); else a registered job kind
     )

@@ -3,6 +3,7 @@ the one written). The e2e layer has its own case function (moelab.e2e.bench) bui
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -93,7 +94,12 @@ def measure_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     backend.prepare(cfg)
     inputs = make_inputs(cfg, ctx)
     counts: Counter[str] = Counter()
-    with nvtx_range(range_name(backend.name, "check", case.case_id), counts):
+    first_call = (
+        cc.events.timed_setup("jit")
+        if cc.events is not None and backend.compiles_on_first_call
+        else contextlib.nullcontext()
+    )
+    with first_call, nvtx_range(range_name(backend.name, "check", case.case_id), counts):
         checked = check_case(backend, cfg, inputs, ctx)
     backend_record = backend.record(cfg)
     if not checked.ok:

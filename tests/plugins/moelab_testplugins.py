@@ -82,3 +82,23 @@ class AbortBackend(_OneBadRank):
 
     def misbehave(self) -> None:
         os.abort()
+
+
+class JitBackend(NcclA2ABackend):
+    """nccl-a2a that 'compiles' on the first call of each case (a sleep), as Hybrid-EP's JIT does."""
+
+    name = "test-jit"
+    compiles_on_first_call = True
+    COMPILE_S = 0.4
+
+    def prepare(self, case: Any) -> None:
+        super().prepare(case)
+        self._compiled = False
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Any:
+        if not self._compiled:
+            time.sleep(self.COMPILE_S)
+            self._compiled = True
+        return super().dispatch(x, topk_idx, topk_weights, layout=layout)
