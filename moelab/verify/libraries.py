@@ -236,6 +236,8 @@ def verify_backend(
             ratio, verdict = judge(fig.gbps, moelab_gbps, ctx.tolerance)
             if moelab_gbps is None and e.timing == "kernel":
                 verdict = "skipped"
+            if verdict == "fail" and backend == "hybrid-ep":
+                note = parse_hybrid_ep.host_bound_note(run.text, e.op, e.library_dtype) or note
             if not run.ok:
                 note = "; ".join(x for x in (note, f"library test {run.describe()}") if x)
             rows.append(row(e, case_id=case.case_id, library_label=fig.label, library_gbps=fig.gbps, moelab_gbps=moelab_gbps,

@@ -78,3 +78,29 @@ def figures(text: str) -> list[LibraryFigure]:
         for h in parse(text)
         if h.timing == "api" and h.link == "NVL" and h.label in ("dispatch", "combine")
     ]
+
+
+HOST_BOUND_FACTOR = 2.0  # API time this many times the kernel time: the call is mostly host work
+
+
+def host_bound_note(text: str, op: str, dtype: str) -> str | None:
+    """Why a figure may not agree across processes: the library's API time of `op` is mostly host work
+    (each plain dispatch synchronizes the host), by its own kernel-only line for the same op and payload.
+    None when the log has no such pair or the kernel time dominates."""
+    lines = parse(text)
+    api = next((h for h in lines if h.timing == "api" and h.label == op and h.dtype == dtype), None)
+    kernel = next(
+        (h for h in lines if h.timing == "kernel" and h.label == f"{op} kernel" and h.dtype == dtype), None
+    )
+    if (
+        api is None
+        or kernel is None
+        or kernel.time_us <= 0
+        or api.time_us < HOST_BOUND_FACTOR * kernel.time_us
+    ):
+        return None
+    return (
+        f"host-bound: the library's {op} takes {api.time_us:g} us through its API but {kernel.time_us:g} us in "
+        f"its kernel ({api.time_us / kernel.time_us:.1f}x), so the figure times per-call host work (a host "
+        "sync inside each call), which varies between processes; +-5% agreement is not expected here"
+    )

@@ -37,3 +37,19 @@ def test_hybrid_ep_cut_off_log() -> None:
         "dispatch",
         "fp8",
     ) not in api  # the FP8 benchmark never printed: killed during its correctness check
+
+
+R3 = Path(__file__).resolve().parents[2] / "results" / "h200x2-r3" / "call2"
+
+
+def test_hybrid_ep_host_bound_figures_say_so() -> None:
+    """At 1024 tokens/rank (hidden 7168) Hybrid-EP's own plain dispatch takes 242 us through its API and
+    48 us in its kernel: the figure times host work, and verify says so beside the mismatch. At the
+    reference workload (8192 x 4096) the kernel dominates and no such note is given."""
+    small = (R3 / "verify_20261123T025840Z-2dccee" / "hybrid_ep_test_hybrid_ep.log").read_text()
+    note = parse_hybrid_ep.host_bound_note(small, "dispatch", "bf16")
+    assert note is not None and "242 us" in note and "48.1 us" in note and "5.0x" in note
+    assert parse_hybrid_ep.host_bound_note(small, "combine", "bf16") is None  # 82.8 vs 49.4 us
+    reference = (R3 / "verify_20261123T025327Z-8c69b7" / "hybrid_ep_test_hybrid_ep.log").read_text()
+    assert parse_hybrid_ep.host_bound_note(reference, "dispatch", "bf16") is None
+    assert parse_hybrid_ep.host_bound_note("no benchmark here", "dispatch", "bf16") is None
