@@ -4,46 +4,37 @@ as framework settings."""
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import sys
 from pathlib import Path
 
-import torch
 import typer
 
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
-from moelab.cli.run_cmd import _parse_backend_paths
+from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
 from moelab.e2e.layer import default_intermediate
 from moelab.errors import MoelabError, SpecError
-from moelab.plan.spec import LaunchSpec, TimingSpec
+from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
+from moelab.plan.spec import TimingSpec
 from moelab.plan.workload import RoutingSpec, Workload
 from moelab.store.db import check_writable, data_dir, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.presets import preset as get_preset
 from moelab.tune.search import TuneConfig, tune
-from moelab.tune.space import COARSE_SMS, DEFAULT_DTYPES, TUNABLE_BACKENDS
-from moelab.tune.trials import TrialPlan, run_round
+from moelab.tune.space import COARSE_SMS, DEFAULT_DTYPES, TUNABLE_BACKENDS, coarse
+from moelab.tune.trials import plan_trials, run_round
 
 
 def round_timings(
     device: str, iters: int | None, warmup: int | None
 ) -> tuple[TimingSpec, TimingSpec, TimingSpec]:
-    """Few iterations to rank, more to refine, the full count for the final round."""
-    if device == "cuda":
-        final = TimingSpec(warmup=warmup if warmup is not None else 10, iters=iters or 50, flush_l2=True)
-        return (
-            TimingSpec(warmup=3, iters=10, flush_l2=True),
-            TimingSpec(warmup=5, iters=20, flush_l2=True),
-            final,
-        )
-    final = TimingSpec(warmup=warmup if warmup is not None else 1, iters=iters or 5, flush_l2=False)
-    return (
-        TimingSpec(warmup=1, iters=2, flush_l2=False),
-        TimingSpec(warmup=1, iters=3, flush_l2=False),
-        final,
-    )
+    """Few iterations to rank, more to refine, the full count for the final round; each as plan_run times
+    a run of that many iterations on `device`."""
+    rounds, final = (((10, 3), (20, 5)), (50, 10)) if device == "cuda" else (((2, 1), (3, 1)), (5, 1))
+    last = (iters if iters is not None else final[0], warmup if warmup is not None else final[1])
+    r1, r2, r3 = (timing_for(RunRequest(iters=i, warmup=w), device) for i, w in (*rounds, last))
+    return r1, r2, r3
 
 
 @user_errors
@@ -102,30 +93,7 @@ def tune_command(
 
     Example: moelab tune --preset deepseek-v3 --backend deepep,hybrid-ep --backend-path deepep=.ext/deepep-v1
     """
-    use_cuda = torch.cuda.is_available() and not cpu
-    device = "cuda" if use_cuda else "cpu"
-    nproc = gpus or (torch.cuda.device_count() if use_cuda else 2)
-    if nproc < 1:
-        raise SpecError(f"--gpus must be >= 1, got {nproc}")
-    if use_cuda and nproc > torch.cuda.device_count():
-        raise SpecError(f"--gpus {nproc} but this host has {torch.cuda.device_count()} GPUs")
     p = get_preset(preset) if preset else None
-    h = hidden if hidden is not None else (p.hidden if p else 8192)
-    if h < 1:
-        raise SpecError(f"--hidden must be >= 1, got {h}")
-    inter = intermediate if intermediate is not None else (p.intermediate if p else default_intermediate(h))
-    k = topk if topk is not None else (p.topk if p else 8)
-    epr = experts_per_rank if experts_per_rank is not None else (p.experts_per_rank(nproc) if p else 8)
-    if inter < 1:
-        raise SpecError(f"--intermediate must be >= 1, got {inter}")
-    wl = Workload(
-        hidden=h, tokens_per_rank=tokens_per_rank, topk=k, experts_per_rank=epr, dtype=dtype or "bf16",
-        routing=RoutingSpec(kind=routing, seed=seed),
-    )  # fmt: skip
-    wl.validate(nproc)
-    dtypes = {b: dtype for b in TUNABLE_BACKENDS} if dtype else dict(DEFAULT_DTYPES)
-    for d in set(dtypes.values()):
-        dataclasses.replace(wl, dtype=d).validate(nproc)
     paths = _parse_backend_paths(backend_path)
     asked = parse_list(backend, str, "backend")
     names: list[str] = []
@@ -143,26 +111,34 @@ def tune_command(
     grid = tuple(parse_list(sms, int, "sms") or COARSE_SMS)
     if any(not isinstance(s, int) or s < 1 for s in grid):
         raise SpecError("--sms takes positive whole numbers (the library default is always tried)")
-    db_path = resolve_db_path(db)
-    check_writable(db_path)
-    tune_id = secrets.token_hex(3)
-    plan = TrialPlan(
-        workload=wl, dtypes=dtypes, intermediate=inter, backward=backward,
-        launch=LaunchSpec(device=device, nproc_per_node=nproc, gpus_per_node=nproc, backend_paths=paths,
-                          job_timeout_s=timeout),
-        runs_root=out or (data_dir() / "runs"), db_path=db_path, tune_id=tune_id,
-        command=tuple(["moelab", *sys.argv[1:]]),
+    host = HostFacts(cuda_devices=_cuda_devices())
+    request = RunRequest(backends=tuple(names), gpus=gpus, cpu=cpu, iters=iters, warmup=warmup, backend_paths=paths,
+                         timeout_s=timeout, health=False, command=("moelab", *sys.argv[1:]))  # fmt: skip
+    device, world = plan_world(request, host)
+    h = hidden if hidden is not None else (p.hidden if p else 8192)
+    inter = intermediate if intermediate is not None else (p.intermediate if p else default_intermediate(h))
+    k = topk if topk is not None else (p.topk if p else 8)
+    epr = experts_per_rank if experts_per_rank is not None else (p.experts_per_rank(world) if p else 8)
+    wl = Workload(
+        hidden=h, tokens_per_rank=tokens_per_rank, topk=k, experts_per_rank=epr, dtype=dtype or "bf16",
+        routing=RoutingSpec(kind=routing, seed=seed),
     )  # fmt: skip
-    config = TuneConfig(
-        backends=tuple(names),
-        sms_grid=grid,
-        sm_control=use_cuda,
-        timings=round_timings(device, iters, warmup),
-    )
+    sm_control = device == "cuda"
+    timings = round_timings(device, iters, warmup)
+    db_path = resolve_db_path(db)
+    tune_id = secrets.token_hex(3)
+    plan = plan_trials(
+        request=request, host=host, workload=wl, intermediate=inter, backward=backward,
+        dtypes={b: dtype for b in TUNABLE_BACKENDS} if dtype else dict(DEFAULT_DTYPES),
+        first=coarse(names, grid, sm_control), final=timings[2], runs_root=out or (data_dir() / "runs"),
+        db_path=db_path, tune_id=tune_id,
+    )  # fmt: skip
+    check_writable(db_path)
+    config = TuneConfig(backends=tuple(names), sms_grid=grid, sm_control=sm_control, timings=timings)
     console.print(
         f"tune {tune_id}: hidden {h}, intermediate {inter}, {tokens_per_rank} tokens/rank, topk {k}, "
-        f"{epr} experts/rank, {nproc} {device} ranks; backends {', '.join(names)}"
-        + ("" if use_cuda else " (CPU ranks: no SM control, searching backends, schedules and knobs)")
+        f"{epr} experts/rank, {plan.launch.world} {device} ranks; backends {', '.join(names)}"
+        + ("" if sm_control else " (CPU ranks: no SM control, searching backends, schedules and knobs)")
     )
     result = tune(config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print))
     print_table(

@@ -6,20 +6,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.errors import SpecError
-from moelab.launch.rundir import now_iso
 from moelab.launch.runner import new_run_id
-from moelab.plan.spec import HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.plan.planning import HostFacts, plan_run
+from moelab.plan.spec import RunSpec
 from moelab.store.db import check_writable, connect, data_dir, open_db, resolve_db_path
 from moelab.verify import measure
 from moelab.verify import store as verify_store
 from moelab.verify.figures import FAILING, VerifyRow
 from moelab.verify.libraries import VERIFY_DEFINITIONS, VerifyContext, verify_backend
-from moelab.verify.plan import VERIFY_BACKENDS, VerifyRequest, verify_spec
+from moelab.verify.plan import VERIFY_BACKENDS, VerifyRequest, run_request
 
 
 def _int(value: str, name: str) -> int:
@@ -85,7 +84,7 @@ def verify(
     Example: moelab verify --backend deepep,hybrid-ep,nccl-tests --backend-path deepep=.ext/deepep-v1
     --backend-path hybrid-ep=.ext/hybrid-ep --nccl-tests-bin .ext/nccl-tests/build --hidden 7168
     """
-    from moelab.cli.run_cmd import _parse_backend_paths
+    from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
 
     names = tuple(parse_list(backend, str, "backend") or [])
     paths = _parse_backend_paths(backend_path)
@@ -104,23 +103,14 @@ def verify(
         raise SpecError(f"--tolerance must be within (0, 1), got {tolerance}")
     if trace not in ("none", "torch"):
         raise SpecError(f"verify --trace takes none or torch, got {trace!r}")
-    if library_timeout <= 0 or timeout <= 0:
-        raise SpecError("--timeout and --library-timeout must be > 0")
-    use_cuda = torch.cuda.is_available() and not cpu
-    nproc = gpus or (torch.cuda.device_count() if use_cuda else 2)
-    if nproc < 1 or (use_cuda and nproc > torch.cuda.device_count()):
-        raise SpecError(f"--gpus {nproc}: this host has {torch.cuda.device_count()} GPUs")
+    if library_timeout <= 0:
+        raise SpecError(f"--library-timeout must be > 0, got {library_timeout}")
+    run = run_request(req, gpus=gpus, cpu=cpu, iters=iters, warmup=warmup, label=label, timeout_s=timeout,
+                      backend_paths=paths, nccl_tests_bin=nccl_tests_bin, trace=trace, health=health,
+                      command=("moelab", *sys.argv[1:]))  # fmt: skip
+    spec = plan_run(run, HostFacts(cuda_devices=_cuda_devices()), new_run_id=new_run_id()).spec
     if not dry_run:
         measure.check_available(names, paths, nccl_tests_bin)
-    timing = TimingSpec.for_device("cuda" if use_cuda else "cpu")
-    if iters is not None or warmup is not None:
-        timing = TimingSpec(warmup=timing.warmup if warmup is None else warmup, iters=timing.iters if iters is None else iters,
-                            pair_reps=timing.pair_reps, pair_iters=timing.pair_iters, flush_l2=timing.flush_l2)  # fmt: skip
-    launch = LaunchSpec(device="cuda" if use_cuda else "cpu", nproc_per_node=nproc, gpus_per_node=nproc, launcher="local",
-                        job_timeout_s=timeout, backend_paths=paths, nccl_tests_bin=nccl_tests_bin)  # fmt: skip
-    spec = verify_spec(req, run_id=new_run_id(), created_at=now_iso(), launch=launch, timing=timing,
-                       trace=TraceSpec(mode=trace), health=HealthSpec(snapshots=health),
-                       command=("moelab", *sys.argv[1:]), label=label)  # fmt: skip
     if dry_run:
         _print_plan(spec, req, paths, nccl_tests_bin)
         return
@@ -129,7 +119,7 @@ def verify(
     runs_root = out or (data_dir() / "runs")
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, runs_root, db_path, console.print)
-    ctx = VerifyContext(run_id=spec.run_id, run_dir=outcome.run_dir, spec=spec, world=launch.world, gpus_per_node=launch.gpus_per_node,
+    ctx = VerifyContext(run_id=spec.run_id, run_dir=outcome.run_dir, spec=spec, world=spec.launch.world, gpus_per_node=spec.launch.gpus_per_node,
                         trees={k: Path(v) for k, v in paths.items()}, nccl_tests_bin=nccl_tests_bin,
                         timeout_s=library_timeout, tolerance=tolerance,
                         connect=lambda: connect(db_path, read_only=True))  # fmt: skip

@@ -29,7 +29,7 @@ class RunRequest:
     """What a user asked for, as plain values (None: the default)."""
 
     backends: Sequence[str] = ("nccl-a2a",)
-    suite: str = "dispatch-combine"
+    suite: str | Suite = "dispatch-combine"  # a built-in's name, a file, or one built in code
     workload: Mapping[str, Sequence[Any]] = field(
         default_factory=dict
     )  # axis -> values, replaces the suite's
@@ -164,6 +164,14 @@ def _world(req: RunRequest, host: HostFacts) -> tuple[str, int, int]:
     return ("cuda" if use_cuda else "cpu"), nproc, req.gpus_per_node or nproc
 
 
+def plan_world(req: RunRequest, host: HostFacts) -> tuple[str, int]:
+    """(device, world size) of `req` on this host, its flags checked: for a command that needs the world size
+    to choose a workload before it plans (tune's presets split a model's experts over the ranks)."""
+    check_request(req)
+    device, nproc, _ = _world(req, host)
+    return device, nproc * req.nodes
+
+
 def _fit_experts(req: RunRequest, suite: Suite, world: int) -> tuple[dict[str, list[Any]], list[str]]:
     """The reference workload needs topk <= experts/rank x ranks. When the user did not set experts per rank
     and the suite's value cannot fit this world size, use the documented nearest variant (8 per rank, as
@@ -218,7 +226,7 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
     check_request(req)
     device, nproc, per_node = _world(req, host)
     world = nproc * req.nodes
-    suite = load_suite(req.suite)
+    suite = req.suite if isinstance(req.suite, Suite) else load_suite(req.suite)
     check_suite_backends(suite)
     overrides, notes = _fit_experts(req, suite, world)
     try:

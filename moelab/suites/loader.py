@@ -5,6 +5,9 @@ A suite has a base `[workload]`, `[axes]` whose cartesian product gives the case
 `[backend.NAME.workload]` (base overrides, e.g. the low-latency kernels' own defaults) and
 `[backend.NAME.axes]` (extra axes; names that are not workload fields become backend knobs).
 A combination the workload rejects becomes a case with `skip_reason`, stored as skipped, never a gap.
+
+A suite built in code (verify, tune) may instead list its cases explicitly, in order: `cases`, one mapping per
+case with its `backend` and the values that differ from the base (a workload field, `sms` or a knob).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Suite:
     backend_workload: dict[str, dict[str, Any]] = field(default_factory=dict)
     backend_axes: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     source: str = ""
+    cases: tuple[Mapping[str, Any], ...] = ()  # explicit cases, in order (suites built in code only)
 
 
 def builtin_suites() -> dict[str, Path]:
@@ -155,10 +159,21 @@ def expand(
     overrides: Mapping[str, list[Any]] | None = None,
     backend_defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[CaseSpec]:
-    """Cases for every backend: suite axes (replaced by CLI `overrides`), per-backend axes as knobs."""
+    """Cases for every backend: suite axes (replaced by CLI `overrides`), per-backend axes as knobs. A suite
+    with explicit `cases` gives those, in their order, each over the same axes."""
     overrides = dict(overrides or {})
+    backends = list(backends)
+    rows: tuple[Mapping[str, Any], ...] = suite.cases or tuple({"backend": b} for b in backends)
+    for row in rows:
+        if row.get("backend") not in backends:
+            raise SpecError(
+                f"{suite.source}: a case names backend {row.get('backend')!r}, not one of this run's"
+            )
     cases: list[CaseSpec] = []
-    for backend in backends:
+    seen: set[tuple[str, str]] = set()
+    for row in rows:
+        backend = row["backend"]
+        explicit = {k: v for k, v in row.items() if k != "backend"}
         base = dict((backend_defaults or {}).get(backend, {}))
         base.update(suite.workload)
         base.update(suite.backend_workload.get(backend, {}))
@@ -168,36 +183,38 @@ def expand(
             axes[key] = axis_values
             base.pop(key, None)
         names = list(axes)
-        seen: set[str] = set()
         for combo in itertools.product(*(axes[n] for n in names)):
             values = dict(base)
             values.update(zip(names, combo, strict=True))
+            values.update(explicit)
             if any(all(values.get(k) == v for k, v in ex.items()) for ex in suite.exclude):
                 continue
-            sms = _parse_sms(values.pop("sms", None))
-            knobs = {k: values.pop(k) for k in list(values) if k not in CASE_KEYS}
-            try:
-                workload = _build_workload(values)
-            except TypeError as exc:
-                raise SpecError(f"{suite.source}: bad workload values {values}: {exc}") from exc
-            workload.check_values()  # a value no run could use is an error, not a skipped case
-            skip: str | None = None
-            try:
-                workload.validate(world)
-            except SpecError as exc:
-                skip = str(exc)
-            case_id = case_id_for(workload, sms, knobs)
-            if case_id in seen:
+            case = _case(suite, backend, values, world)
+            if (backend, case.case_id) in seen:
                 continue
-            seen.add(case_id)
-            cases.append(
-                CaseSpec(
-                    case_id=case_id,
-                    backend=backend,
-                    workload=workload,
-                    sms=sms,
-                    knobs=knobs,
-                    skip_reason=skip,
-                )
-            )
+            seen.add((backend, case.case_id))
+            cases.append(case)
     return cases
+
+
+def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> CaseSpec:
+    sms = _parse_sms(values.pop("sms", None))
+    knobs = {k: values.pop(k) for k in list(values) if k not in CASE_KEYS}
+    try:
+        workload = _build_workload(values)
+    except TypeError as exc:
+        raise SpecError(f"{suite.source}: bad workload values {values}: {exc}") from exc
+    workload.check_values()  # a value no run could use is an error, not a skipped case
+    skip: str | None = None
+    try:
+        workload.validate(world)
+    except SpecError as exc:
+        skip = str(exc)
+    return CaseSpec(
+        case_id=case_id_for(workload, sms, knobs),
+        backend=backend,
+        workload=workload,
+        sms=sms,
+        knobs=knobs,
+        skip_reason=skip,
+    )

@@ -1,22 +1,22 @@
-"""Trials as moelab runs: each round's candidates become e2e cases of one RunSpec, executed and stored
-by moelab.launch.runner.execute like any `moelab run` (one job per backend), labelled, and read back."""
+"""Trials as moelab runs: each round's candidates become e2e cases of one RunSpec, planned by
+moelab.plan.planning.plan_run as `moelab run` is (the world, sizes, knobs and label checked there), executed
+and stored by moelab.launch.runner.execute (one job per backend), labelled, and read back."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import SpecError
-from moelab.launch.rundir import now_iso
 from moelab.launch.runner import execute, new_run_id
-from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.plan.planning import HostFacts, RunRequest, plan_run
+from moelab.plan.spec import LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import Workload
 from moelab.store.db import open_db
 from moelab.store.labels import set_label
-from moelab.suites.loader import case_id_for
+from moelab.suites.loader import Suite
 from moelab.tune.search import ROUNDS, Trial
 from moelab.tune.space import Candidate
 
@@ -31,11 +31,12 @@ class TrialPlan:
     dtypes: Mapping[str, str]
     intermediate: int
     backward: bool
-    launch: LaunchSpec
+    launch: LaunchSpec  # as plan_run sized it (plan_trials); every round plans it again from `request`
     runs_root: Path
     db_path: Path
     tune_id: str
-    command: tuple[str, ...] = ()
+    request: RunRequest = field(default_factory=RunRequest)  # the user's launch flags (ranks, paths, timeout)
+    host: HostFacts = field(default_factory=HostFacts)
 
     @property
     def objective(self) -> str:
@@ -52,25 +53,37 @@ class TrialPlan:
             knobs["profile"] = profile
         return knobs | c.knob_dict()
 
-    def case_for(self, c: Candidate, profile: str) -> CaseSpec:
-        wl = self.workload_for(c.backend)
-        knobs = self.knobs_for(c, profile)
-        skip = None
-        try:
-            wl.validate(self.launch.world)
-        except SpecError as exc:
-            skip = str(exc)
-        return CaseSpec(
-            case_id=case_id_for(wl, c.sms, knobs),
-            backend=c.backend,
-            workload=wl,
-            sms=c.sms,
-            knobs=knobs,
-            skip_reason=skip,
-        )
-
     def round_label(self, n: int) -> str:
         return f"tune-{self.tune_id}-r{n}"
+
+    def spec_for(self, n: int, candidates: Sequence[Candidate], timing: TimingSpec) -> RunSpec:
+        """Round `n` as plan_run checks it: one e2e case per candidate, in their order."""
+        profile = "full" if n == ROUNDS else "layer"  # the final round records every figure of the winner
+        wl = self.workload
+        cases = tuple({"backend": c.backend, "dtype": self.workload_for(c.backend).dtype, "sms": c.sms,
+                       **self.knobs_for(c, profile)} for c in candidates)  # fmt: skip
+        req = dataclasses.replace(
+            self.request, backends=tuple(dict.fromkeys(c.backend for c in candidates)),
+            suite=Suite(name=SUITE_NAME, description=f"moelab tune {self.tune_id}", workload={}, axes={}, cases=cases,
+                        source=f"moelab tune round {n}"),
+            workload={"hidden": [wl.hidden], "tokens_per_rank": [wl.tokens_per_rank], "topk": [wl.topk],
+                      "experts_per_rank": [wl.experts_per_rank], "routing": [wl.routing.kind], "seed": [wl.routing.seed]},
+            iters=timing.iters, warmup=timing.warmup, label=self.round_label(n), health=False,
+        )  # fmt: skip
+        return plan_run(req, self.host, new_run_id=new_run_id()).spec
+
+
+def plan_trials(
+    *, request: RunRequest, host: HostFacts, workload: Workload, dtypes: Mapping[str, str], intermediate: int,
+    backward: bool, first: Sequence[Candidate], final: TimingSpec, runs_root: Path, db_path: Path, tune_id: str,
+) -> TrialPlan:  # fmt: skip
+    """The plan with its launch as plan_run sizes it: round one's candidates (`first`) at the final round's
+    settings planned once, so any user error is refused here, before anything runs."""
+    draft = TrialPlan(workload=workload, dtypes=dtypes, intermediate=intermediate, backward=backward,
+                      launch=LaunchSpec(), runs_root=runs_root, db_path=db_path, tune_id=tune_id, request=request,
+                      host=host)  # fmt: skip
+    spec = draft.spec_for(ROUNDS, first, final)
+    return dataclasses.replace(draft, launch=spec.launch)
 
 
 def run_round(
@@ -81,15 +94,8 @@ def run_round(
     progress: Callable[[str], None] = print,
 ) -> list[Trial]:
     """Time `candidates` as one stored run; one trial each, in the order given."""
-    profile = "full" if n == ROUNDS else "layer"  # the final round records every figure of the winner
-    cases = [plan.case_for(c, profile) for c in candidates]
-    backends = tuple(dict.fromkeys(c.backend for c in candidates))
-    label = plan.round_label(n)
-    spec = RunSpec(
-        run_id=new_run_id(), created_at=now_iso(), suite=SUITE_NAME, backends=backends, cases=tuple(cases),
-        timing=timing, launch=plan.launch, label=label, command=plan.command,
-        health=HealthSpec(snapshots=False),
-    )  # fmt: skip
+    spec = plan.spec_for(n, candidates, timing)
+    cases, backends, label = spec.cases, spec.backends, plan.round_label(n)
     progress(f"tune round {n}: {len(cases)} trials over {', '.join(backends)} (run {spec.run_id})")
     execute(spec, plan.runs_root, plan.db_path, progress=progress)
     with open_db(plan.db_path) as con:

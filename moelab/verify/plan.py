@@ -1,7 +1,8 @@
 """The moelab side of a verification: one case per (backend, payload) at the library test's configuration.
 
-`verify_spec` is the one place the RunSpec is built, so it can be swapped for the run planner when that
-exists; everything else in verify reads cases back from the store by (backend, dtype).
+`run_request` turns it into a RunRequest with an inline suite; moelab.plan.planning.plan_run sizes the world
+and checks sizes, knobs and flags as for `moelab run`. Everything else in verify reads cases back from the
+store by (backend, dtype).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moelab.errors import SpecError
-from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
-from moelab.plan.workload import RoutingSpec, Workload
-from moelab.suites.loader import case_id_for
+from moelab.plan.planning import RunRequest
+from moelab.suites.loader import Suite
 from moelab.verify.parse_deepep import INTRANODE_SMS
 
 VERIFY_BACKENDS = ("deepep", "deepep-ll", "hybrid-ep", "nccl-tests")
@@ -30,13 +30,12 @@ class VerifyRequest:
     sms: int | None  # None: each library test's own SM count
 
     def validate(self) -> None:
+        """What only verify refuses; sizes and the rest are plan_run's."""
         unknown = [b for b in self.backends if b not in VERIFY_BACKENDS]
         if unknown:
             raise SpecError(
                 f"verify knows no backend {unknown[0]!r}: choose from {', '.join(VERIFY_BACKENDS)}"
             )
-        if not self.backends:
-            raise SpecError("--backend names no backend")
         bad = [d for d in self.dtypes if d not in LIBRARY_DTYPES]
         if bad or not self.dtypes:
             raise SpecError(
@@ -46,8 +45,6 @@ class VerifyRequest:
             raise SpecError(
                 f"DeepEP's tests/test_intranode.py runs {INTRANODE_SMS} SMs only; give --sms {INTRANODE_SMS} or leave it out"
             )
-        Workload(hidden=self.hidden, tokens_per_rank=self.tokens_per_rank, topk=self.topk,
-                 experts_per_rank=self.experts_per_rank).validate()  # fmt: skip
 
 
 def case_sms(backend: str, sms: int | None) -> int | None:
@@ -74,29 +71,18 @@ def library_way_knobs(backend: str) -> dict[str, Any]:
     return {} if getattr(registry.load(backend), "phases", False) else {"handle": "cached"}
 
 
-def verify_cases(req: VerifyRequest, world: int) -> list[CaseSpec]:
-    cases = []
-    for backend in req.backends:
-        for dtype in case_dtypes(backend, req.dtypes):
-            wl = Workload(hidden=req.hidden, tokens_per_rank=req.tokens_per_rank, topk=req.topk,
-                          experts_per_rank=req.experts_per_rank, routing=RoutingSpec(kind="uniform", seed=0), dtype=dtype)  # fmt: skip
-            sms, knobs = case_sms(backend, req.sms), library_way_knobs(backend)
-            skip = None
-            try:
-                wl.validate(world)
-            except SpecError as exc:
-                skip = str(exc)
-            cases.append(CaseSpec(case_id=case_id_for(wl, sms, knobs), backend=backend, workload=wl, sms=sms,
-                                  knobs=knobs, skip_reason=skip))  # fmt: skip
-    return cases
+def verify_suite(req: VerifyRequest) -> Suite:
+    """One case per (backend, payload), uniform routing with seed 0, each at the SMs and knobs of the library's
+    test, in that order."""
+    cases = tuple({"backend": b, "dtype": d, "sms": case_sms(b, req.sms), **library_way_knobs(b)}
+                  for b in req.backends for d in case_dtypes(b, req.dtypes))  # fmt: skip
+    return Suite(name="verify", description="moelab's side of `moelab verify`", workload={"routing": "uniform", "seed": 0},
+                 axes={}, cases=cases, source="moelab verify")  # fmt: skip
 
 
-def verify_spec(
-    req: VerifyRequest, *, run_id: str, created_at: str, launch: LaunchSpec, timing: TimingSpec,
-    trace: TraceSpec, health: HealthSpec, command: tuple[str, ...], label: str | None = None,
-) -> RunSpec:  # fmt: skip
-    return RunSpec(
-        run_id=run_id, created_at=created_at, suite="verify", backends=req.backends,
-        cases=tuple(verify_cases(req, launch.world)), timing=timing, launch=launch, label=label, command=command,
-        trace=trace, health=health,
-    )  # fmt: skip
+def run_request(req: VerifyRequest, **flags: Any) -> RunRequest:
+    """The run plan_run checks and sizes: the library test's configuration as explicit workload flags (never
+    refitted to the world), with `flags` (ranks, timing, launch) as `moelab run` takes them."""
+    workload = {"hidden": [req.hidden], "tokens_per_rank": [req.tokens_per_rank], "topk": [req.topk],
+                "experts_per_rank": [req.experts_per_rank]}  # fmt: skip
+    return RunRequest(backends=req.backends, suite=verify_suite(req), workload=workload, **flags)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from moelab.errors import SpecError
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
+from moelab.suites.loader import Suite
 
 CPU = HostFacts(cuda_devices=0)
 
@@ -116,3 +118,19 @@ def test_knobs_of_each_backend_are_checked_by_its_class(tmp_path: Path) -> None:
 def test_generated_junk_flags_never_get_through(hidden: int, iters: int | None) -> None:
     with pytest.raises(SpecError):
         _plan(workload={"hidden": [hidden]}, iters=iters)
+
+
+def test_an_inline_suite_gives_its_explicit_cases_in_order() -> None:
+    """verify and tune plan runs of explicit cases (a backend's SMs, payload and knobs per case) this way."""
+    suite = Suite(name="inline", description="", workload={"hidden": 256, "tokens_per_rank": 16, "topk": 2,
+                  "experts_per_rank": 2}, axes={}, source="inline",
+                  cases=({"backend": "mxfp8-a2a", "sms": 8}, {"backend": "nccl-a2a", "dtype": "fp8"}, {"backend": "mxfp8-a2a"}))  # fmt: skip
+    spec = _plan(suite=suite, backends=("nccl-a2a", "mxfp8-a2a"), workload={"tokens_per_rank": [32]}).spec  # type: ignore[attr-defined]
+    assert spec.suite == "inline"
+    assert [(c.backend, c.sms, c.workload.dtype, c.workload.tokens_per_rank) for c in spec.cases] == [
+        ("mxfp8-a2a", 8, "bf16", 32), ("nccl-a2a", None, "fp8", 32), ("mxfp8-a2a", None, "bf16", 32)
+    ]  # fmt: skip
+    with pytest.raises(SpecError, match="names backend 'deepep', not one of this run's"):
+        _plan(suite=dataclasses.replace(suite, cases=({"backend": "deepep"},)), backends=("nccl-a2a",))
+    with pytest.raises(SpecError, match="unknown knob.*layuot"):
+        _plan(suite=dataclasses.replace(suite, cases=({"backend": "nccl-a2a", "layuot": "cached"},)))

@@ -11,17 +11,19 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from moelab.cli.tune_cmd import round_timings
 from moelab.e2e.bench import E2ESettings
 from moelab.errors import MoelabError, SpecError
+from moelab.plan.planning import HostFacts, RunRequest
 from moelab.plan.spec import LaunchSpec, TimingSpec
 from moelab.plan.workload import Workload
 from moelab.reports.html import write_report
 from moelab.suites.loader import expand, load_suite
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.presets import PRESETS, preset
-from moelab.tune.search import Trial, TuneConfig, TuneResult, full_product, tune
+from moelab.tune.search import ROUNDS, Trial, TuneConfig, TuneResult, full_product, tune
 from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine, sm_neighbours
-from moelab.tune.trials import TrialPlan
+from moelab.tune.trials import TrialPlan, plan_trials
 
 BACKENDS = ("nccl-a2a", "deepep", "hybrid-ep")
 TIMINGS = (TimingSpec(iters=1), TimingSpec(iters=2), TimingSpec(iters=3))
@@ -127,7 +129,7 @@ def test_the_winners_suite_reruns_exactly_the_winning_case(tmp_path: Path, cand:
     path = tmp_path / "w.toml"
     path.write_text(suite_toml(plan, _trial(cand)))
     cases = expand(load_suite(str(path)), [cand.backend], world=2)
-    want = plan.case_for(cand, "full")
+    want = plan.spec_for(ROUNDS, [cand], TimingSpec(iters=1)).cases[0]
     assert [(c.case_id, c.sms, c.knobs, c.workload) for c in cases] == [
         (want.case_id, want.sms, want.knobs, want.workload)
     ]
@@ -187,6 +189,64 @@ def test_bad_flags_are_one_error_line(tmp_path: Path, args: list[str], message: 
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith("error:") and message in result.stderr, result.stderr
     assert not (tmp_path / "t.duckdb").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0"], "--gpus must be > 0"),
+        (["--iters", "0"], "--iters must be > 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--timeout", "0"], "--timeout must be > 0"),
+        (["--hidden", "0"], "hidden must be a positive integer"),
+        (["--tokens-per-rank", "2097152"], "tokens-per-rank 2097152 is above"),
+        (["--routing", "sideways"], "unknown routing 'sideways'"),
+        (["--dtype", "fp4"], "unknown payload dtype 'fp4'"),
+    ],
+)
+def test_bad_flags_get_the_planners_one_line_error(tmp_path: Path, args: list[str], message: str) -> None:
+    """tune plans every round with plan_run: a flag `moelab run` refuses is refused once, before round one."""
+    result = CliRunner().invoke(
+        app, ["tune", "--cpu", "--backend", "nccl-a2a", "--db", str(tmp_path / "t.duckdb"), "--out", str(tmp_path / "runs"), *args]
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "tune round" not in result.stdout
+    assert not (tmp_path / "t.duckdb").exists() and not (tmp_path / "runs").exists()
+
+
+def test_rounds_are_planned_one_case_per_candidate_in_order(tmp_path: Path) -> None:
+    timings = round_timings("cpu", 3, None)
+    plan = plan_trials(
+        request=RunRequest(backends=("deepep", "nccl-a2a"), cpu=True, timeout_s=60.0), host=HostFacts(),
+        workload=Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=4), dtypes={"deepep": "fp8"},
+        intermediate=64, backward=False, first=coarse(["deepep", "nccl-a2a"], (8,), sm_control=False),
+        final=timings[2], runs_root=tmp_path, db_path=tmp_path / "db.duckdb", tune_id="abc123",
+    )  # fmt: skip
+    assert (plan.launch.device, plan.launch.world, plan.launch.job_timeout_s) == ("cpu", 2, 60.0)
+    cands = [Candidate.make("deepep", "tbo", 24, {"nvl_chunk": 32}), Candidate.make("nccl-a2a", "serial", None),
+             Candidate.make("deepep", "serial", None)]  # fmt: skip
+    spec = plan.spec_for(2, cands, timings[1])
+    assert [(c.backend, c.sms, c.workload.dtype) for c in spec.cases] == [
+        ("deepep", 24, "fp8"), ("nccl-a2a", None, "bf16"), ("deepep", None, "fp8")
+    ]  # fmt: skip
+    assert spec.cases[0].case_id == (
+        "h256-t64-k4-e4-uniform-s0-fp8-sm24-bench=e2e-intermediate=64-mode=tbo-nvl_chunk=32-profile=layer"
+    )
+    assert [c.knobs for c in spec.cases] == [plan.knobs_for(c, "layer") for c in cands]
+    assert (spec.suite, spec.label, spec.timing) == ("tune", "tune-abc123-r2", timings[1])
+    assert not spec.health.snapshots
+    with pytest.raises(SpecError, match="layuot"):  # a knob the backend does not know: the planner's check
+        plan.spec_for(2, [Candidate.make("nccl-a2a", "tbo", None, {"layuot": "cached"})], timings[1])
+
+
+def test_gpu_round_timings_are_unchanged() -> None:
+    assert round_timings("cuda", None, None) == (
+        TimingSpec(warmup=3, iters=10, flush_l2=True),
+        TimingSpec(warmup=5, iters=20, flush_l2=True),
+        TimingSpec(warmup=10, iters=50, flush_l2=True),
+    )
+    assert round_timings("cuda", 7, 0)[2] == TimingSpec(warmup=0, iters=7, flush_l2=True)
 
 
 @pytest.mark.slow

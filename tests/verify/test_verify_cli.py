@@ -29,6 +29,7 @@ from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.verify import measure
 from moelab.verify import store as verify_store
+from moelab.verify.plan import library_way_knobs
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "verify"
 runner = CliRunner()
@@ -265,3 +266,42 @@ def test_dry_run_prints_cases_and_library_commands(tmp_path: Path) -> None:
         ),
     )
     assert res.exit_code == 0 and "# deepep: not run: tests/test_intranode.py cannot run" in res.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--label", "\x1b[31mRED"], "holds control characters"),
+        (["--gpus", "0"], "--gpus must be > 0"),
+        (["--iters", "0"], "--iters must be > 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--timeout", "-1"], "--timeout must be > 0"),
+        (["--library-timeout", "0"], "--library-timeout must be > 0"),
+        (["--backend", "nccl-tests,nccl-tests"], "names nccl-tests more than once"),
+        (["--tokens-per-rank", "2097152"], "tokens-per-rank 2097152 is above"),
+        (["--topk", "9", "--experts-per-rank", "2"], "topk 9 > total experts 4"),
+    ],
+)
+def test_bad_flags_get_the_planners_one_line_error(tmp_path: Path, extra: list[str], message: str) -> None:
+    """verify plans its run with plan_run: a flag `moelab run` refuses is refused here too, before anything
+    runs (also under --dry-run, which prints nothing then)."""
+    for dry in ([], ["--dry-run"]):
+        res = runner.invoke(app, _args(tmp_path, "--backend", "nccl-tests", *dry, *extra))
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith("error: ") and message in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "# moelab" not in res.stdout
+        assert not (tmp_path / "m.duckdb").exists() and not (tmp_path / "runs").exists()
+
+
+def test_dry_run_plan_is_the_same_through_the_planner(tmp_path: Path) -> None:
+    """Each backend's cases, in order, with the ids, SMs and knobs verify planned before it used plan_run."""
+    res = runner.invoke(app, _args(tmp_path, "--dry-run", "--backend", "deepep,hybrid-ep,nccl-tests,deepep-ll",
+                                   "--hidden", "7168", "--nccl-tests-bin", str(tmp_path)))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    knobs = {"deepep": library_way_knobs("deepep"), "hybrid-ep": library_way_knobs("hybrid-ep")}
+    want = [(b, f"h7168-t64-k8-e8-uniform-s0-{d}-sm{s}", s if s != "def" else "default", knobs.get(b, {}))
+            for b, d, s in (("deepep", "bf16", 24), ("deepep", "fp8", 24), ("hybrid-ep", "bf16", "def"),
+                            ("hybrid-ep", "fp8", "def"), ("nccl-tests", "bf16", "def"), ("nccl-tests", "fp8", "def"),
+                            ("deepep-ll", "fp8", "def"))]  # fmt: skip
+    lines = [line for line in res.stdout.splitlines() if line.startswith("# moelab ")]
+    assert lines == [f"# moelab {b}: case {c} sms={s} knobs={k}" for b, c, s, k in want]

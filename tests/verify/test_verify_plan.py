@@ -10,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from moelab.errors import SpecError
+from moelab.plan.planning import HostFacts, plan_run
+from moelab.plan.spec import CaseSpec
 from moelab.plan.workload import Workload
 from moelab.verify import commands
 from moelab.verify.figures import FAILING, judge
 from moelab.verify.libraries import expected, unsupported_reason
-from moelab.verify.plan import VerifyRequest, library_way_knobs, verify_cases
+from moelab.verify.plan import VerifyRequest, library_way_knobs, run_request
 
 TREE = Path("/src/DeepEP")
 WL = Workload(hidden=7168, tokens_per_rank=4096, topk=8, experts_per_rank=8)
@@ -24,6 +26,11 @@ def _req(**kw: object) -> VerifyRequest:
     base: dict[str, object] = dict(backends=("deepep", "hybrid-ep", "nccl-tests"), hidden=7168, tokens_per_rank=4096,
                                    topk=8, experts_per_rank=8, dtypes=("bf16", "fp8"), sms=None)  # fmt: skip
     return VerifyRequest(**(base | kw))  # type: ignore[arg-type]
+
+
+def _cases(req: VerifyRequest) -> list[CaseSpec]:
+    """verify's cases as plan_run plans them on 2 CPU ranks."""
+    return list(plan_run(run_request(req, cpu=True), HostFacts(), new_run_id="v1").spec.cases)
 
 
 def test_deepep_intranode_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +78,11 @@ def test_alltoall_perf_command() -> None:
 
 
 def test_cases_follow_the_library_tests() -> None:
-    cases = verify_cases(_req(backends=("deepep", "hybrid-ep", "deepep-ll", "nccl-tests"), sms=None), world=2)
+    cases = _cases(_req(backends=("deepep", "hybrid-ep", "deepep-ll", "nccl-tests"), sms=None))
+    assert [(c.backend, c.workload.dtype) for c in cases] == [
+        ("deepep", "bf16"), ("deepep", "fp8"), ("hybrid-ep", "bf16"), ("hybrid-ep", "fp8"), ("deepep-ll", "fp8"),
+        ("nccl-tests", "bf16"), ("nccl-tests", "fp8")]  # fmt: skip
+    assert cases[0].case_id == "h7168-t4096-k8-e8-uniform-s0-bf16-sm24"
     by = {(c.backend, c.workload.dtype): c for c in cases}
     assert set(by) == {("deepep", "bf16"), ("deepep", "fp8"), ("hybrid-ep", "bf16"), ("hybrid-ep", "fp8"),
                        ("deepep-ll", "fp8"), ("nccl-tests", "bf16"), ("nccl-tests", "fp8")}  # fmt: skip
@@ -81,22 +92,39 @@ def test_cases_follow_the_library_tests() -> None:
     assert by[("nccl-tests", "bf16")].knobs == {}
     wl = by[("hybrid-ep", "fp8")].workload
     assert (wl.hidden, wl.tokens_per_rank, wl.topk, wl.experts_per_rank) == (7168, 4096, 8, 8)
-    assert verify_cases(_req(backends=("hybrid-ep",), sms=16), world=2)[0].sms == 16
+    assert by[("deepep-ll", "fp8")].workload.tokens_per_rank == 4096  # the flags, not the kernels' own
+    assert _cases(_req(backends=("hybrid-ep",), sms=16))[0].sms == 16
 
 
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"backends": ("deepep", "uccl")}, "verify knows no backend 'uccl'"),
-        ({"backends": ()}, "names no backend"),
         ({"dtypes": ("mxfp8",)}, "verify compares payloads"),
         ({"sms": 16}, "runs 24 SMs only"),
-        ({"hidden": 0}, "hidden must be a positive integer"),
     ],
 )
 def test_request_errors(kw: dict[str, object], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         _req(**kw).validate()
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"backends": ()}, "names no backend"),
+        ({"backends": ("nccl-tests", "nccl-tests")}, "names nccl-tests more than once"),
+        ({"hidden": 0}, "hidden must be a positive integer"),
+        ({"tokens_per_rank": 1 << 21}, "tokens-per-rank 2097152 is above"),
+        ({"backends": ("hybrid-ep",), "sms": -4}, "sms must be a positive integer"),
+        ({"topk": 9, "experts_per_rank": 2}, "topk 9 > total experts 4"),
+    ],
+)
+def test_the_planner_refuses_what_a_run_would(kw: dict[str, object], message: str) -> None:
+    req = _req(**kw)
+    req.validate()  # nothing verify-specific is wrong: the checks are plan_run's
+    with pytest.raises(SpecError, match=message):
+        _cases(req)
 
 
 def test_unsupported_configurations() -> None:
