@@ -205,9 +205,13 @@ class TorchSymmA2ABackend(Backend):
         x: torch.Tensor,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
-        layout: SymmLayout | None = None,
+        layout: SymmLayout | SymmHandle | None = None,
     ) -> PaddedDispatched:
+        """`layout`: what layout() returned, or an earlier dispatch's handle of the same routing (the measure
+        layer times the cached-layout dispatch along the checked dispatch's handle)."""
         bufs = self._bufs()
+        if isinstance(layout, SymmHandle):
+            layout = layout.layout
         lay = layout if layout is not None else self.layout(topk_idx, topk_weights)
         rows = bufs.rows
         bufs.in_splits.copy_(lay.send_counts)
