@@ -326,14 +326,13 @@ class HybridEPBackend(Backend):
         from deep_ep.hybrid_ep_buffer import indices_to_map
 
         wl = self._case.workload
-        routing_map, _ = indices_to_map(
-            topk_idx, topk_weights, wl.tokens_per_rank, wl.num_experts(self.ctx.world)
-        )
-        config = self._buf.update_template_config(
-            hidden_dim=wl.hidden, num_of_tokens_per_rank=wl.tokens_per_rank
-        )
+        # the routing's own token count, as HybridEPBuffer.dispatch takes it from its input: a two-batch
+        # overlap lays out micro-batches of half the case's tokens
+        num_tokens = int(topk_idx.shape[0])
+        routing_map, _ = indices_to_map(topk_idx, topk_weights, num_tokens, wl.num_experts(self.ctx.world))
+        config = self._buf.update_template_config(hidden_dim=wl.hidden, num_of_tokens_per_rank=num_tokens)
         impl = self._buf.runtime.metadata_preprocessing(
-            config=config, routing_map=routing_map, num_of_tokens_per_rank=wl.tokens_per_rank,
+            config=config, routing_map=routing_map, num_of_tokens_per_rank=num_tokens,
             enable_permute=False, non_blocking=False,
         )  # fmt: skip
         lib = (
