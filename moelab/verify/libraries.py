@@ -238,6 +238,10 @@ def verify_backend(
                 verdict = "skipped"
             if verdict == "fail" and backend == "hybrid-ep":
                 note = parse_hybrid_ep.host_bound_note(run.text, e.op, e.library_dtype) or note
+            if verdict == "fail" and note is None and moelab_gbps and fig.time_us and e.timing == "api":
+                median = mf.median_us(con, ctx.run_id, backend, case.case_id, e.op)
+                b2b = fig.time_us * fig.gbps / moelab_gbps  # the same bytes at moelab's library-way rate
+                note = mf.back_to_back_note(median, b2b, fig.time_us) if median else None
             if not run.ok:
                 note = "; ".join(x for x in (note, f"library test {run.describe()}") if x)
             rows.append(row(e, case_id=case.case_id, library_label=fig.label, library_gbps=fig.gbps, moelab_gbps=moelab_gbps,
