@@ -81,12 +81,13 @@ HOST_GAP = 0.9  # moelab's median below this share of its back-to-back time: its
 
 def back_to_back_note(median: float, back_to_back: float, library: float) -> str | None:
     """Why moelab's figure, timed the library's way (back-to-back calls), may fall short of the library's
-    at a small size: moelab's call does a little host work of its own after the library's (its result
-    contract), which a GPU part this short does not hide. Its own median, with work queued ahead, shows it."""
+    at a small size: moelab's call carries host work beyond the library's test loop (its Python wrapper, the
+    NVTX range, for some backends its result contract's launches), which a GPU part this short does not
+    hide when calls follow each other. Its own median, with work queued ahead, shows the GPU part."""
     if median > HOST_GAP * back_to_back:
         return None
     return (
         f"host-bound in moelab's call: {median:.1f} us per call with work queued ahead (its median) but "
         f"{back_to_back:.1f} us back to back (the library's way), against the library's {library:.1f} us; "
-        "a GPU part this short does not hide the host work of moelab's result contract"
+        "a GPU part this short does not hide the host work of moelab's call (wrapper, NVTX, contract)"
     )
