@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
-from moelab.e2e.bench import backend_case_config, run_e2e_case
+from moelab.e2e.bench import run_e2e_case
+from moelab.e2e.settings import backend_case_config
 from moelab.measure.timing import Clock
 from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import Workload

@@ -143,7 +143,7 @@ def check_knobs(cases: Sequence[CaseSpec]) -> None:
     an unknown or misspelt knob, or a bad value, is refused here with the valid names, never stored as an
     unsupported case."""
     from moelab.e2e import backend_knobs, is_e2e
-    from moelab.e2e.bench import E2ESettings
+    from moelab.e2e.settings import E2ESettings
 
     for case in cases:
         knobs = dict(case.knobs)

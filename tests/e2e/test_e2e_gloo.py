@@ -13,10 +13,11 @@ import torch.distributed as dist
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
-from moelab.e2e.bench import backend_case_config, run_e2e_case
+from moelab.e2e.bench import run_e2e_case
 from moelab.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.e2e.overlap import Streams, forward_pipelined
 from moelab.e2e.reference import layer_tolerance, reference_layer
+from moelab.e2e.settings import backend_case_config
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
 from moelab.plan.routing import Routing, route_all

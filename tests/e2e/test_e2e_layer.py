@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from moelab.backends.base import Backend, Dispatched
-from moelab.e2e.bench import E2ESettings, backend_case_config, backend_knobs, e2e_metrics, is_e2e
 from moelab.e2e.layer import (
     ExpertWeights,
     MoELayer,
@@ -25,8 +24,10 @@ from moelab.e2e.layer import (
     swiglu_ffn,
     ungroup,
 )
+from moelab.e2e.metrics import e2e_metrics
 from moelab.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
 from moelab.e2e.reference import layer_tolerance, reference_layer
+from moelab.e2e.settings import E2ESettings, backend_case_config, backend_knobs, is_e2e
 from moelab.errors import SpecError
 from moelab.measure.reference import relative_error
 from moelab.plan.routing import route
@@ -403,6 +404,45 @@ def test_metrics_definitions() -> None:
     }  # fmt: skip
     assert "speedup_vs_serial" not in by_name and "layer_rel_err" in by_name
     assert by_name["overlap_efficiency"] == pytest.approx(0.0)  # serial: nothing hidden
+
+
+LAYER_METRICS = ["layer_us", "tokens_per_s_per_rank"]
+COMM_METRICS = ["comm_us", "exposed_comm_us", "exposed_comm_share", "overlap_efficiency", "gemm_tflops_per_rank",
+                "gemm_slowdown"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("knobs", "names"),
+    [
+        ({}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err"]),
+        ({"mode": "chunked"}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "speedup_vs_serial", "split_overhead_us"]),
+        ({"backward": True}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "tokens_per_s_per_rank_fwd_bwd",
+                              "grad_x_rel_err", "grad_w_rel_err"]),
+        ({"mode": "tbo", "backward": True}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "speedup_vs_serial",
+                                             "split_overhead_us", "tokens_per_s_per_rank_fwd_bwd", "grad_x_rel_err",
+                                             "grad_w_rel_err", "speedup_vs_serial_fwd_bwd"]),
+        ({"profile": "layer"}, [*LAYER_METRICS, "layer_rel_err"]),
+        ({"mode": "tbo", "profile": "layer", "backward": True},
+         [*LAYER_METRICS, "layer_rel_err", "tokens_per_s_per_rank_fwd_bwd"]),
+    ],
+)  # fmt: skip
+def test_metrics_per_settings_in_stored_order(knobs: dict[str, Any], names: list[str]) -> None:
+    """Which metrics a case stores, and in which order, follows its settings alone; a zero time gives None."""
+    wl = Workload(hidden=8, tokens_per_rank=1000)
+    settings = E2ESettings.from_knobs({"intermediate": 4, **knobs}, wl)
+    ops = _ops(**{op: 0.0 for op in ("layer", "layer_serial", "compute_only", "compute_only_split", "gemm", "gemm_mb",
+                                     "gemm_mb_under_comm", "dispatch", "combine", "layer_fwd_bwd",
+                                     "layer_fwd_bwd_serial")})  # fmt: skip
+    got = e2e_metrics(ops, settings, wl, [0, 0], {})
+    assert [m["name"] for m in got] == names
+    by_name = {m["name"]: m for m in got}
+    assert by_name["tokens_per_s_per_rank"]["value"] is None and by_name["layer_rel_err"]["value"] is None
+    assert f"({settings.mode})" in by_name["layer_us"]["definition"]
+    if "split_overhead_us" in by_name:
+        assert (
+            by_name["split_overhead_us"]["definition"]
+            == f"expert compute in {settings.chunks} micro-batches - in one"
+        )
 
 
 def test_e2e_suite_expands_into_e2e_cases_for_every_listed_backend() -> None:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.cli.tune_cmd import round_timings
-from moelab.e2e.bench import E2ESettings
+from moelab.e2e.settings import E2ESettings
 from moelab.errors import MoelabError, SpecError
 from moelab.plan.planning import HostFacts, RunRequest
 from moelab.plan.spec import LaunchSpec, TimingSpec
