@@ -68,6 +68,11 @@ def resolve_exchange(knobs: Mapping[str, Any], workload: Workload, world: int) -
     return ("allgather" if fill >= ALLGATHER_MIN_FILL else "splits"), fill
 
 
+def _routing_rows(topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """[T, 2K] int64: each token's global expert ids, then its weights as float64 bits (one exchange)."""
+    return torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)
+
+
 @dataclass(slots=True)
 class A2AHandle:
     """The layout of one routing: what dispatch needs to move the payload, and combine to bring it back."""
@@ -205,7 +210,7 @@ class NcclA2ABackend(Backend):
     def _send_routing(self, handle: A2AHandle, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
         """The routing rows (global expert ids, weights as float64 bits) along the payload's splits, then
         localised: launched after the payload, so the host issues them while the GPU moves it."""
-        meta = torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)  # [T, 2K]
+        meta = _routing_rows(topk_idx, topk_weights)
         recv_meta = torch.empty(sum(handle.recv_splits), meta.shape[1], dtype=torch.int64, device=meta.device)
         self._exchange(self._segments(meta, handle, None), recv_meta, handle.send_splits, handle.recv_splits)
         self._localise(handle, recv_meta)
@@ -223,23 +228,28 @@ class NcclA2ABackend(Backend):
 
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
         if self._gathered:
-            return self._gather_routing(topk_idx, topk_weights)
+            return self._gather_routing(self._gathered_handle(topk_idx), topk_idx, topk_weights)
         handle = self._handle(self._count(topk_idx), topk_idx.shape[1])
         self._send_routing(handle, topk_idx, topk_weights)
         return handle
 
     # -- layout: all-gather ---------------------------------------------------------------------------
 
-    def _gather_routing(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> A2AHandle:
-        """Every rank's routing rows to every rank (no counts, no host sync), localised: a token that has
-        no expert here is a row with expert -1 everywhere."""
-        world, (num_tokens, topk) = self.ctx.world, topk_idx.shape
-        meta = torch.cat([topk_idx, topk_weights.double().view(torch.int64)], dim=1)
-        recv_meta = torch.empty(world * num_tokens, 2 * topk, dtype=torch.int64, device=meta.device)
-        _all_gather(recv_meta, meta, group=self._group)
-        empty = meta.new_empty(0)
+    def _gathered_handle(self, topk_idx: torch.Tensor) -> A2AHandle:
+        """Every token to every rank: a slot per (source rank, token), routing rows still to come."""
+        num_tokens, world = topk_idx.shape[0], self.ctx.world
+        empty = topk_idx.new_empty(0)
         splits = [num_tokens] * world
-        handle = A2AHandle(empty, splits, list(splits), num_tokens, empty, empty, gathered=True)
+        return A2AHandle(empty, splits, list(splits), num_tokens, empty, empty, gathered=True)
+
+    def _gather_routing(
+        self, handle: A2AHandle, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> A2AHandle:
+        """Every rank's routing rows to every rank (no counts, no host sync), localised into `handle`: a
+        token that has no expert here is a row with expert -1 everywhere."""
+        meta = _routing_rows(topk_idx, topk_weights)
+        recv_meta = meta.new_empty(self.ctx.world * meta.shape[0], meta.shape[1])
+        _all_gather(recv_meta, meta, group=self._group)
         return self._localise(handle, recv_meta)
 
     # -- the exchange ---------------------------------------------------------------------------------
@@ -314,16 +324,9 @@ class NcclA2ABackend(Backend):
             handle: A2AHandle = layout
             recv_x = self._send_payload(x, handle)
         elif self._gathered:
-            num_tokens, world = x.shape[0], self.ctx.world
-            splits = [num_tokens] * world
-            empty = topk_idx.new_empty(0)
-            handle = A2AHandle(empty, splits, list(splits), num_tokens, empty, empty, gathered=True)
+            handle = self._gathered_handle(topk_idx)
             recv_x = self._send_payload(x, handle)  # first: the GPU moves it while the host issues the rest
-            gathered = self._gather_routing(topk_idx, topk_weights)
-            handle.recv_topk_idx, handle.recv_topk_weights = (
-                gathered.recv_topk_idx,
-                gathered.recv_topk_weights,
-            )
+            self._gather_routing(handle, topk_idx, topk_weights)
         else:
             handle = self._handle(self._count(topk_idx), topk_idx.shape[1])
             recv_x = self._send_payload(x, handle)
