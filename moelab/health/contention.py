@@ -361,6 +361,15 @@ def job_suspect_reason(job_dir: Path, health_reason: str | None = None) -> str |
     return "; ".join(parts)[:1000] if parts else None
 
 
+def appended_reason(column: str) -> str:
+    """SQL for `column` with a reason added (three `?` for it): set when empty, kept when already there,
+    else appended after '; ' (`column` is a literal of the caller's, never user input)."""
+    return (
+        f"CASE WHEN {column} IS NULL OR {column} = '' THEN ? "
+        f"WHEN contains({column}, ?) THEN {column} ELSE {column} || '; ' || ? END"
+    )
+
+
 def mark_suspect(
     con: Any, run_id: str, backend: str, reason: str, case_ids: Sequence[str] | None = None
 ) -> int:
@@ -373,8 +382,7 @@ def mark_suspect(
         params.append(list(case_ids))
     n = con.execute(f"SELECT count(*) FROM cases WHERE {where}", params).fetchone()[0]
     con.execute(
-        "UPDATE cases SET suspect = true, suspect_reason = CASE WHEN suspect_reason IS NULL OR suspect_reason = '' "
-        f"THEN ? WHEN contains(suspect_reason, ?) THEN suspect_reason ELSE suspect_reason || '; ' || ? END WHERE {where}",
+        f"UPDATE cases SET suspect = true, suspect_reason = {appended_reason('suspect_reason')} WHERE {where}",
         [reason, reason, reason, *params],
     )
     return int(n)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moelab.health.contention import mark_suspect
+from moelab.health.contention import appended_reason, mark_suspect
 
 DRIFT_TOLERANCE = 0.05
 
@@ -89,8 +89,7 @@ def drift_flags(
 
 def _add_stability(con: Any, run_id: str, d: Drift, reason: str) -> None:
     con.execute(
-        "UPDATE results SET stability = CASE WHEN stability IS NULL OR stability = '' THEN ? "
-        "WHEN contains(stability, ?) THEN stability ELSE stability || '; ' || ? END "
+        f"UPDATE results SET stability = {appended_reason('stability')} "
         "WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
         [reason, reason, reason, run_id, d.backend, d.case_id, d.op],
     )

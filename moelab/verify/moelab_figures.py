@@ -45,14 +45,21 @@ def rank0_mean_us(
     return float(row[0]) if row and row[0] is not None else None
 
 
-def kernel_us(
-    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
+def _result(
+    con: duckdb.DuckDBPyConnection, column: str, run_id: str, backend: str, case_id: str, op: str
 ) -> float | None:
+    """One stored figure of an op (`column` is one of this module's literals, never user input)."""
     row = con.execute(
-        "SELECT kernel_us FROM results WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
+        f"SELECT {column} FROM results WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
         [run_id, backend, case_id, op],
     ).fetchone()
     return float(row[0]) if row and row[0] is not None else None
+
+
+def kernel_us(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
+) -> float | None:
+    return _result(con, "kernel_us", run_id, backend, case_id, op)
 
 
 def first_op(
@@ -69,11 +76,7 @@ def median_us(
     con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
 ) -> float | None:
     """moelab's own median of the op (each iteration after an L2 flush and a barrier, work queued ahead)."""
-    row = con.execute(
-        "SELECT median_us FROM results WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
-        [run_id, backend, case_id, op],
-    ).fetchone()
-    return float(row[0]) if row and row[0] is not None else None
+    return _result(con, "median_us", run_id, backend, case_id, op)
 
 
 HOST_GAP = 0.9  # moelab's median below this share of its back-to-back time: its per-call host work shows
