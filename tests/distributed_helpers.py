@@ -17,7 +17,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from moelab.backends.base import BackendContext
+
+_WORLD: Any = object()
 
 
 def _rank_main(
@@ -87,3 +93,12 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout: float = 3
         rank = min(failed)
         raise AssertionError(f"rank {rank} of {world} failed:\n{failed[rank]}")
     return [got[r][1] for r in range(world)]
+
+
+def gloo_context(rank: int, world: int, group: Any = _WORLD) -> BackendContext:
+    """A backend's context in one of run_ranks' CPU ranks: one node, gloo, the world group unless given
+    (None for a backend built without a process group)."""
+    return BackendContext(
+        rank=rank, world=world, local_rank=rank, device=torch.device("cpu"),
+        group=dist.group.WORLD if group is _WORLD else group, gpus_per_node=world, comm_backend="gloo",
+    )  # fmt: skip

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from moelab.backends import registry
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.padded import received_rows
 from moelab.measure import checks
@@ -25,16 +24,9 @@ from moelab.measure.reference import (
 from moelab.plan.routing import route_all
 from moelab.plan.workload import RoutingSpec, Workload
 from moelab.quant import mxfp8
-from tests.distributed_helpers import run_ranks
+from tests.distributed_helpers import gloo_context, run_ranks
 
 BF16_SUM_TOL = 2.0**-7  # a few bf16 roundings of sums over <= 4 ranks
-
-
-def _ctx(rank: int, world: int, group: Any) -> BackendContext:
-    return BackendContext(
-        rank=rank, world=world, local_rank=rank, device=torch.device("cpu"), group=group,
-        gpus_per_node=world, comm_backend="gloo",
-    )  # fmt: skip
 
 
 def _round_trip(rows: torch.Tensor, rounding: str) -> torch.Tensor:
@@ -63,7 +55,7 @@ def _ideal_combine(workload: Workload, rank: int, world: int, quantize: str | No
 
 def _check_cases(rank: int, world: int, specs: list[tuple[Workload, dict[str, Any]]]) -> list[dict[str, Any]]:
     cases = [CaseConfig(case_id=f"c{i}", workload=w, knobs=k) for i, (w, k) in enumerate(specs)]
-    backend = Mxfp8A2ABackend(_ctx(rank, world, dist.group.WORLD), cases)
+    backend = Mxfp8A2ABackend(gloo_context(rank, world), cases)
     results = []
     for case in cases:
         wl = case.workload
@@ -161,7 +153,7 @@ def test_dispatch_combine_match_reference_within_quantization(world: int, specs:
 
 
 def _backend(*cases: CaseConfig) -> Mxfp8A2ABackend:
-    return Mxfp8A2ABackend(_ctx(0, 2, None), list(cases))
+    return Mxfp8A2ABackend(gloo_context(0, 2, group=None), list(cases))
 
 
 def _case(knobs: dict[str, Any] | None = None, **workload: Any) -> CaseConfig:

@@ -6,9 +6,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend, resolve_exchange
 from moelab.backends.padded import received_rows
 from moelab.errors import SpecError
@@ -16,7 +15,7 @@ from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
 from moelab.plan.routing import Routing, route_all
 from moelab.plan.workload import RoutingSpec, Workload
-from tests.distributed_helpers import run_ranks
+from tests.distributed_helpers import gloo_context, run_ranks
 
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
 
@@ -29,15 +28,7 @@ def _check_rank(
     layout: str = "fresh",
     exchange: str = "auto",
 ) -> dict[str, object]:
-    ctx = BackendContext(
-        rank=rank,
-        world=world,
-        local_rank=rank,
-        device=torch.device("cpu"),
-        group=dist.group.WORLD,
-        gpus_per_node=world,
-        comm_backend="gloo",
-    )
+    ctx = gloo_context(rank, world)
     case = CaseConfig(case_id="t", workload=workload, knobs={"exchange": exchange})
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
@@ -124,15 +115,7 @@ def test_every_token_to_one_expert_and_empty_ranks() -> None:
 
 def _broken_rank(rank: int, world: int, workload: Workload) -> str:
     """A dispatch that drops a row must be caught by the check (the check can fail)."""
-    ctx = BackendContext(
-        rank=rank,
-        world=world,
-        local_rank=rank,
-        device=torch.device("cpu"),
-        group=dist.group.WORLD,
-        gpus_per_node=world,
-        comm_backend="gloo",
-    )
+    ctx = gloo_context(rank, world)
     case = CaseConfig(case_id="t", workload=workload)
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import CaseConfig
 from moelab.backends.torch_symm_a2a import TorchSymmA2ABackend
 from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
 from moelab.plan.routing import route_all
 from moelab.plan.workload import RoutingSpec, Workload
-from tests.distributed_helpers import run_ranks
+from tests.distributed_helpers import gloo_context, run_ranks
 
 
 class GlooExchange(TorchSymmA2ABackend):
@@ -45,15 +45,7 @@ def _plain_symm_mem() -> None:
 
 def _rank(rank: int, world: int, workloads: list[Workload]) -> list[dict[str, Any]]:
     _plain_symm_mem()
-    ctx = BackendContext(
-        rank=rank,
-        world=world,
-        local_rank=rank,
-        device=torch.device("cpu"),
-        group=dist.group.WORLD,
-        gpus_per_node=world,
-        comm_backend="gloo",
-    )
+    ctx = gloo_context(rank, world)
     cases = [CaseConfig(case_id=f"c{i}", workload=wl) for i, wl in enumerate(workloads)]
     backend = GlooExchange(ctx, cases)
     out = []

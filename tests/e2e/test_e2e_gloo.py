@@ -8,9 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.e2e.bench import run_e2e_case
@@ -23,24 +22,12 @@ from moelab.measure.timing import Clock
 from moelab.plan.routing import Routing, route_all
 from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.plan.workload import RoutingSpec, Workload
-from tests.distributed_helpers import run_ranks
+from tests.distributed_helpers import gloo_context, run_ranks
 
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
 
 INTER = 16
 SCHEDULES = (("serial", 1, "loop"), ("chunked", 3, "loop"), ("tbo", 2, "grouped"))
-
-
-def _ctx(rank: int, world: int) -> BackendContext:
-    return BackendContext(
-        rank=rank,
-        world=world,
-        local_rank=rank,
-        device=torch.device("cpu"),
-        group=dist.group.WORLD,
-        gpus_per_node=world,
-        comm_backend="gloo",
-    )
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -52,7 +39,7 @@ def _layer_rank(
 ) -> list[dict[str, np.ndarray]]:
     """Each schedule: the forward output, then forward+backward's input and local weight gradients."""
     case = CaseConfig(case_id="t", workload=wl)
-    backend = NcclA2ABackend(_ctx(rank, world), [case])
+    backend = NcclA2ABackend(gloo_context(rank, world), [case])
     backend.prepare(case)
     seed = wl.routing.seed
     r = (routings or route_all(wl, world))[rank]
@@ -148,7 +135,7 @@ BACKENDS = {"nccl-a2a": NcclA2ABackend, "mxfp8-a2a": Mxfp8A2ABackend, "halved": 
 
 
 def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[dict[str, Any]]:
-    ctx = _ctx(rank, world)
+    ctx = gloo_context(rank, world)
     backend = BACKENDS[backend_name](ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
     spec = RunSpec(
         run_id="t", created_at="2026-01-01T00:00:00+00:00", suite="e2e", backends=(backend_name,), cases=tuple(cases),

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.errors import MoelabError
 from moelab.measure.reference import make_tokens
@@ -25,7 +25,7 @@ from moelab.tracing.torch_trace import (
     summarize_chrome_trace,
     trace_path,
 )
-from tests.distributed_helpers import run_ranks
+from tests.distributed_helpers import gloo_context, run_ranks
 
 CPU = torch.device("cpu")
 
@@ -74,15 +74,7 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
 
 def _traced_a2a_rank(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     wl = Workload(hidden=128, tokens_per_rank=32, topk=2, experts_per_rank=2)
-    ctx = BackendContext(
-        rank=rank,
-        world=world,
-        local_rank=rank,
-        device=CPU,
-        group=dist.group.WORLD,
-        gpus_per_node=world,
-        comm_backend="gloo",
-    )
+    ctx = gloo_context(rank, world)
     case = CaseConfig(case_id="tcase", workload=wl)
     backend = NcclA2ABackend(ctx, [case])
     backend.prepare(case)
