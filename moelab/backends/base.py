@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -36,6 +37,7 @@ class BackendContext:
     group: Any  # torch.distributed.ProcessGroup; Any keeps this importable without a process group
     gpus_per_node: int
     comm_backend: str  # "nccl" or "gloo"
+    kernel_cache: Path | None = None  # where JIT-compiling backends keep kernels across jobs (None: never)
 
     @property
     def node(self) -> int:

@@ -21,12 +21,20 @@ fp8: cast once per input tensor with DeepEP's per_token_cast_to_fp8 (1x128 block
 as uint8 bytes plus `scaling_factor`, outside the timed region as Hybrid-EP's test prepares its inputs.
 SMs: `num_sms_dispatch_api` / `num_sms_combine_api` are HybridEPBuffer constructor arguments, so one buffer
 is made per (SM count, payload type, experts per rank) present in the job, all in __init__.
+Compiled kernels: the library JIT-builds each configuration into a folder of its own per process; moelab
+seeds that folder from its kernel store before the buffers are made (`load_cached_kernels=True`) and
+harvests what this process compiled back into it (moelab.backends.jit_cache), so only the first job of a
+configuration on a machine pays nvcc.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import pwd
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -36,6 +44,7 @@ from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import hybrid_ep_reason
 from moelab.backends.input_cache import InputCache
+from moelab.backends.jit_cache import KernelStore, build_identity, hybrid_ep_process_folder
 from moelab.errors import BackendUnavailable, SpecError
 from moelab.plan.workload import Workload
 from moelab.record.case_record import Figure
@@ -114,7 +123,9 @@ class HybridEPBackend(Backend):
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
     )
     payload_dtypes = ("bf16", "fp8")
-    compiles_on_first_call = True  # its kernels are JIT-built per configuration, per process (no disk cache)
+    compiles_on_first_call = (
+        True  # JIT-built per configuration and process; moelab's kernel store reuses them
+    )
     sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
     phases = True  # the plain path; the permute paths are timed whole (splits_phases)
     library_ops = ("dispatch", "combine")  # what tests/test_hybrid_ep.py times, along a cached handle
@@ -184,6 +195,11 @@ class HybridEPBackend(Backend):
         self.max_tokens = max((c.workload.tokens_per_rank for c in runnable), default=16)
         self.max_hidden = max((c.workload.hidden for c in runnable), default=512)
         self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._kernels = self._kernel_store(deep_ep, ctx)
+        self._seeded = self._kernels.seed() if self._kernels is not None else 0
+        loadable = self._kernels.loadable() if self._kernels is not None else 0
+        reuse = loadable > 0 and _accepts(deep_ep.HybridEPBuffer, "load_cached_kernels")
+        extra = {"load_cached_kernels": True} if reuse else {}
         for case in runnable:
             key = self._key(case)
             if key not in self._buffers:
@@ -191,12 +207,40 @@ class HybridEPBackend(Backend):
                 self._buffers[key] = deep_ep.HybridEPBuffer(
                     group=ctx.group, hidden_dim=self.max_hidden, max_num_of_tokens_per_rank=self.max_tokens,
                     num_local_experts=epr, use_fp8=use_fp8, num_sms_dispatch_api=sms, num_sms_combine_api=combine_sms,
+                    **extra,
                 )  # fmt: skip
         self._buf: Any = None
         self._case: CaseConfig | None = None
         self._settings = HybridSettings.from_knobs({})
         self._cast_cache = InputCache()
         self._combine_cache = InputCache()
+
+    @staticmethod
+    def _kernel_store(deep_ep: Any, ctx: BackendContext) -> KernelStore | None:
+        """This build's folder of moelab's kernel store and this process's JIT folder; None when the job
+        keeps no store (--kernel-cache off) or does not run on CUDA."""
+        if ctx.kernel_cache is None or ctx.device.type != "cuda":
+            return None
+        package = Path(deep_ep.__file__).parent
+        binaries = [Path(p) for p in common.extension_paths(("hybrid_ep_cpp",)).values()]
+        sources = [p for p in (package / "backend").rglob("*") if p.is_file()]
+        major, minor = torch.cuda.get_device_capability(ctx.device)
+        facts = {
+            "sm": f"{major}{minor}",
+            "cuda": str(torch.version.cuda),
+            "cuda_home": os.environ.get("CUDA_HOME", ""),
+        }
+        identity = build_identity(binaries, sources, facts)
+        try:
+            home: str | None = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            home = None
+        process = hybrid_ep_process_folder(os.getpid(), os.environ, home)
+        return KernelStore(store=ctx.kernel_cache / "hybrid-ep" / identity, process=process)
+
+    def _harvest(self) -> None:
+        if self._kernels is not None:
+            self._kernels.harvest()
 
     @staticmethod
     def _key(case: CaseConfig) -> tuple[Any, ...]:
@@ -219,6 +263,7 @@ class HybridEPBackend(Backend):
         return hybrid_ep_reason(common.shape_of(self.ctx, case), fused=s.fused)
 
     def prepare(self, case: CaseConfig) -> None:
+        self._harvest()  # what the previous case compiled survives a job killed later on
         self._case = case
         self._settings = HybridSettings.from_knobs(case.knobs)
         self._buf = self._buffers[self._key(case)]
@@ -395,6 +440,7 @@ class HybridEPBackend(Backend):
         return combined  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        self._harvest()
         self._buffers.clear()
         self._buf = None
 
@@ -423,6 +469,8 @@ class HybridEPBackend(Backend):
             "buffer_max_tokens": self.max_tokens,
             "buffer_hidden": self.max_hidden,
             "fp8_cast": "outside (once per input)" if case.workload.dtype == "fp8" else None,
+            "kernel_store": str(self._kernels.store) if self._kernels is not None else None,
+            "kernels_reused": self._seeded,
             "library_figure": "hybrid_ep_rank0_bytes_over_mean_time (tests/test_hybrid_ep.py _report_bw)",
         }
 
@@ -462,3 +510,11 @@ class HybridEPBackend(Backend):
             recv_scales=recv_scales,
         )
         return got.recv_x_float().to(torch.bfloat16)
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether `fn` takes keyword `name` (older Hybrid-EP builds have no load_cached_kernels)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

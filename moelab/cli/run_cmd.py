@@ -208,6 +208,13 @@ def run(
         help="alltoall_perf (or its folder) for --backend nccl-tests; default: PATH",
         rich_help_panel="Backends and knobs",
     ),
+    kernel_cache: str = typer.Option(
+        "auto",
+        "--kernel-cache",
+        help="Folder where backends that compile kernels on first use (Hybrid-EP) keep them across jobs; "
+        "auto: the user's cache folder; off: compile in every job",
+        rich_help_panel="Backends and knobs",
+    ),
     require_healthy: bool = typer.Option(
         False,
         "--require-healthy",
@@ -276,7 +283,7 @@ def run(
         collective_timeout_s=collective_timeout, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank,
         backend_paths=_parse_backend_paths(backend_path), trace=trace, trace_iters=trace_iters, nsys_osrt=nsys_osrt,
         wrap=wrap, bind=bind, emulate_internode=emulate_internode, nccl_tests_bin=nccl_tests_bin,
-        require_healthy=require_healthy, health=health, command=["moelab", *sys.argv[1:]],
+        kernel_cache=kernel_cache, require_healthy=require_healthy, health=health, command=["moelab", *sys.argv[1:]],
     )  # fmt: skip
     planned = plan_run(req, HostFacts(cuda_devices=_cuda_devices()), new_run_id=new_run_id())
     spec = planned.spec

@@ -28,6 +28,7 @@ whole batch):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 from moelab.accounting.rows import count_rows
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.e2e.carveout import carveout_reason
 from moelab.e2e.contention import ConcurrentGemm
 from moelab.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.e2e.layer import output_grad, resolve_gemm, supports_backward, swiglu_ffn
@@ -105,10 +107,13 @@ def prepare_case(
     """The case's settings and resolved GEMM implementation, the backend prepared for it; or why the
     case cannot run (bad e2e knobs, the backend's own reason, no backward through this backend)."""
     try:
-        settings = E2ESettings.from_knobs(case.knobs, case.workload)
+        settings = E2ESettings.from_knobs(case.knobs, case.workload, case.sms)
         gemm = resolve_gemm(settings.gemm, ctx.device, case.workload.hidden, settings.intermediate)
     except SpecError as exc:
         return str(exc)
+    reason = carveout_reason(settings.carveout, ctx.device)
+    if reason:
+        return reason
     reason = backend.unsupported_reason(cfg)
     if reason:
         return reason
@@ -137,6 +142,10 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     def gemm_mb() -> object:
         return swiglu_ffn(first.x, first.offsets, weights, gemm)
 
+    def gemm_mb_carved() -> object:  # as the overlapped layer launches them: with its carve-out
+        with inputs.carved():
+            return gemm_mb()
+
     def comm_whole() -> object:
         return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
 
@@ -154,7 +163,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     if settings.profile == "layer":
         forward = {"layer": forward["layer"]}
     return E2ECalls(
-        forward=forward, under_comm=ConcurrentGemm(inputs.streams, gemm_mb, comm_whole),
+        forward=forward, under_comm=ConcurrentGemm(inputs.streams, gemm_mb_carved, comm_whole),
         fwd_bwd=fwd_bwd_calls(inputs, wl, rank), pairs=full.grouped.num_pairs,
     )  # fmt: skip
 
@@ -167,13 +176,14 @@ def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Cal
     x, weights = inputs.x, inputs.weights
     gout = output_grad(wl.routing.seed, rank, wl.tokens_per_rank, wl.hidden, x.device)
 
-    def fwd_bwd(fwd: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def fwd_bwd(fwd: Callable[[torch.Tensor], torch.Tensor], carved: bool) -> None:
         weights.zero_grad()
-        fwd(x.detach().requires_grad_(True)).backward(gout)
+        with inputs.carved() if carved else contextlib.nullcontext():  # the backward's GEMMs too
+            fwd(x.detach().requires_grad_(True)).backward(gout)
 
-    calls: dict[str, Callable[[], object]] = {"layer_fwd_bwd": lambda: fwd_bwd(inputs.forward)}
+    calls: dict[str, Callable[[], object]] = {"layer_fwd_bwd": lambda: fwd_bwd(inputs.forward, True)}
     if settings.mode in OVERLAPPED and settings.profile == "full":
-        calls["layer_fwd_bwd_serial"] = lambda: fwd_bwd(inputs.serial_forward)
+        calls["layer_fwd_bwd_serial"] = lambda: fwd_bwd(inputs.serial_forward, False)
     return calls
 
 

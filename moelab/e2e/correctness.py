@@ -3,6 +3,7 @@ before anything is timed; every rank agrees on the outcome (moelab.measure.corre
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext
+from moelab.e2e.carveout import gemm_carveout
 from moelab.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.e2e.overlap import Streams, forward_pipelined
 from moelab.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
@@ -38,10 +40,15 @@ class LayerInputs:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer in the case's mode, on the whole batch's routing."""
         if self.settings.mode in OVERLAPPED:
-            return forward_pipelined(
-                self.layer, x, self.topk_idx, self.topk_weights, self.settings.chunks, self.streams
-            )
+            with self.carved():
+                return forward_pipelined(
+                    self.layer, x, self.topk_idx, self.topk_weights, self.settings.chunks, self.streams
+                )
         return self.serial_forward(x)
+
+    def carved(self) -> contextlib.AbstractContextManager[None]:
+        """GEMMs launched inside leave the case's carve-out of SMs to the communication."""
+        return gemm_carveout(self.settings.carveout, self.x.device)
 
     def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer.forward(x, self.topk_idx, self.topk_weights)

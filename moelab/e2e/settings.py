@@ -15,7 +15,7 @@ from moelab.plan.workload import Workload
 
 BENCH_KNOB = "bench"
 BENCH_E2E = "e2e"
-E2E_KNOBS = (BENCH_KNOB, "mode", "chunks", "intermediate", "backward", "gemm", "profile")
+E2E_KNOBS = (BENCH_KNOB, "mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout")
 PROFILES = ("full", "layer")
 MODES = ("serial", "tbo", "chunked")
 OVERLAPPED = ("tbo", "chunked")
@@ -52,9 +52,12 @@ class E2ESettings:
     backward: bool
     gemm: str  # as asked: auto / grouped / loop
     profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
+    carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.e2e.carveout)
 
     @classmethod
-    def from_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> E2ESettings:
+    def from_knobs(cls, knobs: Mapping[str, Any], workload: Workload, sms: int | None = None) -> E2ESettings:
+        """`sms` is the case's communication SM count: `carveout = "auto"` (the default) holds that many
+        SMs back from the GEMMs of an overlapped layer (none when the SMs are the library's default)."""
         mode = knobs.get("mode", "serial")
         if mode == "overlap":
             raise SpecError("e2e mode overlap was renamed: use mode = tbo (two micro-batches) or chunked")
@@ -79,8 +82,9 @@ class E2ESettings:
         if profile not in PROFILES:
             raise SpecError(f"e2e knob profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         return cls(
-            mode=mode, chunks=chunks, intermediate=intermediate, backward=backward, gemm=gemm, profile=profile
-        )
+            mode=mode, chunks=chunks, intermediate=intermediate, backward=backward, gemm=gemm, profile=profile,
+            carveout=_carveout(knobs.get("carveout", "auto"), mode, sms),
+        )  # fmt: skip
 
     def to_record(self, gemm: str) -> dict[str, Any]:
         """The settings as the backend record's `e2e` entry, with the GEMM implementation `auto` chose."""
@@ -91,4 +95,18 @@ class E2ESettings:
             "backward": self.backward,
             "gemm": gemm,
             "profile": self.profile,
+            "carveout": self.carveout,
         }
+
+
+def _carveout(value: Any, mode: str, sms: int | None) -> int:
+    """SMs held back from the GEMMs: `auto` is the case's communication SMs in an overlapped mode."""
+    if value == "auto":
+        return (sms or 0) if mode in OVERLAPPED else 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {value!r}")
+    if value and mode not in OVERLAPPED:
+        raise SpecError(
+            f"e2e knob carveout = {value} needs mode = tbo or chunked (nothing runs beside serial GEMMs)"
+        )
+    return value

@@ -130,6 +130,7 @@ def main(argv: list[str]) -> int:
         group=group,
         gpus_per_node=spec.launch.gpus_per_node,
         comm_backend=comm,
+        kernel_cache=Path(spec.launch.kernel_cache) if spec.launch.kernel_cache else None,
     )
     if spec.launch.device == "cuda" and spec.timing.peaks:
         _measure_peaks_once(run_dir, ctx, spec)

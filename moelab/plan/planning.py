@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from moelab.backends import registry
@@ -57,6 +58,7 @@ class RunRequest:
     bind: str | None = None
     emulate_internode: bool = False
     nccl_tests_bin: str | None = None
+    kernel_cache: str = "auto"  # auto: the user's cache folder; off: compile in every job; else a folder
     require_healthy: bool = False
     health: bool = True
     command: Sequence[str] = ()
@@ -88,6 +90,24 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
         raise SpecError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+KERNEL_CACHE_OFF = "off"
+
+
+def resolve_kernel_cache(value: str) -> str | None:
+    """The folder of moelab's kernel store (moelab.backends.jit_cache) for `--kernel-cache`: `auto` is
+    the user's cache folder, `off` keeps none; a folder given must not be a file."""
+    if value == KERNEL_CACHE_OFF:
+        return None
+    if value == "auto":
+        import platformdirs
+
+        return str(Path(platformdirs.user_cache_dir("moelab", appauthor=False)) / "kernels")
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"--kernel-cache {value}: not a folder")
+    return str(path.resolve())
+
+
 def check_request(req: RunRequest) -> None:
     """Flag values that are wrong whatever the suite."""
     if not req.backends:
@@ -115,6 +135,7 @@ def check_request(req: RunRequest) -> None:
         )
     if req.node_rank is not None and req.node_rank < 0:
         raise SpecError(f"--node-rank must be >= 0, got {req.node_rank}")
+    resolve_kernel_cache(req.kernel_cache)
     if req.run_id is not None:
         validate_run_id(req.run_id)
     if req.label is not None:
@@ -148,7 +169,7 @@ def check_knobs(cases: Sequence[CaseSpec]) -> None:
     for case in cases:
         knobs = dict(case.knobs)
         if is_e2e(knobs):
-            E2ESettings.from_knobs(knobs, case.workload)
+            E2ESettings.from_knobs(knobs, case.workload, case.sms)
             knobs = backend_knobs(knobs)
         registry.load(case.backend).check_knobs(knobs, case.workload)
 
@@ -250,7 +271,8 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
         launch=LaunchSpec(device=device, nproc_per_node=nproc, nodes=req.nodes, gpus_per_node=per_node,
                           launcher=req.launcher, job_timeout_s=req.timeout_s, collective_timeout_s=req.collective_timeout_s,
                           rdzv_endpoint=req.rdzv_endpoint, node_rank=req.node_rank, backend_paths=dict(req.backend_paths),
-                          bind=req.bind, emulate_internode=req.emulate_internode, nccl_tests_bin=req.nccl_tests_bin),
+                          bind=req.bind, emulate_internode=req.emulate_internode, nccl_tests_bin=req.nccl_tests_bin,
+                          kernel_cache=resolve_kernel_cache(req.kernel_cache)),
         label=req.label, command=tuple(req.command),
         trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
         health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy), notes=tuple(notes),

@@ -79,6 +79,7 @@ class LaunchSpec:
     bind: str | None = None  # "numa": pin each rank to its GPU's NUMA node
     emulate_internode: bool = False  # NCCL's network transport between every pair (see runner.job_env)
     nccl_tests_bin: str | None = None  # alltoall_perf, or the folder holding it (--backend nccl-tests)
+    kernel_cache: str | None = None  # folder where JIT-compiling backends keep kernels across jobs; None: off
 
     @property
     def world(self) -> int:

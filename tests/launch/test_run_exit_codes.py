@@ -19,6 +19,7 @@ from tests.launch.test_crash_isolation import SMALL
         (["--backend", "nccl-a2a,nccl-a2a"], "nccl-a2a more than once"),
         (["--run-id", "../../escaped-run"], "is not a plain name"),
         (["--run-id", "a/b"], "is not a plain name"),
+        (["--kernel-cache", "/dev/null"], "--kernel-cache /dev/null: not a folder"),
         (["--label", "\x1b[31mRED\x1b]0;pwned-title\x07\x1b[2J"], "holds control characters"),
     ],
 )
