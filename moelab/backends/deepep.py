@@ -169,7 +169,11 @@ class _V2Engine:
         self, payload: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any, num_experts: int
     ) -> Dispatched:
         if isinstance(layout, DeepEPHandle):
-            recv, _, _, _, _ = self.buffer.dispatch(payload, handle=layout.lib, num_sms=self.sms)
+            # ElasticBuffer.dispatch picks its automatic SM count (num_sms=0) from num_experts before it reads
+            # the handle, so a cached call must name the SMs: the fresh dispatch's, as tests/elastic/test_ep.py
+            # passes one count to both
+            sms = self.sms or int(layout.lib.num_sms)
+            recv, _, _, _, _ = self.buffer.dispatch(payload, handle=layout.lib, num_sms=sms)
             recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
             rows = layout.recv_topk_idx.shape[0]
             return Dispatched(

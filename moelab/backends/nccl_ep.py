@@ -2,7 +2,8 @@
 
 NCCL EP runs on its own NCCL communicator (nccl4py's, made from the job's process group) and needs a
 libnccl of at least 2.30.7, newer than the one torch wheels ship (2.28.x): install `nvidia-nccl-cu13==2.30.7`
-and make sure that is the libnccl the process loads (availability says which one it found).
+and make sure that is the libnccl the process loads (availability says which one it found), with NCCL_HOME
+naming its install: nccl.ep JIT-compiles its kernels against $NCCL_HOME/include at first use.
 
 layout: `Handle.update(topk_idx)` (the handle is created on the first layout of a case), NCCL EP's
 metadata exchange; it writes the received row count into a device counter.
@@ -16,8 +17,11 @@ The handle is one per group: a layout is valid until the next layout of another 
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +57,34 @@ def nccl_version_problem(
     return None
 
 
+_HEADER_FIELD = re.compile(r"^#define NCCL_(MAJOR|MINOR|PATCH)\s+(\d+)", re.MULTILINE)
+
+
+def header_version(text: str) -> tuple[int, int, int] | None:
+    """NCCL_MAJOR/MINOR/PATCH of an nccl.h, or None where one is missing."""
+    fields = dict(_HEADER_FIELD.findall(text))
+    if not {"MAJOR", "MINOR", "PATCH"} <= fields.keys():
+        return None
+    return int(fields["MAJOR"]), int(fields["MINOR"]), int(fields["PATCH"])
+
+
+def jit_headers_problem(home: str | None, lib: tuple[int, ...]) -> str | None:
+    """NCCL EP compiles its kernels at first use against $NCCL_HOME/include, which `import nccl.ep` defaults to
+    the nvidia-nccl wheel's headers (the image's 2.28.x) even where a newer libnccl is the one loaded; kernels
+    built against other headers than the loaded libnccl's fail to compile or disagree with it."""
+    header = Path(home) / "include" / "nccl.h" if home else None
+    if header is None or not header.is_file():
+        return None
+    found = header_version(header.read_text(errors="replace"))
+    if found is None or found[:2] == tuple(lib[:2]):
+        return None
+    have, want = ".".join(map(str, found)), ".".join(map(str, lib))
+    return (
+        f"nccl.ep compiles its kernels against NCCL {have} headers ({header}) but the loaded libnccl is {want}: "
+        "set NCCL_HOME to that libnccl's own install (its include/ and lib/) before starting"
+    )
+
+
 def _torch_nccl_version() -> str | None:
     try:
         if torch.cuda.is_available() and torch.cuda.nccl.is_available([]):  # type: ignore[no-untyped-call]
@@ -82,7 +114,10 @@ def _nccl_ep_problem() -> str | None:
         return f"nccl4py cannot report its libnccl: {type(exc).__name__}: {exc}"
     found = parse_version(str(lib.version)) if lib is not None else None
     path = str(lib.path) if lib is not None and lib.path is not None else None
-    return nccl_version_problem(found, path, _torch_nccl_version())
+    problem = nccl_version_problem(found, path, _torch_nccl_version())
+    if problem is None and found is not None:  # nccl.ep set NCCL_HOME at import where it was unset
+        problem = jit_headers_problem(os.environ.get("NCCL_HOME"), found)
+    return problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,3 +210,64 @@ def test_received_rows_trims_padded_results_only() -> None:
     assert padded.shape == (6, 2) and padded[3:].abs().sum() == 0
     plain = received_rows(got)
     assert plain is got and pad_rows(x, got) is x
+
+
+def _nccl_h(root: Path, version: tuple[int, int, int]) -> Path:
+    header = root / "include" / "nccl.h"
+    header.parent.mkdir(parents=True)
+    major, minor, patch = version
+    header.write_text(
+        f"#define NCCL_H_\n#define NCCL_MAJOR {major}\n#define NCCL_MINOR {minor}\n#define NCCL_PATCH {patch}\n"
+        f'#define NCCL_SUFFIX ""\n#define NCCL_VERSION_CODE {major * 10000 + minor * 100 + patch}\n'
+    )
+    return header
+
+
+def test_header_version() -> None:
+    text = (
+        "#define NCCL_MAJOR 2\n#define NCCL_MINOR 30\n#define NCCL_PATCH 7\n#define NCCL_VERSION_CODE 23007\n"
+    )
+    assert nccl_ep.header_version(text) == (2, 30, 7)
+    assert nccl_ep.header_version("#define NCCL_MAJOR 2\n#define NCCL_MINOR 30\n") is None
+
+
+def test_jit_headers_rule(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    header = _nccl_h(old, (2, 28, 9))
+    _nccl_h(new, (2, 30, 7))
+    assert nccl_ep.jit_headers_problem(str(new), (2, 30, 7)) is None
+    assert nccl_ep.jit_headers_problem(str(new), (2, 30, 9)) is None  # a patch release shares its headers
+    assert nccl_ep.jit_headers_problem(None, (2, 30, 7)) is None
+    assert nccl_ep.jit_headers_problem(str(tmp_path / "absent"), (2, 30, 7)) is None
+    assert nccl_ep.jit_headers_problem(str(old), (2, 30, 7)) == (
+        f"nccl.ep compiles its kernels against NCCL 2.28.9 headers ({header}) but the loaded libnccl is 2.30.7: "
+        "set NCCL_HOME to that libnccl's own install (its include/ and lib/) before starting"
+    )
+
+
+@pytest.mark.parametrize(("headers", "ok"), [((2, 30, 7), True), ((2, 28, 9), False)])
+def test_nccl_ep_checks_the_headers_its_jit_uses(
+    tmp_path: Path, clean_modules: pytest.MonkeyPatch, headers: tuple[int, int, int], ok: bool
+) -> None:
+    _fake_package(
+        tmp_path / "site",
+        {
+            "nccl/ep/__init__.py": "",
+            "nccl/core/__init__.py": (
+                "from types import SimpleNamespace as NS\n"
+                "def get_version():\n"
+                "    return NS(libnccl=NS(version='2.30.7', path='/opt/nccl/lib/libnccl.so.2'))\n"
+            ),
+        },
+    )
+    _nccl_h(tmp_path / "home", headers)
+    clean_modules.syspath_prepend(str(tmp_path / "site"))
+    clean_modules.setenv("NCCL_HOME", str(tmp_path / "home"))
+    clean_modules.setattr(torch.cuda, "is_available", lambda: True)
+    clean_modules.setattr(nccl_ep, "_torch_nccl_version", lambda: "2.28.9")
+    reason = nccl_ep.NcclEPBackend.availability()
+    assert (reason is None) == ok
+    if not ok:
+        assert reason is not None and reason.startswith(
+            "nccl.ep compiles its kernels against NCCL 2.28.9 headers"
+        )
