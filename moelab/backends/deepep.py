@@ -148,6 +148,20 @@ class _V1Engine:
         return combined  # type: ignore[no-any-return]
 
 
+V2_NO_GIN = (
+    "DeepEP V2 (ElasticBuffer) needs NCCL GIN, NCCL's GPU-initiated networking over an RDMA NIC, even on one "
+    "node; NCCL reports none on this host (an NVLink-only machine cannot run V2: use DeepEP V1, tag v1.2.1)"
+)
+
+
+def v2_buffer_problem(message: str) -> str | None:
+    """The one-line reason for an ElasticBuffer construction error moelab recognises, or None.
+    On 2xH200 without InfiniBand: csrc/kernels/backend/nccl.cu asserts `ginType != NCCL_GIN_TYPE_NONE`."""
+    if "NCCL GIN is unavailable" in message or "NCCL_GIN_TYPE_NONE" in message:
+        return V2_NO_GIN
+    return None
+
+
 class _V2Engine:
     """DeepEP V2 `ElasticBuffer`: dispatch computes its layout inside (no separate call), cached by handle."""
 
@@ -321,10 +335,16 @@ class DeepEPBackend(Backend):
         max_h = max((c.workload.hidden for c in cases), default=128)
         max_k = max((c.workload.topk for c in cases), default=1)
         use_fp8 = any(c.workload.dtype == "fp8" for c in cases)
-        return self._ep.ElasticBuffer(
-            self.ctx.group, num_max_tokens_per_rank=max_t, hidden=max_h, num_topk=max_k,
-            use_fp8_dispatch=use_fp8, explicitly_destroy=True,
-        )  # fmt: skip
+        try:
+            return self._ep.ElasticBuffer(
+                self.ctx.group, num_max_tokens_per_rank=max_t, hidden=max_h, num_topk=max_k,
+                use_fp8_dispatch=use_fp8, explicitly_destroy=True,
+            )  # fmt: skip
+        except RuntimeError as exc:
+            reason = v2_buffer_problem(str(exc))
+            if reason:
+                raise BackendUnavailable(reason) from exc
+            raise
 
     # ---- per case ------------------------------------------------------------------------------------
     def _reason(self, case: CaseConfig) -> str | None:

@@ -105,3 +105,31 @@ def test_combine_pads_fewer_rows_back_to_the_received_count() -> None:
     got = engine.dispatch(x, idx, w, None, EXPERTS)
     out = engine.combine(got.recv_x[: got.num_rows], got.handle)
     assert out.shape == (x.shape[0], HIDDEN)
+
+
+GIN_ASSERT = (
+    "Assertion exception (/tmp/dv2/deepep-v2/csrc/kernels/backend/nccl.cu:87): (allow_hybrid_mode ? "
+    'props.railedGinType : props.ginType) != NCCL_GIN_TYPE_NONE and "NCCL GIN is unavailable. This is usually '
+    'due to a network configuration issue, "'
+)  # what ElasticBuffer raised on 2xH200 (NVLink only), results/h200x2-r4
+
+
+def test_a_host_without_nccl_gin_is_one_clear_reason() -> None:
+    from moelab.backends.base import CaseConfig
+    from moelab.backends.deepep import V2_NO_GIN, DeepEPBackend, v2_buffer_problem
+    from moelab.errors import BackendUnavailable
+    from moelab.plan.workload import Workload
+
+    assert v2_buffer_problem(GIN_ASSERT) == V2_NO_GIN
+    assert v2_buffer_problem("CUDA out of memory") is None
+
+    class NoGinEP:
+        def ElasticBuffer(self, *args: Any, **kwargs: Any) -> None:  # noqa: N802 - the library's name
+            raise RuntimeError(GIN_ASSERT)
+
+    backend = DeepEPBackend.__new__(DeepEPBackend)  # only _make_v2 is exercised
+    backend._ep = NoGinEP()
+    backend.ctx = SimpleNamespace(group=None)  # type: ignore[assignment]
+    case = CaseConfig(case_id="c", workload=Workload(hidden=8192, tokens_per_rank=4096, topk=8))
+    with pytest.raises(BackendUnavailable, match="needs NCCL GIN"):
+        backend._make_v2([case])
