@@ -97,6 +97,14 @@ def framework_settings(plan: TrialPlan, winner: Trial) -> list[str]:
             "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
             "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap"
         )
+        carve = k.get("carveout", "auto")
+        held = c.sms if carve == "auto" else carve
+        if held:
+            out.append(
+                f"expert GEMMs held to the GPU's SMs minus {held} while the communication runs beside them: "
+                f"torch._C._set_sm_carveout_experimental({held}) around the overlapped layer, None after "
+                "(moelab e2e knob carveout)"
+            )
     else:
         out.append("schedule: serial (no micro-batch overlap)")
     return out

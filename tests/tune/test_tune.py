@@ -143,6 +143,7 @@ def test_framework_settings_name_each_librarys_knobs(tmp_path: Path) -> None:
     )
     assert "Buffer.set_num_sms(24)" in deepep and "deep_ep.Config(24, 32" in deepep
     assert "--moe-deepep-num-sms 24" in deepep and "two-batch overlap" in deepep
+    assert "_set_sm_carveout_experimental(24)" in deepep  # the GEMMs leave the communication its SMs
     hybrid = "\n".join(
         framework_settings(plan, _trial(Candidate.make("hybrid-ep", "serial", 16, {"combine_sms": 8})))
     )
@@ -152,7 +153,7 @@ def test_framework_settings_name_each_librarys_knobs(tmp_path: Path) -> None:
     nccl = "\n".join(framework_settings(plan, _trial(Candidate.make("nccl-a2a", "tbo", 16))))
     assert "min_ctas = max_ctas = 16" in nccl
     default = "\n".join(framework_settings(plan, _trial(Candidate.make("deepep", "serial", None))))
-    assert "set_num_sms(20)" in default and "serial" in default
+    assert "set_num_sms(20)" in default and "serial" in default and "carveout" not in default
 
 
 def test_summary_states_margins(tmp_path: Path) -> None:
