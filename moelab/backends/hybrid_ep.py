@@ -123,9 +123,7 @@ class HybridEPBackend(Backend):
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
     )
     payload_dtypes = ("bf16", "fp8")
-    compiles_on_first_call = (
-        True  # JIT-built per configuration and process; moelab's kernel store reuses them
-    )
+    compiles_on_first_call = True  # per configuration and process; moelab's kernel store reuses them
     sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
     phases = True  # the plain path; the permute paths are timed whole (splits_phases)
     library_ops = ("dispatch", "combine")  # what tests/test_hybrid_ep.py times, along a cached handle

@@ -75,6 +75,18 @@ def _kernels(folder: Path) -> list[Path]:
     )
 
 
+def _copy_missing(source: Path, dest: Path) -> int:
+    """Copy the kernels of `source` that `dest` lacks into it (made if missing); returns how many."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for kernel in _kernels(source):
+        target = dest / kernel.name
+        if not target.exists():
+            _copy_atomically(kernel, target)
+            copied += 1
+    return copied
+
+
 @dataclass(frozen=True, slots=True)
 class KernelStore:
     """moelab's store (`store`) for one library build, and this process's library JIT folder (`process`)."""
@@ -84,25 +96,11 @@ class KernelStore:
 
     def seed(self) -> int:
         """Copy the store's kernels that this process's folder lacks into it; returns how many."""
-        self.process.mkdir(parents=True, exist_ok=True)
-        copied = 0
-        for kernel in _kernels(self.store):
-            dest = self.process / kernel.name
-            if not dest.exists():
-                _copy_atomically(kernel, dest)
-                copied += 1
-        return copied
+        return _copy_missing(self.store, self.process)
 
     def harvest(self) -> int:
         """Copy the kernels this process compiled (named by their final kernel key) into the store."""
-        self.store.mkdir(parents=True, exist_ok=True)
-        added = 0
-        for kernel in _kernels(self.process):
-            dest = self.store / kernel.name
-            if not dest.exists():
-                _copy_atomically(kernel, dest)
-                added += 1
-        return added
+        return _copy_missing(self.process, self.store)
 
     def cached(self) -> int:
         return len(_kernels(self.store))

@@ -83,7 +83,7 @@ class E2ESettings:
             raise SpecError(f"e2e knob profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         return cls(
             mode=mode, chunks=chunks, intermediate=intermediate, backward=backward, gemm=gemm, profile=profile,
-            carveout=_carveout(knobs.get("carveout", "auto"), mode, sms),
+            carveout=resolve_carveout(knobs.get("carveout", "auto"), mode, sms),
         )  # fmt: skip
 
     def to_record(self, gemm: str) -> dict[str, Any]:
@@ -99,7 +99,7 @@ class E2ESettings:
         }
 
 
-def _carveout(value: Any, mode: str, sms: int | None) -> int:
+def resolve_carveout(value: Any, mode: str, sms: int | None) -> int:
     """SMs held back from the GEMMs: `auto` is the case's communication SMs in an overlapped mode."""
     if value == "auto":
         return (sms or 0) if mode in OVERLAPPED else 0

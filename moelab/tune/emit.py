@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from moelab.e2e.settings import resolve_carveout
 from moelab.tune.search import Trial, TuneResult
 from moelab.tune.trials import TrialPlan
 
@@ -97,8 +98,7 @@ def framework_settings(plan: TrialPlan, winner: Trial) -> list[str]:
             "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
             "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap"
         )
-        carve = k.get("carveout", "auto")
-        held = c.sms if carve == "auto" else carve
+        held = resolve_carveout(k.get("carveout", "auto"), c.mode, c.sms)
         if held:
             out.append(
                 f"expert GEMMs held to the GPU's SMs minus {held} while the communication runs beside them: "
