@@ -193,8 +193,7 @@ class HybridEPBackend(Backend):
         self.max_tokens = max((c.workload.tokens_per_rank for c in runnable), default=16)
         self.max_hidden = max((c.workload.hidden for c in runnable), default=512)
         self._buffers: dict[tuple[Any, ...], Any] = {}
-        self._kernels = self._kernel_store(deep_ep, ctx)
-        self._seeded = self._kernels.seed() if self._kernels is not None else 0
+        self._kernels, self._seeded = self._seed(self._kernel_store(deep_ep, ctx))
         loadable = self._kernels.loadable() if self._kernels is not None else 0
         reuse = loadable > 0 and _accepts(deep_ep.HybridEPBuffer, "load_cached_kernels")
         extra = {"load_cached_kernels": True} if reuse else {}
@@ -236,9 +235,30 @@ class HybridEPBackend(Backend):
         process = hybrid_ep_process_folder(os.getpid(), os.environ, home)
         return KernelStore(store=ctx.kernel_cache / "hybrid-ep" / identity, process=process)
 
+    def _seed(self, kernels: KernelStore | None) -> tuple[KernelStore | None, int]:
+        """The store and how many kernels it seeded; a store that cannot be used only costs the reuse."""
+        if kernels is None:
+            return None, 0
+        try:
+            return kernels, kernels.seed()
+        except OSError as exc:
+            self._store_unusable(kernels, exc)
+            return None, 0
+
     def _harvest(self) -> None:
-        if self._kernels is not None:
+        if self._kernels is None:
+            return
+        try:
             self._kernels.harvest()
+        except OSError as exc:  # e.g. --kernel-cache on a read-only or full file system
+            self._store_unusable(self._kernels, exc)
+            self._kernels = None
+
+    @staticmethod
+    def _store_unusable(kernels: KernelStore, exc: OSError) -> None:
+        print(
+            f"hybrid-ep: kernel store {kernels.store} unusable ({exc}); this job compiles its own", flush=True
+        )
 
     @staticmethod
     def _key(case: CaseConfig) -> tuple[Any, ...]:

@@ -166,3 +166,34 @@ def test_hybrid_ep_buffers_load_seeded_kernels(tmp_path: Path, monkeypatch: pyte
     assert other.seed() == 1  # a new process would be seeded
     assert backend._kernels.store.parent == tmp_path / "cache" / "hybrid-ep"
     assert os.path.basename(backend.record(case)["kernel_store"]) == backend._kernels.store.name
+
+
+def test_an_unwritable_store_costs_only_the_reuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--kernel-cache under a file (or on a read-only file system): the job runs and compiles its own."""
+    package = tmp_path / "deep_ep"
+    (package / "backend").mkdir(parents=True)
+    fake = types.ModuleType("deep_ep")
+    fake.__file__ = str(package / "__init__.py")
+    fake.HybridEPBuffer = _Buffer  # type: ignore[attr-defined]
+    monkeypatch.setattr(hybrid_ep_module.common, "import_deep_ep", lambda: (fake, None))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(hybrid_ep_module, "hybrid_ep_reason", lambda shape, fused=False: None)
+    monkeypatch.setenv("HYBRID_EP_CACHE_DIR", str(tmp_path / "home"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    ctx = BackendContext(
+        rank=0, world=2, local_rank=0, device=torch.device("cuda", 0), group=None, gpus_per_node=2,
+        comm_backend="nccl", kernel_cache=blocker / "cache",
+    )  # fmt: skip
+    case = CaseConfig(
+        case_id="c", workload=Workload(hidden=512, tokens_per_rank=64, topk=2, experts_per_rank=4)
+    )
+    backend = hybrid_ep_module.HybridEPBackend(ctx, [case])
+    assert backend._kernels is not None
+    backend._kernels.process.joinpath("k.so").write_bytes(b"compiled")
+    backend.close()  # the harvest fails: said once, the store dropped, nothing raised
+    out = capsys.readouterr().out
+    assert "kernel store" in out and "unusable" in out and "compiles its own" in out
+    assert backend.record(case)["kernel_store"] is None
