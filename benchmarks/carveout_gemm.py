@@ -1,5 +1,5 @@
 """What an SM carve-out costs the expert GEMMs of the e2e layer: one micro-batch's SwiGLU grouped GEMMs
-(moelab.e2e.layer.swiglu_ffn) timed with 0, 8, 16, 24, 32 SMs held back (moelab.e2e.carveout), on one GPU.
+(moelab.measure.e2e.layer.swiglu_ffn) timed with 0, 8, 16, 24, 32 SMs held back (moelab.measure.e2e.carveout), on one GPU.
 
     python benchmarks/carveout_gemm.py --hidden 8192 --pairs 16384 --experts 8 --carveouts 0,8,16,24,32
 
@@ -14,8 +14,8 @@ import statistics
 
 import torch
 
-from moelab.e2e.carveout import gemm_carveout
-from moelab.e2e.layer import default_intermediate, local_expert_weights, swiglu_ffn
+from moelab.measure.e2e.carveout import gemm_carveout
+from moelab.measure.e2e.layer import default_intermediate, local_expert_weights, swiglu_ffn
 
 
 def main() -> None:

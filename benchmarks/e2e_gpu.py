@@ -1,4 +1,4 @@
-"""The e2e MoE-layer cases of moelab.e2e straight under torchrun, without the worker or the store: checks the
+"""The e2e MoE-layer cases of moelab.measure.e2e straight under torchrun, without the worker or the store: checks the
 layer against the float32 reference on GPU, times it, prints one line per case and writes the records.
 
     torchrun --nproc-per-node 2 benchmarks/e2e_gpu.py --backends nccl-a2a,mxfp8-a2a --experts-per-rank 8 \
@@ -22,11 +22,11 @@ import torch.distributed as dist
 
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
-from moelab.e2e.bench import run_e2e_case
-from moelab.e2e.settings import backend_case_config
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.core.workload import Workload
+from moelab.measure.e2e.bench import run_e2e_case
+from moelab.measure.e2e.settings import backend_case_config
 from moelab.measure.timing import Clock
-from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.plan.workload import Workload
 from moelab.suites.loader import case_id_for
 
 

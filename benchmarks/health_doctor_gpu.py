@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from moelab.cli.doctor import _print_report
-from moelab.health import numa_bind
 from moelab.health.snapshot import diff, is_suspect, merge, take_snapshot
+from moelab.job import numa as numa_bind
 
 
 def burn(seconds: float) -> None:

@@ -22,10 +22,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from moelab.accounting.bandwidth import count_rows
+from moelab.core.bandwidth import count_rows
+from moelab.core.routing import route_all
+from moelab.core.workload import Workload
 from moelab.measure.timing import Clock
-from moelab.plan.routing import route_all
-from moelab.plan.workload import Workload
 
 
 def main() -> None:

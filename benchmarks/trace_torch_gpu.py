@@ -28,9 +28,9 @@ import torch.distributed as dist  # noqa: E402
 
 from moelab.backends.base import BackendContext, CaseConfig  # noqa: E402
 from moelab.backends.nccl_a2a import NcclA2ABackend  # noqa: E402
+from moelab.core.routing import route_all  # noqa: E402
+from moelab.core.workload import Workload  # noqa: E402
 from moelab.measure.reference import make_tokens  # noqa: E402
-from moelab.plan.routing import route_all  # noqa: E402
-from moelab.plan.workload import Workload  # noqa: E402
 from moelab.tracing.kernel_time import kernel_bandwidth_gbs, op_kernel_times  # noqa: E402
 from moelab.tracing.nsys import nsys_available  # noqa: E402
 from moelab.tracing.nvtx_ranges import cuda_profiler_range, nvtx_impl, nvtx_range, range_name  # noqa: E402

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from moelab.launch.commands import dist_env_from_slurm
+from moelab.job.launchers import dist_env_from_slurm
 
 
 def main(out_path: str) -> None:

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from moelab.accounting.rows import RankRows
-from moelab.launch.rundir import RunDir
-from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.plan.workload import RoutingSpec, Workload
-from moelab.record.build import OpMeasurement, op_result
-from moelab.record.case_record import CaseRecord, CheckResult
+from moelab.core.case_record import CaseRecord, CheckResult
+from moelab.core.record_build import OpMeasurement, op_result
+from moelab.core.rows import RankRows
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.core.workload import RoutingSpec, Workload
+from moelab.job.rundir import RunDir
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.suites.loader import case_id_for

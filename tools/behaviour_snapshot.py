@@ -23,8 +23,23 @@ from pathlib import Path
 RUN_ID = "snap-run"
 
 HELP = [
-    [], ["run"], ["verify"], ["tune"], ["backends"], ["runs"], ["report"], ["compare"], ["check"], ["label"],
-    ["ingest"], ["doctor"], ["db"], ["db", "query"], ["db", "export"], ["trace"], ["trace", "summarize"],
+    [],
+    ["run"],
+    ["verify"],
+    ["tune"],
+    ["backends"],
+    ["runs"],
+    ["report"],
+    ["compare"],
+    ["check"],
+    ["label"],
+    ["ingest"],
+    ["doctor"],
+    ["db"],
+    ["db", "query"],
+    ["db", "export"],
+    ["trace"],
+    ["trace", "summarize"],
 ]
 
 DRY_RUNS: dict[str, list[str]] = {
@@ -128,13 +143,17 @@ def dump_db(db: Path) -> str:
 
     con = duckdb.connect(str(db), read_only=True)
     out = []
-    tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables ORDER BY 1").fetchall()]
+    tables = [
+        r[0] for r in con.execute("SELECT table_name FROM information_schema.tables ORDER BY 1").fetchall()
+    ]
     for table in tables:
         cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
         keep = [c for c in cols if c != "run_id" and not FIGURE_COLUMNS.search(c)]
         out.append(f"## {table}: columns {cols}")
         if table == "samples":
-            count = con.execute("SELECT backend, case_id, op, count(*) FROM samples GROUP BY ALL ORDER BY ALL")
+            count = con.execute(
+                "SELECT backend, case_id, op, count(*) FROM samples GROUP BY ALL ORDER BY ALL"
+            )
             out += [repr(r) for r in count.fetchall()]
             continue
         if not keep:
@@ -152,14 +171,21 @@ def main(out_dir: Path) -> None:
     tree = tmp / "tree"
     (tree / "tests").mkdir(parents=True)
     bad_knob = tmp / "bad_knob.toml"
-    bad_knob.write_text('name = "x"\n[workload]\nhidden = 256\nexperts_per_rank = 8\n[backend.nccl-a2a.axes]\nnope = [1]\n')
+    bad_knob.write_text(
+        'name = "x"\n[workload]\nhidden = 256\nexperts_per_rank = 8\n[backend.nccl-a2a.axes]\nnope = [1]\n'
+    )
     bad_e2e = tmp / "bad_e2e.toml"
     bad_e2e.write_text(
         'name = "x"\n[workload]\nhidden = 256\nexperts_per_rank = 8\n[backend.nccl-a2a.axes]\nbench = ["e2e"]\nmode = ["x"]\n'
     )
     env = dict(os.environ, COLUMNS="120", MOELAB_DB=str(tmp / "run_a2a.duckdb"), NO_COLOR="1", TERM="dumb")
     env["XDG_DATA_HOME"] = str(tmp / "data")
-    fill = {"tree": str(tree), "tmp": str(tmp), "bad_knob_suite": str(bad_knob), "bad_e2e_suite": str(bad_e2e)}
+    fill = {
+        "tree": str(tree),
+        "tmp": str(tmp),
+        "bad_knob_suite": str(bad_knob),
+        "bad_e2e_suite": str(bad_e2e),
+    }
 
     def expand(args: list[str]) -> list[str]:
         return [a.format(**fill) if "{" in a and "}" in a and not a.startswith("ncu") else a for a in args]

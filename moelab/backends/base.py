@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from moelab.launch.local import JobOutcome
-    from moelab.launch.rundir import JobFiles
-    from moelab.plan.spec import LaunchSpec, RunSpec
+    from moelab.core.spec import LaunchSpec, RunSpec
+    from moelab.job.local import JobOutcome
+    from moelab.job.rundir import JobFiles
 
-from moelab.accounting.rows import RankRows
-from moelab.errors import SpecError
-from moelab.plan.workload import Workload, payload_bytes_per_token
-from moelab.record.case_record import Figure
+from moelab.core.case_record import Figure
+from moelab.core.errors import SpecError
+from moelab.core.rows import RankRows
+from moelab.core.workload import Workload, payload_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -28,14 +28,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from moelab.accounting.rows import RankRows
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
-from moelab.errors import BackendUnavailable, SpecError
-from moelab.plan.workload import Workload
-from moelab.record.case_record import Figure
+from moelab.core.case_record import Figure
+from moelab.core.errors import BackendUnavailable, SpecError
+from moelab.core.rows import RankRows
+from moelab.core.workload import Workload
 
 V1_KNOBS = (
     "fp8_cast",
@@ -444,7 +444,7 @@ class DeepEPBackend(Backend):
     def dispatch_with_handle(self, rows: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
         """Send one row per source token (`rows` [T, H] bf16, the gradient of combine's output) along an
         earlier dispatch's handle: [R, H] bf16 in that dispatch's received order. The backward of combine
-        (moelab.e2e), as DeepEP's README has it: a dispatch with the forward's handle (cached layout, no
+        (moelab.measure.e2e), as DeepEP's README has it: a dispatch with the forward's handle (cached layout, no
         host wait). fp8 workloads send the gradient as fp8 with per-128 scales, as their forward did
         (V1's intranode bf16 dispatch at hidden 8192 breaks the TMA staging limit); dequantized here."""
         payload: Any = rows

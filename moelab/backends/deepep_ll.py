@@ -29,7 +29,7 @@ from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import v1_low_latency_reason
 from moelab.backends.input_cache import InputCache
-from moelab.errors import BackendUnavailable
+from moelab.core.errors import BackendUnavailable
 
 
 @dataclass(slots=True)

@@ -39,15 +39,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from moelab.accounting.rows import RankRows
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.deepep_rules import hybrid_ep_reason
 from moelab.backends.input_cache import InputCache
 from moelab.backends.jit_cache import KernelStore, build_identity, hybrid_ep_process_folder
-from moelab.errors import BackendUnavailable, SpecError
-from moelab.plan.workload import Workload
-from moelab.record.case_record import Figure
+from moelab.core.case_record import Figure
+from moelab.core.errors import BackendUnavailable, SpecError
+from moelab.core.rows import RankRows
+from moelab.core.workload import Workload
 
 KNOBS = ("fused", "permute", "pad_multiple", "combine_sms")
 HOST_SYNC = (
@@ -504,7 +504,7 @@ class HybridEPBackend(Backend):
     def dispatch_with_handle(self, rows: torch.Tensor, handle: HybridHandle) -> torch.Tensor:
         """Send one row per source token (`rows` [T, H] bf16, the gradient of combine's output) along an
         earlier dispatch's handle: [R, H] bf16 in that dispatch's received order. The backward of combine
-        (moelab.e2e), as Hybrid-EP's docstring has it (`dispatch_in_backward`): `dispatch(hidden, handle=...)`
+        (moelab.measure.e2e), as Hybrid-EP's docstring has it (`dispatch_in_backward`): `dispatch(hidden, handle=...)`
         with the received row count passed, so there is no host sync. fp8 cases send fp8 with per-128
         scales, as their forward (the buffer was built for fp8), dequantized here; bf16 rows are copied out
         of the library's receive buffer, which the next dispatch reuses."""

@@ -29,8 +29,8 @@ import torch
 
 from moelab.backends.base import BackendContext, CaseConfig, Dispatched
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend, exchange_knob
-from moelab.errors import BackendUnavailable, SpecError
-from moelab.plan.workload import Workload, payload_bytes_per_token
+from moelab.core.errors import BackendUnavailable, SpecError
+from moelab.core.workload import Workload, payload_bytes_per_token
 from moelab.quant import mxfp8
 
 PAYLOADS = ("bf16", "mxfp8")

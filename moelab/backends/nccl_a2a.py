@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.padded import SparseDispatched
-from moelab.errors import SpecError
-from moelab.plan.workload import Workload
+from moelab.core.errors import SpecError
+from moelab.core.workload import Workload
 
 HOST_SYNC = "one device-to-host copy of the per-rank counts (NCCL takes split sizes on the host)"
 EXCHANGES = ("auto", "splits", "allgather")
@@ -52,8 +52,8 @@ def exchange_knob(knobs: Mapping[str, Any]) -> str:
 def routing_fill(workload: Workload, world: int) -> float:
     """Share of all (token, rank) pairs the case's routing sends: 1.0 when every token goes to every rank.
     Computed on the host from moelab's deterministic routing, outside every timed region."""
-    from moelab.accounting.rows import count_rows
-    from moelab.plan.routing import route_all
+    from moelab.core.routing import route_all
+    from moelab.core.rows import count_rows
 
     rows = count_rows(route_all(workload, world), workload.experts_per_rank, world)
     return sum(r.send_rows for r in rows) / (workload.tokens_per_rank * world * world)
@@ -405,7 +405,7 @@ class NcclA2ABackend(Backend):
         """Send one row per source token (`rows` [T, H], e.g. the gradient of combine's output) to where an
         earlier dispatch sent that token, along its `handle`: [R, H] in that dispatch's received order.
 
-        The backward of combine (moelab.e2e). The rows cross as they are (no quantization), into fresh
+        The backward of combine (moelab.measure.e2e). The rows cross as they are (no quantization), into fresh
         tensors rather than the reused buffers, so the result outlives the next dispatch.
         """
         recv = torch.empty(sum(handle.recv_splits), rows.shape[1], dtype=rows.dtype, device=rows.device)

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import BackendUnavailable, MoelabError
+from moelab.core.errors import BackendUnavailable, MoelabError
 
 BINARY = "alltoall_perf"
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from moelab.accounting.rows import count_rows
 from moelab.backends.base import Backend, Dispatched
 from moelab.backends.nccl_tests import aligned_size, find_alltoall_perf, run_alltoall_perf
-from moelab.launch.local import JobOutcome
-from moelab.launch.rundir import JobFiles, now_iso
-from moelab.plan.routing import route_all
-from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec
-from moelab.record.case_record import CaseRecord, Figure, NcclTestsRow, OpResult, Summary
+from moelab.core.case_record import CaseRecord, Figure, NcclTestsRow, OpResult, Summary
+from moelab.core.routing import route_all
+from moelab.core.rows import count_rows
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
+from moelab.job.local import JobOutcome
+from moelab.job.rundir import JobFiles, now_iso
 
 NAME = "nccl-tests"
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 from moelab.backends.base import Backend
-from moelab.errors import BackendUnavailable, MoelabError
-from moelab.plan.spec import LaunchSpec
+from moelab.core.errors import BackendUnavailable, MoelabError
+from moelab.core.spec import LaunchSpec
 
 ENTRY_POINT_GROUP = "moelab.backends"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from moelab.backends import deepep_common as common
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.deepep import DeepEPBackend
-from moelab.errors import BackendUnavailable
+from moelab.core.errors import BackendUnavailable
 
 PACKAGE = "uccl==0.1.1"
 WRAPPER_HINT = "UCCL's DeepEP wrapper (ep/deep_ep_wrapper in github.com/uccl-project/uccl) is not on the path"

@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
-from moelab.display import safe_text
-from moelab.errors import MoelabError
+from moelab.core.display import safe_text
+from moelab.core.errors import MoelabError
 from moelab.gate import outputs
 from moelab.gate.baseline import candidate_run, load_baseline
 from moelab.gate.decision import Policy, decide, matched

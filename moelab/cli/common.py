@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from moelab.display import format_time_us, safe_text
-from moelab.errors import MoelabError
+from moelab.core.display import format_time_us, safe_text
+from moelab.core.errors import MoelabError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

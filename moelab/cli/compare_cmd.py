@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.reports import compare as cmp
 from moelab.reports import compare_select, query
 from moelab.reports.peaks import load_peaks

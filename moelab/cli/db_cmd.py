@@ -8,7 +8,7 @@ import duckdb
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.export import export_runs
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import console, print_table, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.health.model import STATUS_RANK, HealthSnapshot, worst_status
 from moelab.health.snapshot import load_snapshots, merge, take_snapshot
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.cli.common import console
-from moelab.display import safe_text
+from moelab.core.display import safe_text
 from moelab.store.db import open_db
 
 TAIL_SHOWN = 6
@@ -60,7 +60,7 @@ def suspect_lines(con: Any, run_id: str, shown: int = 10) -> list[str]:
 
 def nothing_measured_reason(db_path: Path, run_id: str) -> str | None:
     """`nothing_measured` over the stored run's case statuses: the reason line, or None."""
-    from moelab.plan.validate import nothing_measured
+    from moelab.core.validate import nothing_measured
 
     with open_db(db_path, read_only=True) as con:
         statuses = [

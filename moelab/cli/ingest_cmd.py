@@ -8,10 +8,10 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.health.judge import judge_stored_run
+from moelab.job.rundir import RunDir
 from moelab.launch.recover import launcher_state, mark_abandoned
-from moelab.launch.rundir import RunDir
 from moelab.store.db import check_writable, open_db, resolve_db_path
 from moelab.store.ingest import ingest as ingest_run_dir
 

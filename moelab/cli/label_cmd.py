@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
-from moelab.display import safe_text
-from moelab.errors import MoelabError
+from moelab.core.display import safe_text
+from moelab.core.errors import MoelabError
 from moelab.reports.query import latest_run_ids
 from moelab.store import labels
 from moelab.store.db import open_db, resolve_db_path

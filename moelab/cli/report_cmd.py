@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.store.db import resolve_db_path
 
 AUTO_HISTORY_RUNS = 20  # more runs than this get the history view unless --no-history: the full report

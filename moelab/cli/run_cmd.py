@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -12,12 +13,12 @@ import typer
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
-from moelab.errors import MoelabError, SpecError
-from moelab.launch import commands
+from moelab.core.errors import MoelabError, SpecError
+from moelab.core.spec import CaseSpec, RunSpec
+from moelab.job import launchers
 from moelab.launch.runner import execute, is_launching_host, new_run_id
-from moelab.plan.case_list import print_case_list
+from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
-from moelab.plan.spec import RunSpec
 from moelab.store.db import check_writable, data_dir, open_db, resolve_db_path
 from moelab.store.labels import set_label
 
@@ -278,7 +279,7 @@ def run(
     req = RunRequest(
         backends=parse_list(backend, str, "backend") or [], suite=suite, workload=workload, cases=case, gpus=gpus,
         gpus_per_node=gpus_per_node, cpu=cpu, nodes=nodes,
-        launcher=commands.auto_launcher(os.environ) if launcher == "auto" else launcher, iters=iters, warmup=warmup,
+        launcher=launchers.auto_launcher(os.environ) if launcher == "auto" else launcher, iters=iters, warmup=warmup,
         noise_target=noise_target, max_iters=max_iters, label=label, run_id=run_id, timeout_s=timeout,
         collective_timeout_s=collective_timeout, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank,
         backend_paths=_parse_backend_paths(backend_path), trace=trace, trace_iters=trace_iters, nsys_osrt=nsys_osrt,
@@ -390,7 +391,7 @@ def _print_or_submit(
     from moelab.launch.runner import job_argv, launch_plan
 
     run_dir = runs_root / spec.run_id
-    sb = commands.SbatchOptions(
+    sb = launchers.SbatchOptions(
         partition=partition, account=account, time=time_limit, container_image=container_image,
         container_mounts=tuple(m for m in (container_mounts or "").split(",") if m),
     )  # fmt: skip
@@ -410,7 +411,7 @@ def _print_or_submit(
             ]
         ]
         plan = dataclasses.replace(launch_plan(spec, run_dir, spec.backends[0]), launcher="slurm", sbatch=sb)
-        script = commands.sbatch_script(plan, body=body)
+        script = launchers.sbatch_script(plan, body=body)
         if dry_run:
             console.print(script)
             return
@@ -430,12 +431,12 @@ def _print_or_submit(
             continue
         plan = launch_plan(spec, run_dir, backend)
         argvs = (
-            commands.launch_argvs(plan)
+            launchers.launch_argvs(plan)
             if spec.launch.launcher == "torchrun" and spec.launch.node_rank is None
             else [job_argv(spec, run_dir, backend)]
         )
         for argv in argvs:
-            console.print(commands.command_line(argv))
+            console.print(launchers.command_line(argv))
 
 
 def print_run_summary(db_path: Path, run_id: str) -> int:
@@ -467,3 +468,9 @@ def print_run_summary(db_path: Path, run_id: str) -> int:
     if other:
         print_table(["backend", "case", "status", "reason"], other, title="not measured")
     return sum(1 for r in other if r[2] in ("failed", "incorrect", "crashed", "timeout"))
+
+
+def print_case_list(cases: Sequence[CaseSpec]) -> None:
+    """A table of `case_rows` on the console; case ids stay on one line."""
+    print_table(["backend", "case", "workload", "plan"], case_rows(cases))
+    console.print(f"{len(cases)} cases; run some with --case ID (repeatable)")

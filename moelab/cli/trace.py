@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import console, print_table, user_errors
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.tracing.nsys import export_sqlite, read_nsys_sqlite
 from moelab.tracing.summary import TraceSummary
 from moelab.tracing.torch_trace import summarize_chrome_trace

@@ -9,14 +9,15 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
+from moelab.core.library_figures import FAILING, VerifyRow
+from moelab.core.spec import RunSpec
+from moelab.job.rundir import RunDir
 from moelab.launch.runner import new_run_id
 from moelab.plan.planning import HostFacts, plan_run
-from moelab.plan.spec import RunSpec
 from moelab.store.db import check_writable, connect, data_dir, open_db, resolve_db_path
 from moelab.verify import measure
 from moelab.verify import store as verify_store
-from moelab.verify.figures import FAILING, VerifyRow
 from moelab.verify.libraries import VERIFY_DEFINITIONS, VerifyContext, verify_backend
 from moelab.verify.plan import VERIFY_BACKENDS, VerifyRequest, run_request
 
@@ -126,7 +127,7 @@ def verify(
     rows: list[VerifyRow] = []
     for name in names:
         rows += verify_backend(name, req, ctx, progress=console.print)
-    verify_store.write_file(outcome.run_dir, rows)
+    RunDir(outcome.run_dir).write_library_figures(rows)
     with open_db(db_path) as con:
         verify_store.store(con, spec.run_id, rows, VERIFY_DEFINITIONS)
     print_verify_rows(rows, f"verify run {spec.run_id} (moelab / library, tolerance ±{tolerance:.0%})")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.gate.samples import Side, load_side
 from moelab.store.db import migrate
 from moelab.store.export import load_export

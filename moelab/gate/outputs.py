@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from moelab.display import safe_text
+from moelab.core.display import safe_text
 from moelab.gate.decision import FAILING, GateResult, Verdict, matched
 
 COLUMNS = ("status", "case", "op", "baseline µs", "candidate µs", "change", "test", "p", "note")

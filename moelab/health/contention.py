@@ -277,7 +277,7 @@ def our_processes(run_id: str) -> list[int]:
     ranks), and any process whose command line names the run (srun's ranks are children of slurmstepd,
     not of us; their arguments hold RUN_DIR, which ends in the run id). A rank inside a container whose
     pids NVML reports from another namespace cannot be matched and counts as another process."""
-    from moelab.launch.diagnosis import with_descendants
+    from moelab.job.diagnosis import with_descendants
 
     own = set(with_descendants([os.getpid()]))
     needle = run_id.encode()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moelab.health.model import GpuPair, GpuState, NvLinkState
-from moelab.health.sysfs_probe import format_cpulist, normalize_bus_id
+from moelab.job.sysfs import format_cpulist, normalize_bus_id
 
 # (NVML constant, bit, short name). Bits are NVML's ABI (nvml.h, "NvmlClocksEventReasons"); a test checks them
 # against the installed pynvml. The older nvmlClocksThrottleReason* names carry the same bits.

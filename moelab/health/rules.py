@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from moelab.health.model import Finding, GpuState, HealthSnapshot, NicState, Status, worst_status
-from moelab.health.sysfs_probe import parse_cpulist
+from moelab.job.sysfs import parse_cpulist
 
 THROTTLE_FRACTION = 0.75
 """NVBench's default `--throttle-threshold`: a clock under load below 75% of the default SM clock is throttled."""

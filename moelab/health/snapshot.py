@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.health import rules
 from moelab.health.model import STATUS_RANK, Finding, GpuPair, GpuState, HealthSnapshot, Status
 from moelab.health.nvml_probe import LoadFn, probe_nvml, torch_matmul_load
@@ -27,11 +27,11 @@ from moelab.health.sysfs_probe import (
     LspciRunner,
     ib_devices,
     numa_nodes,
-    pci_numa,
     process_cpulist,
     run_lspci,
     with_pci_facts,
 )
+from moelab.job.sysfs import pci_numa
 
 _DEFAULT = object()
 

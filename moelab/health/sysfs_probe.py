@@ -11,80 +11,21 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from moelab.health.model import IbPort, NicState, NumaNode, PciAtomics, PciLink
+from moelab.job.sysfs import format_cpulist, normalize_bus_id, pci_numa, read_text, sys_root
 
 LspciRunner = Callable[[Sequence[str]], str]
 
 
-def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Kernel cpulist ("0-3,8,10-11") → sorted CPU ids. An empty string is the empty set."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.update(range(int(lo), int(hi) + 1))
-        else:
-            cpus.add(int(part))
-    return tuple(sorted(cpus))
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """CPU ids → kernel cpulist, the inverse of parse_cpulist."""
-    ordered = sorted(set(cpus))
-    ranges: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        ranges.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(ranges)
-
-
-_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]+):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """NVML's "00000000:18:00.0", lspci's "18:00.0" and sysfs's "0000:18:00.0" → "0000:18:00.0"."""
-    m = _BUS_ID.match(bus_id.strip())
-    if m is None:
-        raise ValueError(f"not a PCI bus id: {bus_id!r}")
-    domain, bus, dev, fn = m.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def _sys(root: str | Path) -> Path:
-    return Path(root) / "sys"
-
-
-def pci_numa(root: str | Path, bus_id: str) -> tuple[int | None, str | None]:
-    """A PCI function's NUMA node and local CPU list from /sys/bus/pci/devices/<bus>/; -1 (no NUMA) → None."""
-    dev = _sys(root) / "bus" / "pci" / "devices" / normalize_bus_id(bus_id)
-    node_text = _read(dev / "numa_node")
-    node = int(node_text) if node_text not in (None, "") else None
-    return (node if node is not None and node >= 0 else None), _read(dev / "local_cpulist")
-
-
 def numa_nodes(root: str | Path) -> tuple[NumaNode, ...]:
     """The host's NUMA nodes and their CPUs (/sys/devices/system/node/node*/cpulist)."""
-    base = _sys(root) / "devices" / "system" / "node"
+    base = sys_root(root) / "devices" / "system" / "node"
     out = []
     for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
-        cpulist = _read(d / "cpulist")
+        cpulist = read_text(d / "cpulist")
         if cpulist is not None:
             out.append(NumaNode(node=int(d.name[4:]), cpulist=cpulist))
     return tuple(out)
@@ -107,22 +48,22 @@ def parse_ib_rate(text: str | None) -> float | None:
 
 def ib_devices(root: str | Path) -> tuple[NicState, ...]:
     """RDMA devices under /sys/class/infiniband: ports (state, phys_state, rate, link layer) and PCI placement."""
-    base = _sys(root) / "class" / "infiniband"
+    base = sys_root(root) / "class" / "infiniband"
     nics = []
     for dev in sorted(base.glob("*")):
         ports = []
         for p in sorted((dev / "ports").glob("*"), key=lambda q: int(q.name) if q.name.isdigit() else 0):
             if not p.name.isdigit():
                 continue
-            rate = _read(p / "rate")
+            rate = read_text(p / "rate")
             ports.append(
                 IbPort(
                     port=int(p.name),
-                    state=_after_colon(_read(p / "state")),
-                    phys_state=_after_colon(_read(p / "phys_state")),
+                    state=_after_colon(read_text(p / "state")),
+                    phys_state=_after_colon(read_text(p / "phys_state")),
                     rate=rate,
                     rate_gbps=parse_ib_rate(rate),
-                    link_layer=_read(p / "link_layer"),
+                    link_layer=read_text(p / "link_layer"),
                 )
             )
         bus_id: str | None = None

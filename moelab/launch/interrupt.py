@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from moelab.launch.rundir import JobFiles, RunDir
+from moelab.job.rundir import JobFiles, RunDir
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LATE_JOB_POLL_S = 0.2

@@ -1,5 +1,5 @@
 """The console's view of a running backend job, from the events its writing rank appends to
-RUN_DIR/BACKEND/progress.jsonl (moelab/measure/progress_events.py).
+RUN_DIR/BACKEND/progress.jsonl (moelab/job/events.py).
 
     with watch_job(files.dir, num_cases, world, device, quiet) as watch:
         outcome = run_job(...)
@@ -7,13 +7,12 @@ RUN_DIR/BACKEND/progress.jsonl (moelab/measure/progress_events.py).
 
 On a terminal: a live bar (case and op running, on how many ranks, cases done/total, elapsed, an
 estimate). Not on a terminal (CI logs, pipes): one plain line per finished case and per one-time cost.
-Under quiet: nothing. The file, not the console, is the record: `one_time_costs(job_dir)` reads it again
+Under quiet: nothing. The file, not the console, is the record: `moelab.job.events.one_time_costs(job_dir)` reads it again
 for ingest, so a run recovered after its launcher died keeps its one-time costs too.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -26,46 +25,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
-from moelab.measure.progress_events import PROGRESS_FILE
+from moelab.job.events import PROGRESS_FILE, read_events
 
 POLL_S = 0.25
-
-
-def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Whole events appended to `path` since byte `offset`, and the offset to read from next time.
-    A line still being written (no newline yet) is left for the next read; a garbled line is skipped."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    events = []
-    for line in data[:end].splitlines():
-        try:
-            event = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events, offset + end
-
-
-def _progress_path(job_dir_or_file: Path) -> Path:
-    return job_dir_or_file if job_dir_or_file.suffix == ".jsonl" else job_dir_or_file / PROGRESS_FILE
-
-
-def one_time_costs(job_dir_or_file: Path) -> dict[str, float]:
-    """Seconds per one-time cost (jit, buffers, communicator) of one job, summed over its setup events;
-    empty when the job wrote none. This is what ingest stores per job."""
-    events, _ = read_events(_progress_path(job_dir_or_file))
-    costs: dict[str, float] = {}
-    for e in events:
-        if e.get("event") == "setup" and isinstance(e.get("seconds"), (int, float)):
-            what = str(e.get("what", "other"))
-            costs[what] = costs.get(what, 0.0) + float(e["seconds"])
-    return costs
 
 
 def fmt_seconds(s: float) -> str:

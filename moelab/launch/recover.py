@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any, Literal
 
-from moelab.launch.rundir import RunDir, now_iso, process_start
+from moelab.job.rundir import RunDir, now_iso, process_start
 
 LauncherState = Literal["alive", "gone", "unknown"]
 

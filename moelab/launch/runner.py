@@ -14,15 +14,15 @@ from pathlib import Path
 
 import moelab
 from moelab.backends import registry
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
+from moelab.core.spec import RunSpec
 from moelab.health import contention
 from moelab.health.judge import judge_stored_run
-from moelab.launch import commands
+from moelab.job import launchers
+from moelab.job.local import JobOutcome, run_job
+from moelab.job.rundir import JobFiles, RunDir
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
-from moelab.launch.local import JobOutcome, run_job
 from moelab.launch.progress import watch_job
-from moelab.launch.rundir import JobFiles, RunDir
-from moelab.plan.spec import RunSpec
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
 
@@ -66,16 +66,16 @@ def job_env(spec: RunSpec, backend: str) -> dict[str, str]:
     return env
 
 
-def launch_plan(spec: RunSpec, run_dir: Path, backend: str) -> commands.LaunchPlan:
+def launch_plan(spec: RunSpec, run_dir: Path, backend: str) -> launchers.LaunchPlan:
     nsys = None
     if spec.trace.mode == "nsys":
         from moelab.tracing.nsys import nsys_profile_argv
 
-        nsys = commands.NsysWrap(
+        nsys = launchers.NsysWrap(
             argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)),
             output=str(run_dir / backend / "traces" / backend),
         )
-    return commands.LaunchPlan(
+    return launchers.LaunchPlan(
         launcher=spec.launch.launcher, nodes=spec.launch.nodes, gpus_per_node=spec.launch.nproc_per_node,
         device=spec.launch.device, python=sys.executable, worker_args=(str(run_dir), backend),
         rdzv_endpoint=spec.launch.rdzv_endpoint, rdzv_id=spec.run_id, node_rank=spec.launch.node_rank, nsys=nsys,
@@ -87,13 +87,13 @@ def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
     plan = launch_plan(spec, run_dir, backend)
     plan.validate()
     if spec.launch.launcher == "local":
-        argv = commands.torchrun_local_argv(plan)
+        argv = launchers.torchrun_local_argv(plan)
     elif spec.launch.launcher == "torchrun":
-        argv = commands.torchrun_multinode_argv(plan)
+        argv = launchers.torchrun_multinode_argv(plan)
     elif spec.launch.launcher == "slurm":
-        argv = commands.srun_argv(plan)
+        argv = launchers.srun_argv(plan)
     elif spec.launch.launcher == "mpirun":
-        argv = commands.mpirun_argv(plan)
+        argv = launchers.mpirun_argv(plan)
     else:
         raise MoelabError(f"unknown launcher {spec.launch.launcher!r}")
     if spec.trace.wrap:

@@ -1,5 +1,5 @@
 """One dispatch/combine case on one rank: check, then time each op, then build the record (rank 0's is
-the one written). The e2e layer has its own case function (moelab.e2e.bench) built from the same parts."""
+the one written). The e2e layer has its own case function (moelab.measure.e2e.bench) built from the same parts."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from moelab.accounting.rows import count_rows
 from moelab.backends.base import Backend, BackendContext, CaseConfig
-from moelab.launch.rundir import JobFiles
+from moelab.core.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, TraceFile
+from moelab.core.ops import ops_for
+from moelab.core.record_build import OpMeasurement, op_result
+from moelab.core.rows import count_rows
+from moelab.core.spec import CaseSpec, RunSpec
+from moelab.job.events import ProgressEvents
+from moelab.job.rundir import JobFiles
 from moelab.measure import environment, ib_counters
 from moelab.measure.correctness import CaseInputs, Checked, check_case, make_inputs
-from moelab.measure.ops import ops_for
-from moelab.measure.progress_events import ProgressEvents
 from moelab.measure.timing import Clock, Sampled
-from moelab.plan.spec import CaseSpec, RunSpec
-from moelab.record.build import OpMeasurement, op_result
-from moelab.record.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, TraceFile
 from moelab.tracing.nvtx_ranges import nvtx_range, range_name
 
 
@@ -151,7 +151,7 @@ def gather_extras(ctx: BackendContext, ib: Any, traced: dict[str, Any]) -> list[
 def _kernel_time(d: dict[str, Any] | None) -> RankKernelTime | None:
     if not d:
         return None
-    from moelab.record.case_record import KernelShare
+    from moelab.core.case_record import KernelShare
 
     return RankKernelTime(
         kernel_us=d.get("kernel_us"),

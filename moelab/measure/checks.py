@@ -8,6 +8,8 @@ import torch
 
 from moelab.backends.base import Dispatched
 from moelab.backends.padded import pad_rows, received_rows
+from moelab.core.routing import Routing
+from moelab.core.workload import Workload
 from moelab.measure.reference import (
     COMBINE_TOL,
     DISPATCH_TOL,
@@ -18,8 +20,6 @@ from moelab.measure.reference import (
     reference_combine,
     relative_error,
 )
-from moelab.plan.routing import Routing
-from moelab.plan.workload import Workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.core.case_record import CheckResult
+from moelab.core.routing import Routing, route_all
 from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
-from moelab.plan.routing import Routing, route_all
-from moelab.record.case_record import CheckResult
 
 
 @dataclass(frozen=True, slots=True)

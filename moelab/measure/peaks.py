@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from moelab.core.peaks import MeasuredPeak
 from moelab.measure.timing import Clock
-from moelab.record.peaks import MeasuredPeak
 
 PEAK_BYTES = 256 * 1024 * 1024  # per rank and transfer: well past the link's latency, several times L2
 ITERS = 20

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moelab.plan.routing import Routing
-from moelab.plan.workload import Workload
+from moelab.core.routing import Routing
+from moelab.core.workload import Workload
 
 RANK_DIGITS = 3
 TOKEN_DIGITS = 7

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from moelab.plan.spec import TimingSpec
+from moelab.core.spec import TimingSpec
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 

@@ -22,22 +22,22 @@ import torch.distributed as dist
 
 from moelab.backends import registry
 from moelab.backends.base import BackendContext
-from moelab.launch.diagnosis import install_stack_dumps, record_worker_error
-from moelab.launch.lifeline import die_with_parent
-from moelab.launch.rundir import JobFiles
+from moelab.core.case_record import CaseRecord
+from moelab.core.spec import CaseSpec, RunSpec
+from moelab.job.diagnosis import install_stack_dumps, record_worker_error
+from moelab.job.events import ProgressEvents
+from moelab.job.lifeline import die_with_parent
+from moelab.job.rundir import JobFiles
 from moelab.measure import environment
 from moelab.measure.a2a_case import CaseContext, measure_case
-from moelab.measure.progress_events import ProgressEvents
 from moelab.measure.timing import Clock
-from moelab.plan.spec import CaseSpec, RunSpec
-from moelab.record.case_record import CaseRecord
 from moelab.tracing.nvtx_ranges import cuda_profiler_range
 
 
 def dist_env(spec: RunSpec) -> tuple[int, int, int]:
     """(rank, world, local rank) from the launcher's process contract. torchrun sets RANK and friends;
     under srun and mpirun they are derived from SLURM_* / OMPI_* / PMIX_* variables."""
-    from moelab.launch.commands import dist_env_from_mpi, dist_env_from_slurm
+    from moelab.job.launchers import dist_env_from_mpi, dist_env_from_slurm
 
     if "RANK" not in os.environ:
         if spec.launch.launcher == "slurm" or "SLURM_PROCID" in os.environ:
@@ -67,8 +67,8 @@ def _redirect_output(log_path: Path) -> None:
 def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> None:
     """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json); later jobs see
     the file and skip. Rank 0 decides, so every rank runs the same collectives."""
+    from moelab.core.peaks import write_peaks
     from moelab.measure.peaks import measure_peaks
-    from moelab.record.peaks import write_peaks
 
     path = run_dir / "peaks.json"
     decision: list[Any] = [not path.exists()] if ctx.rank == 0 else [None]
@@ -83,8 +83,8 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
 
 def run_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     """One case on this rank, by the case's bench kind; returns the record (the same on every rank)."""
-    from moelab.e2e import is_e2e, run_e2e_case
-    from moelab.e2e.record import e2e_case_record
+    from moelab.measure.e2e import is_e2e, run_e2e_case
+    from moelab.measure.e2e.record import e2e_case_record
 
     if is_e2e(case.knobs) and not case.skip_reason:
         d = run_e2e_case(cc.backend, case, cc.ctx, cc.spec, cc.clock, cc.files)
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
     if spec.launch.bind == "numa":
-        from moelab.health.numa_bind import apply_binding, cuda_uuid, resolve_binding
+        from moelab.job.numa import apply_binding, cuda_uuid, resolve_binding
 
         uuid = cuda_uuid(local_rank) if spec.launch.device == "cuda" else None
         binding = apply_binding(resolve_binding(local_rank, uuid=uuid)).to_dict()
@@ -136,7 +136,7 @@ def main(argv: list[str]) -> int:
         _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
     cls = registry.load(backend_name)
-    from moelab.e2e import backend_case_config
+    from moelab.measure.e2e import backend_case_config
 
     with events.timed_setup("buffers"):
         backend = cls(ctx, [backend_case_config(c) for c in cases if not c.skip_reason])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moelab.plan.spec import CaseSpec
+from moelab.core.spec import CaseSpec
 
 
 def case_rows(cases: Sequence[CaseSpec]) -> list[tuple[str, str, str, str]]:
@@ -21,11 +21,3 @@ def case_rows(cases: Sequence[CaseSpec]) -> list[tuple[str, str, str, str]]:
             (c.backend, c.case_id, workload, f"skipped: {c.skip_reason}" if c.skip_reason else "to run")
         )
     return rows
-
-
-def print_case_list(cases: Sequence[CaseSpec]) -> None:
-    """A table of `case_rows` on the console; case ids stay on one line."""
-    from moelab.cli.common import console, print_table
-
-    print_table(["backend", "case", "workload", "plan"], case_rows(cases))
-    console.print(f"{len(cases)} cases; run some with --case ID (repeatable)")

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from moelab.backends import registry
-from moelab.errors import MoelabError, SpecError
-from moelab.launch import commands
-from moelab.launch.rundir import now_iso
-from moelab.plan.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
-from moelab.plan.validate import dedupe_backends, validate_label, validate_run_id
+from moelab.core.errors import MoelabError, SpecError
+from moelab.core.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.core.validate import dedupe_backends, validate_label, validate_run_id
+from moelab.job import launchers
+from moelab.job.rundir import now_iso
 from moelab.suites.loader import Suite, expand, load_suite
 
 TRACE_MODES = ("none", "torch", "nsys")
@@ -121,9 +121,9 @@ def check_request(req: RunRequest) -> None:
     _positive("--warmup", req.warmup, allow_zero=True)
     if req.noise_target is not None and not 0 < req.noise_target < 1:
         raise SpecError(f"--noise-target must be between 0 and 1 (a fraction), got {req.noise_target}")
-    if req.launcher not in commands.LAUNCHERS:
+    if req.launcher not in launchers.LAUNCHERS:
         raise SpecError(
-            f"unknown launcher {req.launcher!r}: choose one of auto, {', '.join(commands.LAUNCHERS)}"
+            f"unknown launcher {req.launcher!r}: choose one of auto, {', '.join(launchers.LAUNCHERS)}"
         )
     if req.trace not in TRACE_MODES:
         raise SpecError(f"unknown --trace {req.trace!r}: choose none, torch or nsys")
@@ -163,8 +163,8 @@ def check_knobs(cases: Sequence[CaseSpec]) -> None:
     """Every case's knobs through their owners' checks (the e2e layer's own knobs, the rest the backend's):
     an unknown or misspelt knob, or a bad value, is refused here with the valid names, never stored as an
     unsupported case."""
-    from moelab.e2e import backend_knobs, is_e2e
-    from moelab.e2e.settings import E2ESettings
+    from moelab.measure.e2e import backend_knobs, is_e2e
+    from moelab.measure.e2e.settings import E2ESettings
 
     for case in cases:
         knobs = dict(case.knobs)

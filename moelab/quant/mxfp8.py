@@ -65,16 +65,17 @@ import math
 
 import torch
 
-from moelab.errors import BackendUnavailable, SpecError
+from moelab.core.errors import BackendUnavailable, SpecError
+from moelab.quant.mx_format import (
+    BLOCK,
+    E4M3_MAX,
+    E4M3_NAN_BYTE,
+    E8M0_BIAS,
+    E8M0_NAN,
+    ROUND_UP_ABOVE,
+    ROUNDINGS,
+)
 
-BLOCK = 32
-E4M3_MAX = 448.0
-E8M0_NAN = 0xFF
-E8M0_BIAS = 127
-E4M3_NAN_BYTE = 0x7F
-ROUNDINGS = ("rceil", "floor", "ceil", "even")
-# the scale exponent is the amax's plus one where the amax's float32 mantissa bits exceed this
-ROUND_UP_ABOVE = {"floor": 0x7FFFFF, "rceil": 0x600000, "ceil": 0, "even": 0x77FFFF}
 TORCHAO_KERNEL_ROUNDINGS = ("rceil", "floor")  # torchao's triton_to_mxfp8_dim0 has no ceil or even
 IMPLS = ("auto", "torch", "triton", "torchao")
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

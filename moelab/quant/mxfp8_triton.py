@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moelab.quant.mxfp8 import ROUND_UP_ABOVE
+from moelab.quant.mx_format import ROUND_UP_ABOVE
 
 BLOCK = 32
 

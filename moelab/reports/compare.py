@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.reports.analysis import fraction_of_peak
 from moelab.reports.peaks import PeakTable
 

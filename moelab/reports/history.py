@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.reports import steps as step_detect
 from moelab.reports import svg_chart
 from moelab.store.db import open_db

@@ -14,8 +14,8 @@ import duckdb
 import jinja2
 import markupsafe
 
-from moelab.display import safe_text
-from moelab.errors import MoelabError
+from moelab.core.display import safe_text
+from moelab.core.errors import MoelabError
 from moelab.reports import compare, e2e_section, query, sections, verification
 from moelab.reports.peaks import PeakTable, load_peaks
 from moelab.store.db import open_db

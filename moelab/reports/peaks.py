@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 
 if sys.version_info >= (3, 11):
     import tomllib

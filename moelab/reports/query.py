@@ -7,7 +7,7 @@ from typing import Any
 
 import duckdb
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.store.order import case_order, op_order
 
 BANDWIDTH_PIVOT = """

@@ -11,9 +11,9 @@ from pathlib import Path
 import duckdb
 import platformdirs
 
-from moelab.accounting.definitions import DEFINITIONS, FORMAT_DEFINITIONS
-from moelab.errors import MoelabError
-from moelab.measure.ops import OPS
+from moelab.core.definitions import DEFINITIONS, FORMAT_DEFINITIONS
+from moelab.core.errors import MoelabError
+from moelab.core.ops import OPS
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 
 LOCK_WAIT_S = 60.0

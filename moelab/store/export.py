@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.store.schema import LATEST_VERSION, RUN_TABLES
 
 EXPORT_VERSION = 1

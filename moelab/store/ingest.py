@@ -14,16 +14,15 @@ from typing import Any
 
 import duckdb
 
+from moelab.core.case_record import CaseRecord, OpResult
+from moelab.core.peaks import read_peaks
+from moelab.core.spec import CaseSpec, RunSpec
 from moelab.health.contention import job_suspect_reason
-from moelab.launch.diagnosis import diagnosis_rows
-from moelab.launch.progress import one_time_costs
-from moelab.launch.rundir import JobFiles, RunDir
-from moelab.plan.spec import CaseSpec, RunSpec
-from moelab.record.case_record import CaseRecord, OpResult
-from moelab.record.peaks import read_peaks
+from moelab.job.diagnosis import diagnosis_rows
+from moelab.job.events import one_time_costs
+from moelab.job.rundir import JobFiles, RunDir
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
-from moelab.verify.store import rows_from_run_dir
 
 Row = dict[str, Any]
 DIAGNOSIS_COLUMNS = (
@@ -244,7 +243,8 @@ def collect(run_dir: Path) -> RunRows:
             )
             case_rows(rows, spec, rec, job_suspect)
         health_rows(rows, backend, files)
-    rows.tables["library_figures"] = rows_from_run_dir(run_dir)  # written by `moelab verify`
+    # written by `moelab verify`
+    rows.tables["library_figures"] = [r.to_dict() for r in RunDir(run_dir).library_figures()]
     for p in read_peaks(run_dir / "peaks.json"):
         rows.add("measured_peaks", name=p.name, gbps=p.gbps, bytes=p.bytes, definition=p.definition)
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import duckdb
 
-from moelab.errors import MoelabError
-from moelab.plan.validate import validate_label
+from moelab.core.errors import MoelabError
+from moelab.core.validate import validate_label
 
 
 def _check_name(label: str) -> str:

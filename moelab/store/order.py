@@ -4,7 +4,7 @@ sm8)."""
 
 from __future__ import annotations
 
-from moelab.measure.ops import OPS
+from moelab.core.ops import OPS
 
 
 def case_order(alias: str = "") -> str:

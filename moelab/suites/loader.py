@@ -20,9 +20,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import SpecError
-from moelab.plan.spec import CaseSpec
-from moelab.plan.workload import RoutingSpec, Workload
+from moelab.core.errors import SpecError
+from moelab.core.spec import CaseSpec
+from moelab.core.workload import RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -44,7 +44,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.tracing.nvtx_ranges import PREFIX
 from moelab.tracing.summary import Event, RangeInstance, TraceSummary, summarize_instances
 

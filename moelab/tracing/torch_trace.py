@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.tracing.nvtx_ranges import PREFIX, range_name
 from moelab.tracing.summary import Event, RangeInstance, TraceSummary, summarize_instances
 

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.tracing.nsys import RANK_VARS
 
 WORKER_MODULE = "moelab.measure.worker"

@@ -1,5 +1,5 @@
 """`moelab tune`: search backend x communication SMs x the backend's chunk knobs x schedule for the most
-end-to-end tokens/s of one MoE layer, every trial a stored moelab run (moelab.e2e cases)."""
+end-to-end tokens/s of one MoE layer, every trial a stored moelab run (moelab.measure.e2e cases)."""
 
 from moelab.tune.presets import PRESETS, Preset
 from moelab.tune.search import Trial, TuneConfig, TuneResult, tune

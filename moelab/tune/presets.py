@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

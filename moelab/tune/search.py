@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from moelab.errors import MoelabError
-from moelab.plan.spec import TimingSpec
+from moelab.core.errors import MoelabError
+from moelab.core.spec import TimingSpec
 from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine
 
 ROUNDS = 3

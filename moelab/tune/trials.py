@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.core.spec import LaunchSpec, RunSpec, TimingSpec
+from moelab.core.workload import Workload
 from moelab.launch.runner import execute, new_run_id
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
-from moelab.plan.spec import LaunchSpec, RunSpec, TimingSpec
-from moelab.plan.workload import Workload
 from moelab.store.db import open_db
 from moelab.store.labels import set_label
 from moelab.suites.loader import Suite

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moelab.plan.workload import Workload
+from moelab.core.workload import Workload
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

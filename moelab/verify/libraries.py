@@ -10,8 +10,9 @@ from pathlib import Path
 import duckdb
 
 from moelab.backends import deepep_rules
-from moelab.plan.spec import RunSpec
-from moelab.plan.workload import Workload
+from moelab.core.library_figures import LibraryFigure, VerifyRow, judge
+from moelab.core.spec import RunSpec
+from moelab.core.workload import Workload
 from moelab.verify import moelab_figures as mf
 from moelab.verify import parse_deepep, parse_hybrid_ep
 from moelab.verify.commands import (
@@ -23,7 +24,6 @@ from moelab.verify.commands import (
     hybrid_ep,
 )
 from moelab.verify.execute import LibraryRun, run_library
-from moelab.verify.figures import LibraryFigure, VerifyRow, judge
 from moelab.verify.plan import VerifyRequest, case_dtypes, case_sms
 
 # the moelab definition a library figure must equal, per backend (stored by moelab's ingest)
@@ -157,7 +157,7 @@ def library_commands(
         return {"*": hybrid_ep(trees[backend], wl, world, case_sms(backend, req.sms), master_port=port)}
     from moelab.backends.nccl_tests import BINARY, find_alltoall_perf
     from moelab.backends.nccl_tests_job import case_size_bytes
-    from moelab.errors import BackendUnavailable
+    from moelab.core.errors import BackendUnavailable
 
     try:
         binary = find_alltoall_perf(nccl_tests_bin)

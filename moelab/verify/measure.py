@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
+from moelab.core.spec import RunSpec
 from moelab.launch.runner import RunOutcome, execute
-from moelab.plan.spec import RunSpec
 
 
 def check_available(backends: tuple[str, ...], paths: Mapping[str, str], nccl_tests_bin: str | None) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from moelab.verify.figures import LibraryFigure
+from moelab.core.library_figures import LibraryFigure
 
 TEST_INTRANODE = "tests/test_intranode.py"
 TEST_LOW_LATENCY = "tests/test_low_latency.py"

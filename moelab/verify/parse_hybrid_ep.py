@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from moelab.verify.figures import LibraryFigure
+from moelab.core.library_figures import LibraryFigure
 
 TEST = "tests/test_hybrid_ep.py"
 

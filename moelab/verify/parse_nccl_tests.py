@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moelab.backends.nccl_tests import parse_text
-from moelab.verify.figures import LibraryFigure
+from moelab.core.library_figures import LibraryFigure
 
 
 def figures(text: str, dtype: str) -> list[LibraryFigure]:

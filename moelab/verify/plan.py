@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
 from moelab.plan.planning import RunRequest
 from moelab.suites.loader import Suite
 from moelab.verify.parse_deepep import INTRANODE_SMS

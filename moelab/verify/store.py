@@ -1,34 +1,15 @@
-"""`library_figures` rows: written to RUN_DIR/verify/library_figures.json (the run directory stays the source
-of every stored number, so a re-ingest restores them) and stored in the run's database rows."""
+"""`library_figures` rows in the database. The run directory keeps them too (RunDir.write_library_figures),
+so a re-ingest restores them."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import duckdb
 
-from moelab.verify.figures import VerifyRow
+from moelab.core.library_figures import VerifyRow
 
-FILE = Path("verify") / "library_figures.json"
 COLUMNS = tuple(VerifyRow.__dataclass_fields__)
-
-
-def write_file(run_dir: Path, rows: Sequence[VerifyRow]) -> Path:
-    path = run_dir / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([r.to_dict() for r in rows], indent=2))
-    return path
-
-
-def rows_from_run_dir(run_dir: Path) -> list[dict[str, Any]]:
-    """The table rows of a run directory as {column: value} (none when verify never ran on it), for ingest."""
-    path = run_dir / FILE
-    if not path.exists():
-        return []
-    return [{c: VerifyRow.from_dict(d).to_dict()[c] for c in COLUMNS} for d in json.loads(path.read_text())]
 
 
 def store(

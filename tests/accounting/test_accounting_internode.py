@@ -1,4 +1,4 @@
-"""Inter-node byte accounting (moelab.accounting.internode): hand-computed cases and properties."""
+"""Inter-node byte accounting (moelab.core.internode): hand-computed cases and properties."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.accounting.bandwidth import count_rows
-from moelab.accounting.internode import internode_bytes
-from moelab.plan.routing import Routing, route_all
-from moelab.plan.workload import Workload
+from moelab.core.bandwidth import count_rows
+from moelab.core.internode import internode_bytes
+from moelab.core.routing import Routing, route_all
+from moelab.core.workload import Workload
 
 
 def _routing(rows: list[list[int]]) -> Routing:

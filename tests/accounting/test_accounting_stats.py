@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.accounting.bandwidth import DEFINITIONS, RankRows, bandwidths, count_rows
-from moelab.accounting.internode import internode_bytes
-from moelab.measure.stats import iteration_times, summarize
-from moelab.plan.routing import Routing, route_all
-from moelab.plan.workload import RoutingSpec, Workload
+from moelab.core.bandwidth import DEFINITIONS, RankRows, bandwidths, count_rows
+from moelab.core.internode import internode_bytes
+from moelab.core.routing import Routing, route_all
+from moelab.core.stats import iteration_times, summarize
+from moelab.core.workload import RoutingSpec, Workload
 
 # world 4, 2 experts per rank (expert e lives on rank e // 2), topk 2, 2 tokens per rank.
 # Destination ranks per token, written out:
@@ -183,10 +183,10 @@ def test_summarize_rejects_non_tables(bad: list[object]) -> None:
 
 
 def test_library_figures_follow_each_librarys_own_test() -> None:
-    from moelab.accounting.bandwidth import RankRows
     from moelab.backends.deepep import DeepEPBackend
     from moelab.backends.hybrid_ep import HybridEPBackend
     from moelab.backends.nccl_a2a import NcclA2ABackend
+    from moelab.core.bandwidth import RankRows
 
     def library_figure(
         backend: str, rows: list[RankRows], bpr: int, samples: list[list[float]], op: str = "dispatch"

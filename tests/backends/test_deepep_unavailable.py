@@ -15,7 +15,7 @@ from moelab.backends.deepep import DeepEPSettings
 from moelab.backends.deepep_ll import DeepEPLowLatencyBackend, slot_sources, unit_weights
 from moelab.backends.hybrid_ep import HybridEPBackend, HybridSettings, local_topk
 from moelab.backends.input_cache import InputCache
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
 
 NAMES = ("deepep", "deepep-ll", "hybrid-ep")
 

@@ -117,8 +117,8 @@ GIN_ASSERT = (
 def test_a_host_without_nccl_gin_is_one_clear_reason() -> None:
     from moelab.backends.base import CaseConfig
     from moelab.backends.deepep import V2_NO_GIN, DeepEPBackend, v2_buffer_problem
-    from moelab.errors import BackendUnavailable
-    from moelab.plan.workload import Workload
+    from moelab.core.errors import BackendUnavailable
+    from moelab.core.workload import Workload
 
     assert v2_buffer_problem(GIN_ASSERT) == V2_NO_GIN
     assert v2_buffer_problem("CUDA out of memory") is None

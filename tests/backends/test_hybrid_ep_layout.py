@@ -13,7 +13,7 @@ import torch
 
 from moelab.backends.base import CaseConfig
 from moelab.backends.hybrid_ep import HybridEPBackend
-from moelab.plan.workload import Workload
+from moelab.core.workload import Workload
 
 
 class _Recorder:

@@ -18,9 +18,9 @@ import moelab
 from moelab.backends import hybrid_ep as hybrid_ep_module
 from moelab.backends.base import BackendContext, CaseConfig
 from moelab.backends.jit_cache import KernelStore, build_identity, hybrid_ep_process_folder
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
+from moelab.core.workload import Workload
 from moelab.plan.planning import resolve_kernel_cache
-from moelab.plan.workload import Workload
 
 
 def _store(tmp_path: Path, pid: int) -> KernelStore:

@@ -13,6 +13,8 @@ from moelab.backends import registry
 from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.padded import received_rows
+from moelab.core.routing import route_all
+from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure import checks
 from moelab.measure.reference import (
     COMBINE_TOL,
@@ -21,8 +23,6 @@ from moelab.measure.reference import (
     reference_dispatch,
     relative_error,
 )
-from moelab.plan.routing import route_all
-from moelab.plan.workload import RoutingSpec, Workload
 from moelab.quant import mxfp8
 from tests.distributed_helpers import gloo_context, run_ranks
 

@@ -10,11 +10,11 @@ import torch
 from moelab.backends.base import CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend, resolve_exchange
 from moelab.backends.padded import received_rows
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
+from moelab.core.routing import Routing, route_all
+from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
-from moelab.plan.routing import Routing, route_all
-from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import gloo_context, run_ranks
 
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test

@@ -21,7 +21,7 @@ from moelab.backends.nccl_tests import (
     run_alltoall_perf,
     supports_json,
 )
-from moelab.errors import BackendUnavailable, MoelabError
+from moelab.core.errors import BackendUnavailable, MoelabError
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "nccl_tests"
 

@@ -27,10 +27,10 @@ from moelab.backends.symm_layout import (
     plan_layout,
     sum_at_source,
 )
+from moelab.core.routing import route_all
+from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure import checks
 from moelab.measure.reference import expert_output, make_tokens, reference_dispatch
-from moelab.plan.routing import route_all
-from moelab.plan.workload import RoutingSpec, Workload
 
 
 def _emulated_round_trip(wl: Workload, world: int) -> tuple[list[PaddedDispatched], list[torch.Tensor]]:

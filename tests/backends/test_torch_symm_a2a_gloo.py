@@ -12,10 +12,10 @@ import torch.distributed as dist
 
 from moelab.backends.base import CaseConfig
 from moelab.backends.torch_symm_a2a import TorchSymmA2ABackend
+from moelab.core.routing import route_all
+from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure import checks
 from moelab.measure.reference import make_tokens, reference_dispatch
-from moelab.plan.routing import route_all
-from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import gloo_context, run_ranks
 
 

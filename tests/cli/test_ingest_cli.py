@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from moelab.launch.rundir import RunDir, process_start
+from moelab.job.rundir import RunDir, process_start
 from tests.synthetic_runs import BackendModel, RunModel, write_run
 
 COUNTED = ("runs", "jobs", "cases", "results", "samples", "bandwidths")

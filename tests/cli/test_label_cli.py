@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from moelab.cli.label_cmd import label
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.store import labels
 from moelab.store.db import connect
 from tests.synthetic_runs import RunModel, build_db

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelab.e2e.carveout import carveout_reason, gemm_carveout
-from moelab.e2e.settings import E2ESettings
-from moelab.errors import SpecError
-from moelab.plan.workload import Workload
+from moelab.core.errors import SpecError
+from moelab.core.workload import Workload
+from moelab.measure.e2e.carveout import carveout_reason, gemm_carveout
+from moelab.measure.e2e.settings import E2ESettings
 
 WL = Workload(hidden=1024)
 

@@ -12,16 +12,16 @@ import torch
 from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
-from moelab.e2e.bench import run_e2e_case
-from moelab.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
-from moelab.e2e.overlap import Streams, forward_pipelined
-from moelab.e2e.reference import layer_tolerance, reference_layer
-from moelab.e2e.settings import backend_case_config
+from moelab.core.routing import Routing, route_all
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.core.workload import RoutingSpec, Workload
+from moelab.measure.e2e.bench import run_e2e_case
+from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
+from moelab.measure.e2e.overlap import Streams, forward_pipelined
+from moelab.measure.e2e.reference import layer_tolerance, reference_layer
+from moelab.measure.e2e.settings import backend_case_config
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
-from moelab.plan.routing import Routing, route_all
-from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.plan.workload import RoutingSpec, Workload
 from tests.distributed_helpers import gloo_context, run_ranks
 
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test

@@ -9,7 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from moelab.backends.base import Backend, Dispatched
-from moelab.e2e.layer import (
+from moelab.core.errors import SpecError
+from moelab.core.routing import route
+from moelab.core.spec import CaseSpec
+from moelab.core.workload import Workload
+from moelab.measure.e2e.layer import (
     ExpertWeights,
     MoELayer,
     expert_weight,
@@ -24,15 +28,11 @@ from moelab.e2e.layer import (
     swiglu_ffn,
     ungroup,
 )
-from moelab.e2e.metrics import e2e_metrics
-from moelab.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
-from moelab.e2e.reference import layer_tolerance, reference_layer
-from moelab.e2e.settings import E2ESettings, backend_case_config, backend_knobs, is_e2e
-from moelab.errors import SpecError
+from moelab.measure.e2e.metrics import e2e_metrics
+from moelab.measure.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
+from moelab.measure.e2e.reference import layer_tolerance, reference_layer
+from moelab.measure.e2e.settings import E2ESettings, backend_case_config, backend_knobs, is_e2e
 from moelab.measure.reference import relative_error
-from moelab.plan.routing import route
-from moelab.plan.spec import CaseSpec
-from moelab.plan.workload import Workload
 from moelab.suites.loader import expand, load_suite
 
 HAS_GROUPED = hasattr(torch, "_grouped_mm")

@@ -51,10 +51,10 @@ def _rank_main(rank: int, world: int, port: int, name: str, results: Any) -> Non
     import torch.distributed as dist
 
     from moelab.backends.base import BackendContext, CaseConfig
+    from moelab.core.routing import route_all
+    from moelab.core.workload import Workload
     from moelab.measure import checks
     from moelab.measure.reference import make_tokens, reference_dispatch
-    from moelab.plan.routing import route_all
-    from moelab.plan.workload import Workload
 
     try:
         torch.cuda.set_device(rank)

@@ -49,10 +49,10 @@ def _rank_main(rank: int, world: int, port: int, name: str, graph: bool, results
     import torch.distributed as dist
 
     from moelab.backends.base import BackendContext, CaseConfig
+    from moelab.core.routing import route_all
+    from moelab.core.workload import RoutingSpec, Workload
     from moelab.measure import checks
     from moelab.measure.reference import make_tokens, reference_dispatch
-    from moelab.plan.routing import route_all
-    from moelab.plan.workload import RoutingSpec, Workload
 
     try:
         torch.cuda.set_device(rank)

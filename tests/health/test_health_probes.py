@@ -12,8 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moelab.errors import MoelabError
-from moelab.health import numa_bind
+from moelab.core.errors import MoelabError
 from moelab.health.model import HealthSnapshot
 from moelab.health.nvml_probe import (
     CLOCKS_EVENT_REASONS,
@@ -24,14 +23,9 @@ from moelab.health.nvml_probe import (
 )
 from moelab.health.rules import evaluate
 from moelab.health.snapshot import dumps, load_snapshots, loads, take_snapshot
-from moelab.health.sysfs_probe import (
-    format_cpulist,
-    ib_devices,
-    normalize_bus_id,
-    numa_nodes,
-    parse_cpulist,
-    parse_lspci_vvv,
-)
+from moelab.health.sysfs_probe import ib_devices, numa_nodes, parse_lspci_vvv
+from moelab.job import numa as numa_bind
+from moelab.job.sysfs import format_cpulist, normalize_bus_id, parse_cpulist
 from tests.fixtures.health.fake_nvml import (
     CONSTANTS,
     FakeNvml,

@@ -247,7 +247,7 @@ def test_new_ecc_errors_and_lost_links_during_run_fail(tmp_path: Path) -> None:
 
 
 def test_require_healthy_refuses_a_failing_node(tmp_path: Path) -> None:
-    from moelab.errors import MoelabError
+    from moelab.core.errors import MoelabError
     from moelab.health.snapshot import require_healthy
 
     assert require_healthy(recorded_snapshot(tmp_path, "healthy_h200x2"))

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from moelab.launch.diagnosis import (
+from moelab.job.diagnosis import (
     main_thread_frame,
     parse_faulthandler,
     read_diagnosis,
@@ -98,7 +98,7 @@ _SLEEPER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from moelab.launch.diagnosis import install_stack_dumps
+    from moelab.job.diagnosis import install_stack_dumps
 
     def waiting_here():  # "ready" from inside the frame the dump must name: no race with the signal
         print("ready", flush=True); time.sleep(60)
@@ -195,7 +195,7 @@ def test_the_earliest_cause_is_the_root(tmp_path: Path) -> None:
 
 
 def test_install_is_harmless_when_nothing_happens(tmp_path: Path) -> None:
-    code = "import sys; from pathlib import Path; from moelab.launch.diagnosis import install_stack_dumps; " \
+    code = "import sys; from pathlib import Path; from moelab.job.diagnosis import install_stack_dumps; " \
         "install_stack_dumps(Path(sys.argv[1]), 0); print('ok')"  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from moelab.job.rundir import JobFiles
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
-from moelab.launch.rundir import JobFiles
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux process semantics")
 

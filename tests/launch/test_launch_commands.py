@@ -1,4 +1,4 @@
-"""Golden tests of the exact launcher command lines (moelab.launch.commands).
+"""Golden tests of the exact launcher command lines (moelab.job.launchers).
 
 Golden files live in tests/golden/launch/; the example batch scripts in containers/slurm/ are generated
 from the same function and must stay in sync. After an intended change, regenerate both with
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import MoelabError, SpecError
-from moelab.launch.commands import (
+from moelab.core.errors import MoelabError, SpecError
+from moelab.job.launchers import (
     LaunchPlan,
     NsysWrap,
     SbatchOptions,

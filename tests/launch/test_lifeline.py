@@ -44,7 +44,7 @@ def _parent_of_child(child_code: str, how: str) -> tuple[subprocess.Popen[str], 
     """A parent process that starts a long-sleeping child running `child_code` and prints its pid."""
     parent = textwrap.dedent(f"""
         import os, subprocess, sys, time
-        from moelab.launch.lifeline import job_preexec
+        from moelab.job.lifeline import job_preexec
         child = subprocess.Popen([sys.executable, "-c", {child_code!r}], stdout=subprocess.DEVNULL, {how})
         print(child.pid, flush=True)
         time.sleep(60)
@@ -81,7 +81,7 @@ def test_job_started_with_preexec_gets_sigterm_when_launcher_dies(tmp_path: Path
 def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code = (
-        "import pathlib, time; from moelab.launch.lifeline import die_with_parent; "
+        "import pathlib, time; from moelab.job.lifeline import die_with_parent; "
         f"how = die_with_parent(); pathlib.Path({str(ready)!r}).write_text(how); time.sleep(60)"
     )
     proc, child = _parent_of_child(code, "start_new_session=True")
@@ -92,7 +92,7 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
 def test_watchdog_fallback_ends_an_orphan(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code = (
-        "import os, pathlib, time; from moelab.launch.lifeline import start_parent_watchdog; "
+        "import os, pathlib, time; from moelab.job.lifeline import start_parent_watchdog; "
         f"start_parent_watchdog(os.getppid(), poll_s=0.05); pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
     )
     proc, child = _parent_of_child(code, "start_new_session=True")

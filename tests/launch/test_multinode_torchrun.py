@@ -14,8 +14,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from moelab.plan.routing import route_all
-from moelab.plan.workload import Workload, payload_bytes_per_token
+from moelab.core.routing import route_all
+from moelab.core.workload import Workload, payload_bytes_per_token
 
 WORLD, GPUS_PER_NODE = 4, 2
 WL = Workload(hidden=128, tokens_per_rank=16, topk=2, experts_per_rank=2)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from moelab.launch.progress import JobProgress, JobWatch, one_time_costs, read_events, watch_job
-from moelab.measure.progress_events import ProgressEvents
+from moelab.job.events import ProgressEvents, one_time_costs, read_events
+from moelab.launch.progress import JobProgress, JobWatch, watch_job
 
 CASES = ["h256-t64-smdef", "h256-t64-sm16", "h256-t64-sm24"]
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from moelab.launch.commands import cli_by_interpreter
+from moelab.job.launchers import cli_by_interpreter
 from tests.launch.test_crash_isolation import SMALL
 from tests.launch.test_slurm_real import _cluster_ready
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.launch.commands import LaunchPlan, srun_argv
+from moelab.job.launchers import LaunchPlan, srun_argv
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

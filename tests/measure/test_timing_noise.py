@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moelab.core.record_build import OpMeasurement, stability, summary_of
 from moelab.measure.timing import median_noise
-from moelab.record.build import OpMeasurement, stability, summary_of
 
 
 def test_noise_shrinks_with_more_samples_of_the_same_spread() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
 from moelab.suites.loader import Suite
 

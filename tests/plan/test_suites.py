@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
 from moelab.suites.loader import builtin_suites, expand, load_suite, parse_suite
 
 BASE = """

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moelab.errors import SpecError
-from moelab.plan.validate import dedupe_backends, nothing_measured, validate_label, validate_run_id
+from moelab.core.errors import SpecError
+from moelab.core.validate import dedupe_backends, nothing_measured, validate_label, validate_run_id
 
 
 def test_nothing_measured_when_every_case_is_unsupported_or_skipped() -> None:

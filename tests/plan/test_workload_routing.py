@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.errors import SpecError
-from moelab.plan.routing import expert_popularity_order, route, route_all
-from moelab.plan.workload import PAYLOAD_DTYPES, ROUTING_KINDS, RoutingSpec, Workload
+from moelab.core.errors import SpecError
+from moelab.core.routing import expert_popularity_order, route, route_all
+from moelab.core.workload import PAYLOAD_DTYPES, ROUTING_KINDS, RoutingSpec, Workload
 
 
 def _error(wl: Workload, world: int | None) -> str:

@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.errors import BackendUnavailable, SpecError
+from moelab.core.errors import BackendUnavailable, SpecError
 from moelab.quant import mxfp8
 from moelab.quant.mxfp8 import (
     dequantize_mxfp8,

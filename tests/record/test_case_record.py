@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.accounting.rows import RankRows
-from moelab.launch.rundir import RunDir
-from moelab.plan.spec import CaseSpec
-from moelab.plan.workload import Workload
-from moelab.record.build import OpMeasurement, op_result
-from moelab.record.case_record import RECORD_VERSION, CaseRecord, CheckResult
+from moelab.core.case_record import RECORD_VERSION, CaseRecord, CheckResult
+from moelab.core.record_build import OpMeasurement, op_result
+from moelab.core.rows import RankRows
+from moelab.core.spec import CaseSpec
+from moelab.core.workload import Workload
+from moelab.job.rundir import RunDir
 
 CASE = CaseSpec(
     case_id="c",

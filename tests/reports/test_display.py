@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moelab.display import format_time_us, safe_text
+from moelab.core.display import format_time_us, safe_text
 
 
 def _has_control(s: str, allow: str = "") -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.reports.analysis import fit_alpha_beta, knee
 from moelab.reports.html import write_report
 from moelab.reports.peaks import load_peaks

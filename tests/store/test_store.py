@@ -1,7 +1,7 @@
 """The DuckDB store: migrations are idempotent, ingest of a run directory is all-or-nothing and replaces a
 run's rows, exports round-trip, and a second writer waits for the lock and then fails with one line.
 
-Run directories here are written the way workers write them (moelab.launch.rundir, moelab.plan.spec, one
+Run directories here are written the way workers write them (moelab.job.rundir, moelab.core.spec, one
 results.jsonl record per case in worker.run_case's format), without torch processes."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import Any
 import duckdb
 import pytest
 
-from moelab.accounting.bandwidth import bandwidths, count_rows
-from moelab.errors import MoelabError
-from moelab.launch.rundir import RunDir
-from moelab.measure.stats import summarize
-from moelab.plan.routing import route_all
-from moelab.plan.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.plan.workload import Workload
-from moelab.record.build import OpMeasurement, op_result
-from moelab.record.case_record import CaseRecord, CheckResult
+from moelab.core.bandwidth import bandwidths, count_rows
+from moelab.core.case_record import CaseRecord, CheckResult
+from moelab.core.errors import MoelabError
+from moelab.core.record_build import OpMeasurement, op_result
+from moelab.core.routing import route_all
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
+from moelab.core.stats import summarize
+from moelab.core.workload import Workload
+from moelab.job.rundir import RunDir
 from moelab.store.db import connect, migrate
 from moelab.store.export import FORMATS, export_runs, load_export
 from moelab.store.ingest import ingest

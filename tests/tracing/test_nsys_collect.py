@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moelab.launch.rundir import JobFiles
+from moelab.job.rundir import JobFiles
 from moelab.launch.runner import _collect_nsys
 
 

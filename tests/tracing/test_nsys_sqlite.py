@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import MoelabError
-from moelab.launch.commands import LaunchPlan, torchrun_local_argv
+from moelab.core.errors import MoelabError
+from moelab.job.launchers import LaunchPlan, torchrun_local_argv
 from moelab.tracing.kernel_time import op_kernel_times
 from moelab.tracing.nsys import (
     export_sqlite,

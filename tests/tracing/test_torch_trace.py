@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from moelab.backends.base import CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
+from moelab.core.routing import route_all
+from moelab.core.workload import Workload
 from moelab.measure.reference import make_tokens
-from moelab.plan.routing import route_all
-from moelab.plan.workload import Workload
 from moelab.tracing.kernel_time import kernel_bandwidth_gbs, op_kernel_times
 from moelab.tracing.summary import union_us
 from moelab.tracing.torch_trace import (

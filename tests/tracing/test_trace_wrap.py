@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.errors import MoelabError
+from moelab.core.errors import MoelabError
 from moelab.tracing.wrap import splice_rank_wrapper, wrap_prefix_argv
 
 SH = shutil.which("sh")

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.cli.tune_cmd import round_timings
-from moelab.e2e.settings import E2ESettings
-from moelab.errors import MoelabError, SpecError
+from moelab.core.errors import MoelabError, SpecError
+from moelab.core.spec import LaunchSpec, TimingSpec
+from moelab.core.workload import Workload
+from moelab.measure.e2e.settings import E2ESettings
 from moelab.plan.planning import HostFacts, RunRequest
-from moelab.plan.spec import LaunchSpec, TimingSpec
-from moelab.plan.workload import Workload
 from moelab.reports.html import write_report
 from moelab.suites.loader import expand, load_suite
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines

@@ -17,18 +17,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from moelab.accounting.rows import RankRows
 from moelab.cli.main import app
-from moelab.launch.local import JobOutcome
-from moelab.launch.rundir import RunDir
+from moelab.core.case_record import CaseRecord
+from moelab.core.record_build import OpMeasurement, op_result
+from moelab.core.rows import RankRows
+from moelab.core.spec import RunSpec
+from moelab.job.local import JobOutcome
+from moelab.job.rundir import RunDir
 from moelab.launch.runner import RunOutcome
-from moelab.plan.spec import RunSpec
-from moelab.record.build import OpMeasurement, op_result
-from moelab.record.case_record import CaseRecord
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.verify import measure
-from moelab.verify import store as verify_store
 from moelab.verify.plan import library_way_knobs
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "verify"
@@ -74,7 +73,7 @@ def test_nccl_tests_pass_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     run_dir = next((tmp_path / "runs").iterdir())
     log = run_dir / rows[0][8]
     assert log.read_text().startswith(f"# {exe} -b ") and "nccl_algbw" in res.output and "pass" in res.output
-    assert json.loads((run_dir / verify_store.FILE).read_text())[0]["verdict"] == "pass"
+    assert json.loads((run_dir / "verify" / "library_figures.json").read_text())[0]["verdict"] == "pass"
     html = (tmp_path / "r.html").read_text()
     assert 'id="verification"' in html and "alltoall_perf" in html
 

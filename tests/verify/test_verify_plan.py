@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moelab.errors import SpecError
+from moelab.core.errors import SpecError
+from moelab.core.library_figures import FAILING, judge
+from moelab.core.spec import CaseSpec
+from moelab.core.workload import Workload
 from moelab.plan.planning import HostFacts, plan_run
-from moelab.plan.spec import CaseSpec
-from moelab.plan.workload import Workload
 from moelab.verify import commands
-from moelab.verify.figures import FAILING, judge
 from moelab.verify.libraries import expected, unsupported_reason
 from moelab.verify.plan import VerifyRequest, library_way_knobs, run_request
 

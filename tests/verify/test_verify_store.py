@@ -7,11 +7,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moelab.core.library_figures import VERDICTS, VerifyRow
+from moelab.job.rundir import RunDir
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 from moelab.verify import store
-from moelab.verify.figures import VERDICTS, VerifyRow
 from tests.synthetic_runs import RunModel, build_db
 
 
@@ -70,13 +71,13 @@ def test_ingest_restores_rows_from_the_run_directory(tmp_path: Path) -> None:
     (run_id,) = build_db(db, tmp_path / "runs", [RunModel(run_id="run-v")])
     run_dir = tmp_path / "runs" / run_id
     rows = [_row(run_id), _row(run_id, op="combine", verdict="fail", ratio=0.7)]
-    assert store.write_file(run_dir, rows) == run_dir / "verify" / "library_figures.json"
+    assert RunDir(run_dir).write_library_figures(rows) == run_dir / "verify" / "library_figures.json"
     con = connect(db)
     try:
         assert store.load(con, run_id) == []
         ingest(con, run_dir)  # a re-ingest of the run directory brings the verify rows with it
         assert sorted(store.load(con, run_id), key=lambda r: r.op) == sorted(rows, key=lambda r: r.op)
-        assert store.rows_from_run_dir(tmp_path) == []
+        assert RunDir(tmp_path).library_figures() == []
     finally:
         con.close()
 

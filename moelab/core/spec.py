@@ -1,0 +1,195 @@
+"""The run spec: everything a run needs, built once by the CLI, written to the run directory as
+spec.json, and read back by every rank. Nothing else configures a worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.core.workload import Workload
+
+SPEC_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingSpec:
+    """How long to time: warm-up, then batches until the median's noise is under `noise_target` (after
+    `min_iters` and `min_time_s`, at most `max_iters`), or exactly `iters` when that is set."""
+
+    warmup: int = 10
+    iters: int | None = None  # a fixed count (--iters); None: stop on noise
+    min_iters: int = 20
+    max_iters: int = 300
+    noise_target: float = 0.02  # relative half-width of the median's ~95% confidence interval
+    min_time_s: float = 0.0
+    batch: int = 10  # iterations between two looks at the noise
+    pair_reps: int = 5  # e2e layer: samples of `pair_iters` back-to-back layers each
+    pair_iters: int = 10
+    flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
+    peaks: bool = True  # GPU only: measure this machine's link figures once per run (moelab.measure.peaks)
+
+    def __post_init__(self) -> None:
+        if self.iters is not None and self.iters < 1:
+            raise ValueError(f"iters must be at least 1, got {self.iters}")
+        if self.warmup < 0 or self.min_iters < 1 or self.max_iters < self.min_iters or self.batch < 1:
+            raise ValueError("timing: need warmup >= 0, 1 <= min_iters <= max_iters and batch >= 1")
+        if not 0 < self.noise_target < 1:
+            raise ValueError(f"noise target must be in (0, 1), got {self.noise_target}")
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(least, most) iterations per op."""
+        return (self.iters, self.iters) if self.iters is not None else (self.min_iters, self.max_iters)
+
+    @classmethod
+    def for_device(cls, device: str) -> TimingSpec:
+        """GPU: stop on 2% noise between 20 and 300 iterations. CPU (gloo): fewer, since one reference
+        iteration takes ~0.1 s there."""
+        if device == "cuda":
+            return cls()
+        return cls(
+            warmup=2,
+            min_iters=6,
+            max_iters=20,
+            batch=6,
+            noise_target=0.05,
+            pair_reps=3,
+            pair_iters=2,
+            flush_l2=False,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchSpec:
+    device: str = "cpu"  # "cuda" or "cpu"
+    nproc_per_node: int = 2
+    nodes: int = 1
+    gpus_per_node: int = 2  # defines node membership for byte accounting
+    launcher: str = "local"  # local | torchrun | slurm | mpirun
+    job_timeout_s: float = 900.0  # wall clock for one backend job; then its whole process group is killed
+    collective_timeout_s: float = 300.0  # torch.distributed timeout for a hung collective
+    rdzv_endpoint: str | None = None  # torchrun multi-node: HOST:PORT of the c10d store
+    node_rank: int | None = None  # torchrun multi-node: 0 hosts the rendezvous and stores the run
+    backend_paths: dict[str, str] = field(
+        default_factory=dict
+    )  # backend -> extra PYTHONPATH (its deep_ep build)
+    bind: str | None = None  # "numa": pin each rank to its GPU's NUMA node
+    emulate_internode: bool = False  # NCCL's network transport between every pair (see runner.job_env)
+    nccl_tests_bin: str | None = None  # alltoall_perf, or the folder holding it (--backend nccl-tests)
+    kernel_cache: str | None = None  # folder where JIT-compiling backends keep kernels across jobs; None: off
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceSpec:
+    mode: str = "none"  # none | torch | nsys
+    iters: int = 5  # profiled iterations per op (torch)
+    nsys_osrt: bool = False
+    wrap: str | None = None  # an external tool around each rank, e.g. "ncu --profile-from-start off -o {out}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HealthSpec:
+    snapshots: bool = True  # a health snapshot before and after each backend job
+    require_healthy: bool = False  # refuse to start on a failing node
+    load_ms: float = 300.0  # clocks under a short matmul load in each snapshot (GPU only)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaseSpec:
+    case_id: str
+    backend: str
+    workload: Workload
+    sms: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    skip_reason: str | None = None  # an invalid combination, stored as skipped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id,
+            "backend": self.backend,
+            "workload": self.workload.to_dict(),
+            "sms": self.sms,
+            "knobs": dict(self.knobs),
+            "skip_reason": self.skip_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaseSpec:
+        return cls(
+            case_id=d["case_id"],
+            backend=d["backend"],
+            workload=Workload.from_dict(d["workload"]),
+            sms=d.get("sms"),
+            knobs=dict(d.get("knobs") or {}),
+            skip_reason=d.get("skip_reason"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    run_id: str
+    created_at: str
+    suite: str
+    backends: tuple[str, ...]
+    cases: tuple[CaseSpec, ...]
+    timing: TimingSpec
+    launch: LaunchSpec
+    label: str | None = None
+    command: tuple[str, ...] = ()
+    trace: TraceSpec = field(default_factory=TraceSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+    notes: tuple[str, ...] = ()  # what the planner chose for the user (e.g. the nearest workload variant)
+    spec_version: int = SPEC_VERSION
+
+    def cases_for(self, backend: str) -> list[CaseSpec]:
+        return [c for c in self.cases if c.backend == backend]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec_version": self.spec_version,
+            "run_id": self.run_id,
+            "created_at": self.created_at,
+            "suite": self.suite,
+            "backends": list(self.backends),
+            "cases": [c.to_dict() for c in self.cases],
+            "timing": dataclasses.asdict(self.timing),
+            "launch": dataclasses.asdict(self.launch),
+            "label": self.label,
+            "command": list(self.command),
+            "trace": dataclasses.asdict(self.trace),
+            "health": dataclasses.asdict(self.health),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        if d.get("spec_version") != SPEC_VERSION:
+            raise ValueError(f"spec version {d.get('spec_version')} is not {SPEC_VERSION}")
+        return cls(
+            run_id=d["run_id"],
+            created_at=d["created_at"],
+            suite=d["suite"],
+            backends=tuple(d["backends"]),
+            cases=tuple(CaseSpec.from_dict(c) for c in d["cases"]),
+            timing=TimingSpec(**d["timing"]),
+            launch=LaunchSpec(**d["launch"]),
+            label=d.get("label"),
+            command=tuple(d.get("command") or ()),
+            trace=TraceSpec(**d.get("trace", {})),
+            health=HealthSpec(**d.get("health", {})),
+            notes=tuple(d.get("notes") or ()),
+        )
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def read(cls, path: Path) -> RunSpec:
+        return cls.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,78 @@
+"""Checks of user input and of a run's outcome that decide an exit code: pure functions, no I/O.
+
+Each refusal is a `SpecError` with one line, raised before any directory is made or anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from moelab.core.errors import SpecError
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LABEL_MAX = 200
+
+# a case in one of these states was never timed (nothing wrong with the run, nothing measured either)
+NOT_MEASURED = frozenset({"unsupported", "skipped"})
+
+
+def nothing_measured(statuses: Iterable[str]) -> str | None:
+    """The reason line when no case of a run was measured because every one is unsupported or skipped;
+    None when at least one case ran (ok, or failed, which has its own exit code) or there are none."""
+    counts: dict[str, int] = {}
+    for s in statuses:
+        counts[s] = counts.get(s, 0) + 1
+    if not counts or set(counts) - NOT_MEASURED:
+        return None
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return f"nothing was measured: every case is unsupported or skipped ({parts}); --allow-empty accepts that"
+
+
+def dedupe_backends(names: Sequence[str]) -> list[str]:
+    """`names` as given, or a SpecError naming each backend given more than once: a backend runs once per
+    run (its cases are keyed by run, backend and case), so a repeat is a typo, refused before anything runs."""
+    seen: list[str] = []
+    repeated: list[str] = []
+    for name in names:
+        if name not in seen:
+            seen.append(name)
+        elif name not in repeated:
+            repeated.append(name)
+    if repeated:
+        raise SpecError(f"--backend names {', '.join(repeated)} more than once: give each backend once")
+    return seen
+
+
+def validate_run_id(run_id: str) -> str:
+    """A run id is a folder name under --out and a key in the database: letters, digits, `.`, `_`, `-`,
+    starting with a letter or digit, at most 128 characters (so no path separator and no `..` alone)."""
+    if not RUN_ID_RE.match(run_id) or ".." in run_id:
+        shown = run_id.encode("unicode_escape").decode("ascii")[:60]
+        raise SpecError(
+            f"--run-id {shown!r} is not a plain name: use letters, digits, '.', '_' and '-' "
+            "(starting with a letter or digit, no '..', at most 128 characters)"
+        )
+    return run_id
+
+
+def validate_label(label: str) -> str:
+    """A label is printed on terminals and in reports: no control characters (ESC, BEL, newlines...),
+    not empty, at most LABEL_MAX characters. Returns it stripped of surrounding spaces."""
+    name = label.strip()
+    if not name:
+        raise SpecError("a label cannot be empty")
+    bad = [c for c in name if _is_control(c)]
+    if bad:
+        raise SpecError(
+            f"label {name.encode('unicode_escape').decode('ascii')[:60]!r} holds control characters "
+            f"({', '.join(sorted({f'U+{ord(c):04X}' for c in bad}))})"
+        )
+    if len(name) > LABEL_MAX:
+        raise SpecError(f"label is {len(name)} characters long: at most {LABEL_MAX}")
+    return name
+
+
+def _is_control(c: str) -> bool:
+    o = ord(c)
+    return o < 32 or 0x7F <= o < 0xA0 or c in "\u2028\u2029"

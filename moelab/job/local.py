@@ -1,0 +1,161 @@
+"""Run one backend job on this host under torchrun, and survive it crashing or hanging.
+
+What we rely on:
+- torchrun (torch.distributed.run) with --max-restarts 0: when one rank exits non-zero or by a signal,
+  its agent stops the other ranks and exits non-zero, naming the failed rank and its exit code/signal.
+- init_process_group(timeout=...) in the worker: a rank waiting in a collective for a peer that never
+  comes raises after that timeout (gloo, and NCCL with async error handling, torch's default).
+- an outer wall-clock timeout here: the job runs in its own process session, and on timeout the whole
+  group (agent and ranks) gets SIGTERM, then SIGKILL; before that the ranks get SIGUSR1, on which
+  faulthandler writes every thread's stack (moelab.job.diagnosis). That also covers hangs inside custom kernels,
+  which no collective timeout sees.
+- a parent-death signal (moelab/job/lifeline.py): if this process is killed without warning, the job's
+  leader gets SIGTERM and its ranks follow, so no job outlives the run that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.job.diagnosis import request_stack_dumps
+from moelab.job.lifeline import job_preexec
+from moelab.job.rundir import JobFiles, now_iso
+
+KILL_GRACE_S = 10.0
+
+
+@dataclass(kw_only=True, slots=True)
+class JobOutcome:
+    backend: str
+    argv: list[str]
+    returncode: int | None
+    signal: str | None
+    timed_out: bool
+    duration_s: float
+    started_at: str
+    failed_ranks: list[dict[str, Any]] = field(default_factory=list)
+    stderr_tails: dict[int, str] = field(default_factory=dict)
+    leftover_pids: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"timed out after {self.duration_s:.0f} s; job killed"
+        if self.ok:
+            return "ok"
+        parts = [f"exit code {self.returncode}"]
+        for fr in self.failed_ranks:
+            code = fr.get("exitcode")
+            sig = fr.get("signal")
+            parts.append(f"rank {fr.get('rank')}: {sig or f'exit code {code}'}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"description": self.describe()}
+
+
+_FAILURE_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def parse_torchrun_failures(text: str) -> list[dict[str, Any]]:
+    """Failed ranks from torchrun's ChildFailedError summary ("rank : 1 (local_rank: 1) / exitcode : -11")."""
+    out = []
+    seen = set()
+    for block in re.split(r"\[\d+\]:\s*\n|Root Cause|Failures:", text):
+        for m in _FAILURE_RE.finditer(block):
+            rank, code = int(m.group(1)), int(m.group(2))
+            if (rank, code) in seen:
+                continue
+            seen.add((rank, code))
+            sig = None
+            if code < 0:
+                try:
+                    sig = signal.Signals(-code).name
+                except ValueError:
+                    sig = f"signal {-code}"
+            out.append({"rank": rank, "exitcode": code, "signal": sig})
+    return out
+
+
+def _pids_in_session(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == sid:
+                pids.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def _kill_session(sid: int, sig: int) -> None:
+    for pid in _pids_in_session(sid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str]) -> JobOutcome:
+    """Start `argv` in its own session, wait up to `timeout_s`, reap every process of the session."""
+    files.dir.mkdir(parents=True, exist_ok=True)
+    started, t0 = now_iso(), time.monotonic()
+    with files.launcher_log.open("w") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=job_preexec(os.getpid()),  # the job dies with this process, even on kill -9
+        )
+        sid = proc.pid  # a new session's id is its leader's pid
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            request_stack_dumps(_pids_in_session(sid))  # each rank's Python stack, where it hung
+            _kill_session(sid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=KILL_GRACE_S)
+        # torchrun's agent may leave ranks behind if it was itself killed: reap the whole session
+        deadline = time.monotonic() + KILL_GRACE_S
+        while _pids_in_session(sid) and time.monotonic() < deadline:
+            _kill_session(
+                sid, signal.SIGTERM if time.monotonic() < deadline - KILL_GRACE_S / 2 else signal.SIGKILL
+            )
+            time.sleep(0.2)
+        _kill_session(sid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    leftover = _pids_in_session(sid)
+    rc = proc.returncode
+    text = files.launcher_log.read_text(errors="replace")
+    outcome = JobOutcome(
+        backend=files.backend,
+        argv=argv,
+        returncode=rc,
+        signal=(signal.Signals(-rc).name if rc is not None and rc < 0 else None),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - t0,
+        started_at=started,
+        failed_ranks=parse_torchrun_failures(text) if rc != 0 else [],
+        stderr_tails=files.log_tails() if (rc != 0 or timed_out) else {},
+        leftover_pids=leftover,
+    )
+    files.write_job(outcome.to_dict())
+    return outcome

@@ -1,0 +1,183 @@
+"""The run directory, the durable unit of a run. Workers and launchers write it; only ingest reads it
+into the database, so a crash or a hang leaves what was measured on disk and the database untouched.
+
+RUN_DIR/spec.json                      the RunSpec every rank reads
+RUN_DIR/run.json                       status (running / complete / failed / interrupted), timestamps,
+                                       and the launching process (pid, host) while it runs
+RUN_DIR/<backend>/progress.jsonl       the writing rank's progress events (cases, one-time costs)
+RUN_DIR/<backend>/results.jsonl        one record per case, appended by rank 0 as each case ends
+RUN_DIR/<backend>/env.json             per-rank environment fingerprints
+RUN_DIR/<backend>/rank<R>.log          each rank's stdout and stderr (faulthandler tracebacks land here)
+RUN_DIR/<backend>/job.json             the launcher's outcome: command, exit code or signal, timeout, tails
+RUN_DIR/<backend>/launcher.log         the launcher's (torchrun's) own output
+RUN_DIR/verify/library_figures.json    `moelab verify`: each library figure beside moelab's
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from moelab.core.case_record import CaseRecord
+from moelab.core.library_figures import VerifyRow
+from moelab.core.spec import RunSpec
+
+RUNDIR_VERSION = 1
+LIBRARY_FIGURES = Path("verify") / "library_figures.json"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def process_start(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid, it names one
+    process even after the pid is reused. None where /proc is missing or the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFiles:
+    run_dir: Path
+    backend: str
+
+    @property
+    def dir(self) -> Path:
+        return self.run_dir / self.backend
+
+    def rank_log(self, rank: int) -> Path:
+        return self.dir / f"rank{rank}.log"
+
+    @property
+    def results(self) -> Path:
+        return self.dir / "results.jsonl"
+
+    @property
+    def progress(self) -> Path:
+        return self.dir / "progress.jsonl"
+
+    @property
+    def launcher_log(self) -> Path:
+        return self.dir / "launcher.log"
+
+    def append_result(self, record: CaseRecord | dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        line = (
+            record.to_json() if isinstance(record, CaseRecord) else json.dumps(record, default=_json_default)
+        )
+        with self.results.open("a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def read_results(self) -> list[CaseRecord]:
+        if not self.results.exists():
+            return []
+        out = []
+        for line in self.results.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(CaseRecord.from_json(line))
+            except json.JSONDecodeError:
+                break  # a line cut by a crash mid-write: everything before it is good
+        return out
+
+    def write_env(self, envs: list[dict[str, Any]]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(self.dir / "env.json", envs)
+
+    def read_env(self) -> list[dict[str, Any]]:
+        p = self.dir / "env.json"
+        return json.loads(p.read_text()) if p.exists() else []
+
+    def write_job(self, job: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(self.dir / "job.json", job)
+
+    def read_job(self) -> dict[str, Any] | None:
+        p = self.dir / "job.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def log_tails(self, lines: int = 20) -> dict[int, str]:
+        tails = {}
+        for log in sorted(self.dir.glob("rank*.log")):
+            try:
+                rank = int(log.stem.removeprefix("rank"))
+            except ValueError:
+                continue
+            with log.open(errors="replace") as fh:
+                tails[rank] = "".join(deque(fh, maxlen=lines))
+        return tails
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "__slots__"):
+        return {k: getattr(obj, k) for k in obj.__slots__}
+    if isinstance(obj, float):
+        return None
+    return str(obj)
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, root: Path, spec: RunSpec) -> RunDir:
+        path = root / spec.run_id
+        path.mkdir(parents=True, exist_ok=False)
+        rd = cls(path)
+        spec.write(path / "spec.json")
+        # who runs it: `moelab ingest` tells a run still going from one whose launcher died
+        rd.set_status(
+            "running", pid=os.getpid(), host=socket.gethostname(), pid_start=process_start(os.getpid())
+        )
+        return rd
+
+    @property
+    def spec(self) -> RunSpec:
+        return RunSpec.read(self.path / "spec.json")
+
+    def job(self, backend: str) -> JobFiles:
+        return JobFiles(self.path, backend)
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        info = self.info()
+        info.update({"rundir_version": RUNDIR_VERSION, "status": status, f"{status}_at": now_iso(), **extra})
+        _write_json_atomic(self.path / "run.json", info)
+
+    def info(self) -> dict[str, Any]:
+        p = self.path / "run.json"
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def write_library_figures(self, rows: Sequence[VerifyRow]) -> Path:
+        """`moelab verify`'s rows, kept in the run directory so a re-ingest restores them."""
+        path = self.path / LIBRARY_FIGURES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([r.to_dict() for r in rows], indent=2))
+        return path
+
+    def library_figures(self) -> list[VerifyRow]:
+        """The rows `moelab verify` wrote (none when verify never ran on this run)."""
+        path = self.path / LIBRARY_FIGURES
+        if not path.exists():
+            return []
+        return [VerifyRow.from_dict(d) for d in json.loads(path.read_text())]

@@ -1,0 +1,282 @@
+"""One end-to-end MoE-layer case on one rank: correctness against the reference, then timed ops.
+
+A case is an e2e case when its knob `bench` is "e2e". Its other e2e knobs (E2E_KNOBS) are consumed
+here and never reach the backend (backends reject knobs they do not know): build the backend's
+CaseConfig with `backend_case_config`. The knobs and settings live in moelab.measure.e2e.settings, the layer's
+inputs and check in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
+
+Knobs: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
+experts, moelab.measure.e2e.overlap) or "chunked" (the same pipeline over `chunks` token chunks, default 4);
+`intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
+forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
+(time the layer alone: `moelab tune`'s early rounds).
+
+Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split` and `gemm_mb*` on the
+whole batch):
+- layer: dispatch → expert compute → combine in the case's mode (forward, no autograd);
+- layer_serial (tbo, chunked): the serial layer, the baseline the overlap must beat;
+- compute_only: the expert compute alone on already-dispatched rows (grouping, GEMMs, weighting);
+- compute_only_split (tbo, chunked): the same, micro-batch by micro-batch as the overlapped layer does it;
+- gemm: the grouped GEMMs and activation alone, on already-grouped rows;
+- gemm_mb: the GEMMs of the first micro-batch alone (half the tokens), on the compute stream;
+- gemm_mb_under_comm: the same GEMMs, timed on the compute stream while the whole batch's dispatch and
+  combine run on the communication stream: what the SMs the communication holds cost the GEMMs;
+- dispatch, combine: the backend's calls alone;
+- layer_fwd_bwd (backward): forward and backward with a fixed output gradient, weight gradients included;
+- layer_fwd_bwd_serial (backward; tbo, chunked): the same with the serial forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.core.errors import SpecError
+from moelab.core.rows import count_rows
+from moelab.core.spec import CaseSpec, RunSpec, TimingSpec
+from moelab.core.workload import Workload
+from moelab.job.rundir import JobFiles
+from moelab.measure.e2e.carveout import carveout_reason
+from moelab.measure.e2e.contention import ConcurrentGemm
+from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
+from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward, swiglu_ffn
+from moelab.measure.e2e.metrics import e2e_metrics
+from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings, backend_case_config
+from moelab.measure.timing import Clock
+
+
+@dataclass(frozen=True, slots=True)
+class E2ECalls:
+    """What each e2e op runs, built from one dispatch of the whole batch (and of its micro-batches)."""
+
+    forward: dict[str, Callable[[], object]]  # each timed alone, without autograd
+    under_comm: ConcurrentGemm  # gemm_mb_under_comm: times itself inside the calls Clock.sample makes
+    fwd_bwd: dict[str, Callable[[], object]]  # forward+backward, with autograd
+    pairs: int  # (token, expert) pairs this rank received: the GEMM FLOPs
+
+
+def run_e2e_case(
+    backend: Backend,
+    case: CaseSpec,
+    ctx: BackendContext,
+    spec: RunSpec,
+    clock: Clock,
+    files: JobFiles | None = None,
+) -> dict[str, Any]:
+    """One e2e case on this rank; returns the record (complete on rank 0), shaped like worker.run_case's:
+    check, then time each op, then trace, then build the record (as moelab.measure.a2a_case)."""
+    record: dict[str, Any] = {
+        "case_id": case.case_id,
+        "backend": case.backend,
+        "case": case.to_dict(),
+        "world": ctx.world,
+        "gpus_per_node": ctx.gpus_per_node,
+    }
+    if case.skip_reason:
+        return record | {"status": "skipped", "reason": case.skip_reason}
+    cfg = backend_case_config(case)
+    prepared = prepare_case(backend, case, cfg, ctx)
+    if isinstance(prepared, str):
+        return record | {"status": "unsupported", "reason": prepared}
+    settings, gemm = prepared
+    record["backend_record"] = backend.record(cfg) | {"e2e": settings.to_record(gemm)}
+    inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
+    check = record["check"] = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
+    if check["messages"]:
+        return record | {"status": "incorrect", "reason": "; ".join(check["messages"])[:2000]}
+    calls = op_calls(backend, inputs, case.workload, ctx.rank)
+    local = time_ops(clock, spec.timing, calls, inputs)
+    if spec.trace.mode == "torch" and files is not None:
+        record["traces"] = trace_layers(backend.name, case, spec, ctx, files, calls.forward)
+    samples, pairs = gather_samples(ctx, local, calls.pairs)
+    measured = build_record(backend, cfg, settings, ctx, inputs, samples, pairs, check)
+    return record | measured | {"status": "ok", "reason": None}
+
+
+def prepare_case(
+    backend: Backend, case: CaseSpec, cfg: CaseConfig, ctx: BackendContext
+) -> tuple[E2ESettings, str] | str:
+    """The case's settings and resolved GEMM implementation, the backend prepared for it; or why the
+    case cannot run (bad e2e knobs, the backend's own reason, no backward through this backend)."""
+    try:
+        settings = E2ESettings.from_knobs(case.knobs, case.workload, case.sms)
+        gemm = resolve_gemm(settings.gemm, ctx.device, case.workload.hidden, settings.intermediate)
+    except SpecError as exc:
+        return str(exc)
+    reason = carveout_reason(settings.carveout, ctx.device)
+    if reason:
+        return reason
+    reason = backend.unsupported_reason(cfg)
+    if reason:
+        return reason
+    backend.prepare(cfg)
+    reason = supports_backward(backend) if settings.backward else None
+    if reason:
+        return reason
+    return settings, gemm
+
+
+def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> E2ECalls:
+    """The ops the case's settings time (see the module docstring), over dispatches made once here."""
+    settings, layer, weights, gemm = inputs.settings, inputs.layer, inputs.weights, inputs.gemm
+    x, idx, w = inputs.x, inputs.topk_idx, inputs.topk_weights
+    with torch.no_grad():
+        full = layer.dispatch(x, idx, w)
+        expert_out = layer.experts(full)
+        g = full.grouped
+        split = [
+            layer.dispatch(x[a:b], idx[a:b], w[a:b])
+            for a, b in chunk_bounds(wl.tokens_per_rank, settings.chunks)
+        ]
+        ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
+        first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
+
+    def gemm_mb() -> object:
+        return swiglu_ffn(first.x, first.offsets, weights, gemm)
+
+    def gemm_mb_carved() -> object:  # as the overlapped layer launches them: with its carve-out
+        with inputs.carved():
+            return gemm_mb()
+
+    def comm_whole() -> object:
+        return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
+
+    forward: dict[str, Callable[[], object]] = {
+        "layer": lambda: inputs.forward(x),
+        "compute_only": lambda: layer.experts(full),
+        "gemm": lambda: swiglu_ffn(g.x, g.offsets, weights, gemm),
+        "gemm_mb": gemm_mb,
+        "dispatch": lambda: backend.dispatch(x, idx, w),
+        "combine": lambda: backend.combine(expert_out, full.handle),
+    }
+    if settings.mode in OVERLAPPED:
+        forward["layer_serial"] = lambda: inputs.serial_forward(x)
+        forward["compute_only_split"] = lambda: compute_chunked(layer, split)
+    if settings.profile == "layer":
+        forward = {"layer": forward["layer"]}
+    return E2ECalls(
+        forward=forward, under_comm=ConcurrentGemm(inputs.streams, gemm_mb_carved, comm_whole),
+        fwd_bwd=fwd_bwd_calls(inputs, wl, rank), pairs=full.grouped.num_pairs,
+    )  # fmt: skip
+
+
+def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Callable[[], object]]:
+    """Forward+backward with a fixed output gradient, weight gradients included (backward cases only)."""
+    settings = inputs.settings
+    if not settings.backward:
+        return {}
+    x, weights = inputs.x, inputs.weights
+    gout = output_grad(wl.routing.seed, rank, wl.tokens_per_rank, wl.hidden, x.device)
+
+    def fwd_bwd(fwd: Callable[[torch.Tensor], torch.Tensor], carved: bool) -> None:
+        weights.zero_grad()
+        with inputs.carved() if carved else contextlib.nullcontext():  # the backward's GEMMs too
+            fwd(x.detach().requires_grad_(True)).backward(gout)
+
+    calls: dict[str, Callable[[], object]] = {"layer_fwd_bwd": lambda: fwd_bwd(inputs.forward, True)}
+    if settings.mode in OVERLAPPED and settings.profile == "full":
+        calls["layer_fwd_bwd_serial"] = lambda: fwd_bwd(inputs.serial_forward, False)
+    return calls
+
+
+def time_ops(
+    clock: Clock, timing: TimingSpec, calls: E2ECalls, inputs: LayerInputs
+) -> dict[str, list[float]]:
+    """This rank's samples of each op, a fixed `timing.bounds[1]` iterations after `timing.warmup`."""
+    iters, warmup = timing.bounds[1], timing.warmup
+    local: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for op, fn in calls.forward.items():
+            local[op] = clock.sample(fn, iters, warmup)
+        if inputs.settings.profile == "full":
+            clock.sample(calls.under_comm, iters, warmup)
+            local["gemm_mb_under_comm"] = calls.under_comm.samples(iters)
+    for op, fn in calls.fwd_bwd.items():
+        local[op] = clock.sample(fn, iters, warmup)
+    if calls.fwd_bwd:
+        inputs.weights.zero_grad()
+    return local
+
+
+def trace_layers(
+    name: str,
+    case: CaseSpec,
+    spec: RunSpec,
+    ctx: BackendContext,
+    files: JobFiles,
+    timed: Mapping[str, Callable[[], object]],
+) -> list[dict[str, Any]]:
+    """A few more iterations of the layer (and the serial layer) under torch.profiler: the trace shows
+    whether the communication kernels run under the GEMMs. Every rank's trace path, gathered."""
+    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, trace_path
+
+    ops = [TracedOp(op=op, fn=timed[op]) for op in ("layer", "layer_serial") if op in timed]
+    with torch.no_grad():
+        cap = capture_torch_trace(
+            ops, backend=name, case_id=case.case_id, iters=spec.trace.iters,
+            path=trace_path(files.dir, case.case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
+            device=ctx.device, group=ctx.group,
+        )  # fmt: skip
+    mine = {
+        "rank": ctx.rank,
+        "kind": "torch",
+        "path": str(cap.path.relative_to(files.run_dir)),
+        "size_bytes": cap.size_bytes,
+    }
+    gathered: list[Any] = [None] * ctx.world
+    dist.all_gather_object(gathered, mine, group=ctx.group)
+    return gathered
+
+
+def gather_samples(
+    ctx: BackendContext, local: dict[str, list[float]], pairs: int
+) -> tuple[dict[str, list[list[float]]], list[int]]:
+    """Every rank's samples of each op ([rank][iteration]) and pair count, on every rank."""
+    gathered: list[Any] = [None] * ctx.world
+    dist.all_gather_object(gathered, {"samples": local, "pairs": pairs}, group=ctx.group)
+    samples = {op: [g["samples"][op] for g in gathered] for op in local}
+    return samples, [int(g["pairs"]) for g in gathered]
+
+
+def build_record(
+    backend: Backend,
+    cfg: CaseConfig,
+    settings: E2ESettings,
+    ctx: BackendContext,
+    inputs: LayerInputs,
+    samples: dict[str, list[list[float]]],
+    pairs: list[int],
+    check: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The record's measured part (moelab.measure.e2e.record turns the whole into a CaseRecord): each op's
+    samples with the bytes a row carries, the derived metrics, the row counts and the host syncs."""
+    wl = cfg.workload
+    bytes_per_row = {
+        "dispatch": backend.bytes_per_token(cfg, "dispatch"),
+        "combine": backend.bytes_per_token(cfg, "combine"),
+    }
+    ops = {op: {"samples_us": s, "bytes_per_row": bytes_per_row.get(op, 0)} for op, s in samples.items()}
+    rows = count_rows(inputs.routings, wl.experts_per_rank, ctx.gpus_per_node)
+    return {
+        "ops": ops,
+        "pairs_per_rank": pairs,
+        "metrics": e2e_metrics(ops, settings, wl, pairs, check),
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "host_sync": f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
+    }
+
+
+def layer_host_sync(gemm: str) -> str:
+    """The host syncs the layer itself adds to the backend's."""
+    sync = "expert grouping: one device-to-host read of the pair count per dispatch"
+    if gemm == "loop":
+        sync += "; loop GEMMs: one read of the group sizes per expert compute"
+    return sync

@@ -1,0 +1,154 @@
+"""One rank's e2e layer and its inputs, and the layer's correctness against the float32 reference,
+before anything is timed; every rank agrees on the outcome (moelab.measure.correctness's e2e twin)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from moelab.backends.base import Backend, BackendContext
+from moelab.core.routing import Routing, route_all
+from moelab.core.workload import Workload
+from moelab.measure.e2e.carveout import gemm_carveout
+from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
+from moelab.measure.e2e.overlap import Streams, forward_pipelined
+from moelab.measure.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
+from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings
+from moelab.measure.reference import relative_error
+
+ERRORS = ("layer_err", "grad_x_err", "grad_w_err")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerInputs:
+    """One rank's tokens, routing and experts, and the layer over the backend in the case's mode."""
+
+    routings: list[Routing]  # every rank's, on the host: the reference and the row counts need them all
+    topk_idx: torch.Tensor  # this rank's, on the device
+    topk_weights: torch.Tensor
+    x: torch.Tensor  # [T, H] bf16
+    weights: ExpertWeights
+    layer: MoELayer
+    streams: Streams
+    settings: E2ESettings
+    gemm: str  # the GEMM implementation `auto` resolved to
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer in the case's mode, on the whole batch's routing."""
+        if self.settings.mode in OVERLAPPED:
+            with self.carved():
+                return forward_pipelined(
+                    self.layer, x, self.topk_idx, self.topk_weights, self.settings.chunks, self.streams
+                )
+        return self.serial_forward(x)
+
+    def carved(self) -> contextlib.AbstractContextManager[None]:
+        """GEMMs launched inside leave the case's carve-out of SMs to the communication."""
+        return gemm_carveout(self.settings.carveout, self.x.device)
+
+    def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer.forward(x, self.topk_idx, self.topk_weights)
+
+
+def make_layer_inputs(
+    backend: Backend, wl: Workload, settings: E2ESettings, gemm: str, ctx: BackendContext
+) -> LayerInputs:
+    seed, device = wl.routing.seed, ctx.device
+    routings = route_all(wl, ctx.world)
+    routing = routings[ctx.rank].to(device)
+    weights = local_expert_weights(
+        seed, ctx.rank, wl.experts_per_rank, wl.hidden, settings.intermediate, device,
+        requires_grad=settings.backward,
+    )  # fmt: skip
+    return LayerInputs(
+        routings=routings, topk_idx=routing.topk_idx, topk_weights=routing.topk_weights,
+        x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device), weights=weights,
+        layer=MoELayer(backend, weights, wl.experts_per_rank, gemm), streams=Streams(device),
+        settings=settings, gemm=gemm,
+    )  # fmt: skip
+
+
+def check_layer(inputs: LayerInputs, wl: Workload, ctx: BackendContext, combine_dtype: str) -> dict[str, Any]:
+    """Every rank's messages, the largest error over ranks of each kind checked, and the output tolerance."""
+    mine = rank_errors(inputs, wl, ctx, combine_dtype)
+    gathered: list[Any] = [None] * ctx.world
+    dist.all_gather_object(gathered, mine, group=ctx.group)
+    check: dict[str, Any] = {"messages": [m for g in gathered for m in g["messages"]]}
+    for name in ERRORS:
+        if name in mine:
+            check[name] = max(g[name] for g in gathered)
+    check["tolerance"] = layer_tolerance(wl.dtype, combine_dtype)
+    return check
+
+
+def rank_errors(inputs: LayerInputs, wl: Workload, ctx: BackendContext, combine_dtype: str) -> dict[str, Any]:
+    """This rank's errors against the reference; messages name what failed."""
+    x, seed = inputs.x, wl.routing.seed
+    routing = inputs.routings[ctx.rank]
+    gout = (
+        output_grad(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, x.device)
+        if inputs.settings.backward
+        else None
+    )
+    with torch.no_grad():
+        out = inputs.forward(x)
+    ref = reference_layer(
+        x, routing.topk_idx, routing.topk_weights, seed=seed, intermediate=inputs.settings.intermediate,
+        grad_out=gout,
+    )  # fmt: skip
+    result: dict[str, Any] = {"layer_err": relative_error(out, ref.out), "messages": []}
+    tol = layer_tolerance(wl.dtype, combine_dtype)
+    if not result["layer_err"] <= tol:
+        result["messages"].append(f"rank {ctx.rank} layer output error {result['layer_err']:.3g} > {tol:g}")
+    if gout is None:
+        return result
+    result["grad_x_err"], result["grad_w_err"] = grad_errors(inputs, ref, gout, wl, ctx)
+    gtol = grad_tolerance(wl.dtype, combine_dtype)
+    for name in ("grad_x_err", "grad_w_err"):
+        if not result[name] <= gtol:
+            result["messages"].append(
+                f"rank {ctx.rank} {name.removesuffix('_err')} error {result[name]:.3g} > {gtol:g}"
+            )
+    return result
+
+
+def grad_errors(
+    inputs: LayerInputs, ref: ReferenceResult, gout: torch.Tensor, wl: Workload, ctx: BackendContext
+) -> tuple[float, float]:
+    """The input gradient's and the local expert weight gradients' relative errors after one backward."""
+    weights = inputs.weights
+    xg = inputs.x.detach().requires_grad_(True)
+    weights.zero_grad()
+    inputs.forward(xg).backward(gout)
+    want_w = local_weight_grads_reference(inputs, wl, ctx)
+    assert xg.grad is not None and ref.grad_x is not None
+    w13, w2 = weights.w13.grad, weights.w2.grad
+    assert w13 is not None and w2 is not None
+    got_w = torch.cat([w13.float().flatten(), w2.float().flatten()])
+    errors = relative_error(xg.grad, ref.grad_x), relative_error(got_w, want_w)
+    weights.zero_grad()
+    return errors
+
+
+def local_weight_grads_reference(inputs: LayerInputs, wl: Workload, ctx: BackendContext) -> torch.Tensor:
+    """This rank's experts' reference weight gradients, flattened as (W13, W2): they need every rank's
+    tokens, so all are rebuilt from (seed, rank)."""
+    seed, hidden, tokens, device = wl.routing.seed, wl.hidden, wl.tokens_per_rank, inputs.x.device
+    all_x = torch.cat([layer_tokens(seed, r, tokens, hidden, device) for r in range(ctx.world)])
+    all_g = torch.cat([output_grad(seed, r, tokens, hidden, device) for r in range(ctx.world)])
+    first = inputs.weights.first_expert
+    local = range(first, first + inputs.weights.num_experts)
+    ref_w = reference_layer(
+        all_x, torch.cat([r.topk_idx for r in inputs.routings]), torch.cat([r.topk_weights for r in inputs.routings]),
+        seed=seed, intermediate=inputs.settings.intermediate, experts=local, grad_out=all_g,
+    )  # fmt: skip
+    return torch.cat(
+        [
+            torch.stack([ref_w.grad_w13[e] for e in local]).flatten(),
+            torch.stack([ref_w.grad_w2[e] for e in local]).flatten(),
+        ]
+    )

@@ -1,0 +1,349 @@
+"""The MoE layer of the end-to-end benchmark: dispatch → per-expert SwiGLU FFN → combine, on one rank.
+
+Expert weights and tokens come from a counter-based hash of (what, seed, id, element index) computed
+with int64 arithmetic that never overflows, so every rank, the single-process reference and the CPU
+tests build bit-identical values on any device without generating gigabytes on the host.
+
+Expert FFN (SwiGLU, gate and up projections fused as in Megatron's fc1):
+    h = x @ W13[e]  (W13: [H, 2I]);  a = silu(h[:, :I]) * h[:, I:];  y = a @ W2[e]  (W2: [I, H]).
+Intermediate size I defaults to hidden // 4 (2048 at hidden 8192): the fine-grained experts that topk-8
+models use are narrow (DeepSeek-V3: hidden 7168, expert 2048; Qwen3-235B-A22B: hidden 4096, expert
+1536, i.e. 0.29 and 0.375 of hidden); the knob `intermediate` sets it.
+
+Rows are grouped by local expert: a received row with several local experts is replicated once per
+expert (a (row, expert) pair), the pairs sorted by expert, the grouped GEMMs run over contiguous
+groups, and each pair's output, scaled by its routing weight, is summed back into its row before
+combine. Grouping needs one host synchronisation per dispatch (the number of pairs sizes the gather).
+
+Backward: the gradient of dispatch is a combine of the received rows' gradients along the same handle;
+the gradient of combine is a dispatch of the output gradient along the same handle, which needs the
+backend's optional `dispatch_with_handle(rows, handle)` (every built-in backend has it: nccl-a2a and
+mxfp8-a2a an all_to_all_single along the splits, DeepEP V1 `Buffer.dispatch(x, handle=...)`, Hybrid-EP
+`HybridEPBuffer.dispatch(hidden, handle=...)`), and may say why it cannot for a case through
+`dispatch_with_handle_reason()` (asked after prepare). Routing weights are inputs, not parameters: no
+gradient flows to them (the router is not part of the layer).
+
+Layout: where the backend splits the layout step from the payload (`Backend.phases`, with
+`layout(topk_idx, topk_weights)` and `dispatch(..., layout=...)`), the schedules compute a micro-batch's
+layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.layout` returns None).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from moelab.backends.base import Backend, Dispatched
+from moelab.core.errors import SpecError
+
+GEMM_IMPLS = ("auto", "grouped", "loop")
+INTERMEDIATE_DIVISOR = 4
+GEMM_ALIGN = 8  # _grouped_mm's CUTLASS path wants 16-byte aligned rows: bf16 dims that are multiples of 8
+
+_PRIME = 2_147_483_647  # 2^31 - 1: (h < 2^31) * (a < 2^31) + b stays below 2^63, so int64 never overflows
+_SHIFTS = (13, 11, 15)
+
+
+def default_intermediate(hidden: int) -> int:
+    return max(hidden // INTERMEDIATE_DIVISOR, 1)
+
+
+def _hash_params(*key: object) -> list[int]:
+    digest = hashlib.sha256(":".join(str(k) for k in key).encode()).digest()
+    return [int.from_bytes(digest[4 * i : 4 * i + 4], "little") % (_PRIME - 2) + 2 for i in range(8)]
+
+
+def hashed_uniform(
+    key: tuple[object, ...], shape: tuple[int, ...], device: torch.device | str
+) -> torch.Tensor:
+    """float32 values uniform in (-1, 1) (24-bit resolution), a pure function of `key` and the element
+    index: the same bits on every device. Three rounds of multiply-add modulo 2^31-1 and xorshift."""
+    p = _hash_params(*key)
+    num = 1
+    for s in shape:
+        num *= s
+    h = (torch.arange(num, dtype=torch.int64, device=device) + p[0]) % _PRIME
+    for (a, b), shift in zip(((p[1], p[2]), (p[3], p[4]), (p[5], p[6])), _SHIFTS, strict=True):
+        h = (h * a + b) % _PRIME
+        h = h ^ (h >> shift)
+    u = ((h & 0xFFFFFF).to(torch.float32) + 0.5) * (2.0 / 16777216.0) - 1.0
+    return u.view(shape)
+
+
+def hashed_normal_like(
+    key: tuple[object, ...], shape: tuple[int, ...], std: float, device: torch.device | str
+) -> torch.Tensor:
+    """Uniform values scaled to standard deviation `std` (a uniform on (-√3σ, √3σ) has variance σ²)."""
+    return hashed_uniform(key, shape, device) * (std * 3.0**0.5)
+
+
+def layer_tokens(
+    seed: int, rank: int, num_tokens: int, hidden: int, device: torch.device | str
+) -> torch.Tensor:
+    """The layer's input on `rank`: [T, H] bf16, unit variance."""
+    return hashed_normal_like(("e2e-tokens", seed, rank, hidden), (num_tokens, hidden), 1.0, device).to(
+        torch.bfloat16
+    )
+
+
+def output_grad(
+    seed: int, rank: int, num_tokens: int, hidden: int, device: torch.device | str
+) -> torch.Tensor:
+    """The gradient fed to the layer's output in forward+backward: [T, H] bf16."""
+    return hashed_normal_like(("e2e-grad", seed, rank, hidden), (num_tokens, hidden), 1.0, device).to(
+        torch.bfloat16
+    )
+
+
+def expert_weight(
+    seed: int, expert: int, hidden: int, intermediate: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global expert `expert`'s (W13 [H, 2I], W2 [I, H]) in bf16; std 1/√fan_in keeps activations O(1)."""
+    w13 = hashed_normal_like(
+        ("e2e-w13", seed, expert, hidden, intermediate), (hidden, 2 * intermediate), hidden**-0.5, device
+    )
+    w2 = hashed_normal_like(
+        ("e2e-w2", seed, expert, hidden, intermediate), (intermediate, hidden), intermediate**-0.5, device
+    )
+    return w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+
+
+@dataclass(slots=True)
+class ExpertWeights:
+    """One rank's experts, stacked for the grouped GEMM: w13 [E, H, 2I], w2 [E, I, H]."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    first_expert: int  # global id of local expert 0
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.w13.shape[0])
+
+    @property
+    def intermediate(self) -> int:
+        return int(self.w2.shape[1])
+
+    def zero_grad(self) -> None:
+        self.w13.grad = None
+        self.w2.grad = None
+
+
+def local_expert_weights(
+    seed: int,
+    rank: int,
+    experts_per_rank: int,
+    hidden: int,
+    intermediate: int,
+    device: torch.device,
+    requires_grad: bool = False,
+) -> ExpertWeights:
+    first = rank * experts_per_rank
+    pairs = [expert_weight(seed, first + e, hidden, intermediate, device) for e in range(experts_per_rank)]
+    w13 = torch.stack([p[0] for p in pairs]).requires_grad_(requires_grad)
+    w2 = torch.stack([p[1] for p in pairs]).requires_grad_(requires_grad)
+    return ExpertWeights(w13=w13, w2=w2, first_expert=first)
+
+
+def resolve_gemm(requested: str, device: torch.device, hidden: int, intermediate: int) -> str:
+    """ "grouped" (torch._grouped_mm) or "loop" (one matmul per expert). auto: grouped on CUDA SM90+ with
+    aligned dims, where torch routes bf16 to its CUTLASS grouped kernel; the loop elsewhere."""
+    if requested not in GEMM_IMPLS:
+        raise SpecError(f"gemm must be one of {', '.join(GEMM_IMPLS)}, got {requested!r}")
+    has_grouped = hasattr(torch, "_grouped_mm")
+    if requested == "grouped":
+        if not has_grouped:
+            raise SpecError(f"gemm = grouped: torch {torch.__version__} has no torch._grouped_mm")
+        return "grouped"
+    if requested == "loop":
+        return "loop"
+    aligned = hidden % GEMM_ALIGN == 0 and intermediate % GEMM_ALIGN == 0
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    return "grouped" if has_grouped and aligned and hopper else "loop"
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str) -> torch.Tensor:
+    """x [P, K] rows sorted by group, w [G, K, N], offsets [G] int32 cumulative row ends -> [P, N]."""
+    if impl == "grouped":
+        return torch._grouped_mm(x, w, offs=offsets)
+    ends = offsets.tolist()  # host sync: the loop needs the group sizes on the host
+    outs, start = [], 0
+    for g, end in enumerate(ends):
+        outs.append(x[start:end] @ w[g])
+        start = end
+    return torch.cat(outs) if outs else x.new_empty(0, w.shape[2])
+
+
+def swiglu_ffn(x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights, impl: str) -> torch.Tensor:
+    """The grouped GEMMs and the activation: expert-sorted rows [P, H] -> [P, H]."""
+    h = grouped_matmul(x, weights.w13, offsets, impl)
+    inter = weights.intermediate
+    a = F.silu(h[:, :inter]) * h[:, inter:]
+    return grouped_matmul(a, weights.w2, offsets, impl)
+
+
+@dataclass(slots=True)
+class Grouped:
+    """Received rows replicated per local expert and sorted by expert."""
+
+    x: torch.Tensor  # [P, H] bf16
+    row: torch.Tensor  # [P] int64: the received row of each pair
+    weight: torch.Tensor  # [P] routing weight of each pair (the payload dtype)
+    offsets: torch.Tensor  # [E] int32 cumulative pair counts
+    num_rows: int  # R, received rows
+
+    @property
+    def num_pairs(self) -> int:
+        return int(self.row.numel())
+
+
+@dataclass(slots=True)
+class Received:
+    """What the expert compute of one chunk needs: its grouped rows and the handle to send them back."""
+
+    grouped: Grouped
+    handle: Any
+
+
+def received_payload(d: Dispatched) -> torch.Tensor:
+    """The received rows as bf16 (fp8 payloads with per-128 scales dequantized)."""
+    if d.recv_scales is not None or d.recv_x.dtype != torch.bfloat16:
+        return d.recv_x_float().to(torch.bfloat16)
+    return d.recv_x
+
+
+def group_by_expert(
+    recv_x: torch.Tensor, recv_topk_idx: torch.Tensor, recv_topk_weights: torch.Tensor, experts_per_rank: int
+) -> Grouped:
+    num_rows, topk = recv_topk_idx.shape
+    idx = recv_topk_idx.reshape(-1).to(torch.int64)
+    valid = (idx >= 0) & (idx < experts_per_rank)
+    key = torch.where(valid, idx, experts_per_rank)  # pairs of other ranks' experts sort last
+    order = torch.sort(key, stable=True).indices
+    counts = torch.bincount(key, minlength=experts_per_rank + 1)[:experts_per_rank]
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    num_pairs = int(offsets[-1].item()) if experts_per_rank else 0  # host sync: sizes the gather
+    pairs = order[:num_pairs]
+    row = torch.div(pairs, topk, rounding_mode="floor")
+    weight = recv_topk_weights.reshape(-1).index_select(0, pairs).to(recv_x.dtype)
+    return Grouped(x=recv_x.index_select(0, row), row=row, weight=weight, offsets=offsets, num_rows=num_rows)
+
+
+def ungroup(y: torch.Tensor, g: Grouped) -> torch.Tensor:
+    """Each pair's output times its routing weight, summed into its received row: [P, H] -> [R, H]."""
+    out = torch.zeros(g.num_rows, y.shape[1], dtype=y.dtype, device=y.device)
+    return out.index_add(0, g.row, y * g.weight.unsqueeze(1))
+
+
+def supports_backward(backend: Backend) -> str | None:
+    """None when the layer can run backward through `backend` (prepared for the case), else why not."""
+    if not callable(getattr(backend, "dispatch_with_handle", None)):
+        return (
+            f"{backend.name} has no dispatch_with_handle(rows, handle): the backward of combine needs "
+            "to send output gradients along the forward dispatch's handle"
+        )
+    reason = getattr(backend, "dispatch_with_handle_reason", None)
+    return reason() if callable(reason) else None
+
+
+def has_phases(backend: Backend) -> bool:
+    """The backend splits the layout step from the payload dispatch (the lead's Backend.phases)."""
+    return bool(getattr(backend, "phases", False))
+
+
+def backend_dispatch(
+    backend: Backend, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any
+) -> Dispatched:
+    if layout is None:
+        return backend.dispatch(x, topk_idx, topk_weights)
+    return backend.dispatch(x, topk_idx, topk_weights, layout=layout)  # type: ignore[call-arg]
+
+
+class _DispatchFn(torch.autograd.Function):
+    """recv_x = dispatch(x); backward: combine of the received rows' gradients (summed at the source)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        backend: Backend,
+        layout: Any,
+        out: list[Dispatched],
+    ) -> torch.Tensor:  # type: ignore[override]
+        d = backend_dispatch(backend, x, topk_idx, topk_weights, layout)
+        out.append(d)
+        ctx.backend, ctx.handle = backend, d.handle
+        return received_payload(d)
+
+    @staticmethod
+    def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_x = ctx.backend.combine(grad_recv.to(torch.bfloat16).contiguous(), ctx.handle)
+        return grad_x, None, None, None, None, None
+
+
+class _CombineFn(torch.autograd.Function):
+    """out = combine(expert_out); backward: the output gradient dispatched along the same handle."""
+
+    @staticmethod
+    def forward(ctx: Any, expert_out: torch.Tensor, handle: Any, backend: Backend) -> torch.Tensor:  # type: ignore[override]
+        ctx.backend, ctx.handle = backend, handle
+        return backend.combine(expert_out, handle)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad = ctx.backend.dispatch_with_handle(grad_out.to(torch.bfloat16).contiguous(), ctx.handle)
+        return grad, None, None
+
+
+class MoELayer:
+    """The three steps of the layer on one rank; serial and overlapped schedules compose them.
+
+    Autograd Functions wrap dispatch and combine when gradients are being recorded (grad mode on and
+    the input requires grad); otherwise the backend is called directly.
+    """
+
+    def __init__(self, backend: Backend, weights: ExpertWeights, experts_per_rank: int, gemm: str) -> None:
+        self.backend = backend
+        self.weights = weights
+        self.experts_per_rank = experts_per_rank
+        self.gemm = gemm
+
+    def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
+        """The backend's layout of this routing (None when the backend has no layout step of its own)."""
+        if not has_phases(self.backend):
+            return None
+        return self.backend.layout(topk_idx, topk_weights)  # type: ignore[attr-defined]
+
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+    ) -> Received:
+        if torch.is_grad_enabled() and x.requires_grad:
+            got: list[Dispatched] = []
+            recv_x = _DispatchFn.apply(x, topk_idx, topk_weights, self.backend, layout, got)
+            d = got[0]
+        else:
+            d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
+            recv_x = received_payload(d)
+        grouped = group_by_expert(recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank)
+        return Received(grouped=grouped, handle=d.handle)
+
+    def experts(self, received: Received) -> torch.Tensor:
+        """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""
+        g = received.grouped
+        return ungroup(swiglu_ffn(g.x, g.offsets, self.weights, self.gemm), g)
+
+    def combine(self, expert_out: torch.Tensor, received: Received) -> torch.Tensor:
+        if torch.is_grad_enabled() and expert_out.requires_grad:
+            return _CombineFn.apply(expert_out, received.handle, self.backend)  # type: ignore[no-any-return]
+        return self.backend.combine(expert_out, received.handle)
+
+    def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The serial layer: dispatch, expert compute, combine, one after the other."""
+        received = self.dispatch(x, topk_idx, topk_weights)
+        return self.combine(self.experts(received), received)

@@ -1,1 +1,0 @@
-"""The typed case record every producer writes and ingest reads."""
