@@ -14,8 +14,9 @@ import statistics
 
 import torch
 
+from moelab.core.e2e_spec import default_intermediate
 from moelab.measure.e2e.carveout import gemm_carveout
-from moelab.measure.e2e.layer import default_intermediate, local_expert_weights, swiglu_ffn
+from moelab.measure.e2e.layer import local_expert_weights, swiglu_ffn
 
 
 def main() -> None:

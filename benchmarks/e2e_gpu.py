@@ -11,7 +11,6 @@ one job here: a backend that crashes takes the rest of this script with it).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -21,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends import registry
-from moelab.backends.base import BackendContext
+from moelab.backends.base import BackendContext, CaseConfig
+from moelab.core.case_record import CaseRecord
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import Workload
+from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.bench import run_e2e_case
-from moelab.measure.e2e.settings import backend_case_config
 from moelab.measure.timing import Clock
 from moelab.suites.loader import case_id_for
 
@@ -49,17 +49,17 @@ def _cases(a: argparse.Namespace, backend: str, world: int) -> list[CaseSpec]:
                 knobs["chunks"] = a.chunks
             if a.backward:
                 knobs["backward"] = True
+            case_id = case_id_for(wl, sms, knobs)
             cases.append(
-                CaseSpec(
-                    case_id=case_id_for(wl, sms, knobs), backend=backend, workload=wl, sms=sms, knobs=knobs
-                )
+                CaseSpec.from_asked(knobs=knobs, case_id=case_id, backend=backend, workload=wl, sms=sms)
             )
     return cases
 
 
-def _line(rec: dict[str, Any]) -> str:
+def _line(record: CaseRecord) -> str:
+    rec = record.to_dict()
     e2e = rec.get("backend_record", {}).get("e2e", {})
-    head = f"{rec['backend']:<10} {rec['case']['knobs'].get('mode'):<8} sms={rec['case']['sms']!s:<7} {rec['status']:<11}"
+    head = f"{rec['case']['backend']:<10} {rec['case']['knobs'].get('mode'):<8} sms={rec['case']['sms']!s:<7} {rec['status']:<11}"
     if rec["status"] != "ok":
         return f"{head} {rec.get('reason')}"
     m = {d["name"]: d["value"] for d in rec["metrics"]}
@@ -139,16 +139,17 @@ def main() -> None:
             timing=timing,
             launch=LaunchSpec(device=device.type, nproc_per_node=world, gpus_per_node=world),
         )
-        backend = cls(ctx, [backend_case_config(c) for c in cases])
+        backend = cls(ctx, [CaseConfig.of(c) for c in cases])
+        cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=None)
         for case in cases:
-            rec = run_e2e_case(backend, case, ctx, spec, clock)
+            rec = run_e2e_case(cc, case)
             if rank == 0:
                 print(_line(rec), flush=True)
                 if a.json_dir:
                     out = Path(a.json_dir)
                     out.mkdir(parents=True, exist_ok=True)
                     with (out / f"{name}.jsonl").open("a") as f:
-                        f.write(json.dumps(rec) + "\n")
+                        f.write(rec.to_json() + "\n")
         backend.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from moelab.core.spec import LaunchSpec, RunSpec
+    from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
     from moelab.job.local import JobOutcome
     from moelab.job.rundir import JobFiles
 
@@ -56,6 +56,11 @@ class CaseConfig:
     workload: Workload
     sms: int | None = None  # None: the library's default
     knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, case: CaseSpec) -> CaseConfig:
+        """What the backend sees of `case`: its workload, SMs and the backend's own knobs."""
+        return cls(case_id=case.case_id, workload=case.workload, sms=case.sms, knobs=dict(case.knobs))
 
 
 @dataclass(slots=True)

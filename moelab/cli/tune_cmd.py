@@ -13,10 +13,10 @@ import typer
 from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
+from moelab.core.e2e_spec import default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.spec import TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
-from moelab.measure.e2e.layer import default_intermediate
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, data_dir, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines

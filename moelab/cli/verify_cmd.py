@@ -159,7 +159,7 @@ def _print_plan(spec: RunSpec, req: VerifyRequest, paths: dict[str, str], nccl_t
     for case in spec.cases:
         skip = f"  (skipped: {case.skip_reason})" if case.skip_reason else ""
         console.print(
-            f"# moelab {case.backend}: case {case.case_id} sms={case.sms or 'default'} knobs={case.knobs}{skip}"
+            f"# moelab {case.backend}: case {case.case_id} sms={case.sms or 'default'} knobs={case.asked_knobs()}{skip}"
         )
     for name in spec.backends:
         reason = unsupported_reason(name, req, spec.launch.world, spec.launch.gpus_per_node)

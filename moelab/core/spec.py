@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.core.e2e_spec import BENCH_E2E, BENCH_KNOB, E2E_KEYS, E2ESpec
+from moelab.core.errors import SpecError
 from moelab.core.workload import Workload
 
 SPEC_VERSION = 1
@@ -101,33 +104,72 @@ class HealthSpec:
     load_ms: float = 300.0  # clocks under a short matmul load in each snapshot (GPU only)
 
 
+CASE_KINDS = ("a2a", "e2e", "host")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CaseSpec:
+    """One case: what it measures (`kind`: a dispatch/combine case, an e2e layer, or a case of a host job
+    such as nccl-tests), on which backend, workload and SMs, with the backend's knobs and, for an e2e case,
+    the layer's settings."""
+
     case_id: str
     backend: str
     workload: Workload
     sms: int | None = None
-    knobs: dict[str, Any] = field(default_factory=dict)
+    kind: str = "a2a"
+    knobs: dict[str, Any] = field(default_factory=dict)  # the backend's own knobs
+    e2e: E2ESpec | None = None  # kind e2e: the layer's settings as asked
     skip_reason: str | None = None  # an invalid combination, stored as skipped
+
+    def __post_init__(self) -> None:
+        if self.kind not in CASE_KINDS:
+            raise SpecError(f"case kind {self.kind!r} is not one of {', '.join(CASE_KINDS)}")
+        if (self.kind == "e2e") != (self.e2e is not None):
+            raise SpecError(f"case {self.case_id}: an e2e case carries e2e settings, and only an e2e case")
+
+    @classmethod
+    def from_asked(cls, *, knobs: Mapping[str, Any], kind: str | None = None, **fields: Any) -> CaseSpec:
+        """A case from its knobs as a suite writes them: `bench = "e2e"` and the e2e knobs make an e2e case,
+        the rest are the backend's."""
+        rest = dict(knobs)
+        bench = rest.pop(BENCH_KNOB, None)
+        if bench is not None and bench != BENCH_E2E:
+            raise SpecError(
+                f"unknown bench {bench!r}: the only bench besides dispatch/combine is {BENCH_E2E}"
+            )
+        if bench is None:
+            return cls(kind=kind or "a2a", knobs=rest, **fields)
+        e2e = E2ESpec.from_knobs(rest)
+        backend_knobs = {k: v for k, v in rest.items() if k not in E2E_KEYS}
+        return cls(kind=kind or "e2e", knobs=backend_knobs, e2e=e2e, **fields)
+
+    def asked_knobs(self) -> dict[str, Any]:
+        """The knobs as a suite writes them (the store's `knobs` column and spec.json keep this form)."""
+        if self.e2e is None:
+            return dict(self.knobs)
+        return {BENCH_KNOB: BENCH_E2E, **self.e2e.to_knobs(), **self.knobs}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "case_id": self.case_id,
             "backend": self.backend,
+            "kind": self.kind,
             "workload": self.workload.to_dict(),
             "sms": self.sms,
-            "knobs": dict(self.knobs),
+            "knobs": self.asked_knobs(),
             "skip_reason": self.skip_reason,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaseSpec:
-        return cls(
+        return cls.from_asked(
+            knobs=dict(d.get("knobs") or {}),
+            kind=d.get("kind"),
             case_id=d["case_id"],
             backend=d["backend"],
             workload=Workload.from_dict(d["workload"]),
             sms=d.get("sms"),
-            knobs=dict(d.get("knobs") or {}),
             skip_reason=d.get("skip_reason"),
         )
 

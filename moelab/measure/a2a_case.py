@@ -1,12 +1,13 @@
-"""One dispatch/combine case on one rank: check, then time each op, then build the record (rank 0's is
-the one written). The e2e layer has its own case function (moelab.measure.e2e.bench) built from the same parts."""
+"""The dispatch/combine case kind on one rank: check, then time each op, then build the record (rank 0's is
+the one written). The e2e layer is the other rank-side kind (moelab.measure.e2e.bench), built from the
+same parts; moelab.measure.kinds maps each kind to its runner."""
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -16,27 +17,12 @@ from moelab.core.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, 
 from moelab.core.ops import ops_for
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
-from moelab.core.spec import CaseSpec, RunSpec
-from moelab.job.events import ProgressEvents
-from moelab.job.rundir import JobFiles
+from moelab.core.spec import CaseSpec
 from moelab.measure import environment, ib_counters
+from moelab.measure.case_context import CaseContext
 from moelab.measure.correctness import CaseInputs, Checked, check_case, make_inputs
-from moelab.measure.timing import Clock, Sampled
+from moelab.measure.timing import Sampled
 from moelab.tracing.nvtx_ranges import nvtx_range, range_name
-
-
-@dataclass(frozen=True, slots=True)
-class CaseContext:
-    backend: Backend
-    ctx: BackendContext
-    spec: RunSpec
-    clock: Clock
-    files: JobFiles | None
-    events: ProgressEvents | None = None  # rank 0's progress file: which op of which case is running
-
-
-def case_config(case: CaseSpec) -> CaseConfig:
-    return CaseConfig(case_id=case.case_id, workload=case.workload, sms=case.sms, knobs=dict(case.knobs))
 
 
 def op_calls(backend: Backend, inputs: CaseInputs, checked: Checked) -> dict[str, Callable[[], object]]:
@@ -88,7 +74,7 @@ def measure_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     where = {"world": ctx.world, "gpus_per_node": ctx.gpus_per_node}
     if case.skip_reason:
         return CaseRecord.skipped(case, case.skip_reason, **where)
-    cfg = case_config(case)
+    cfg = CaseConfig.of(case)
     reason = backend.unsupported_reason(cfg)
     if reason:
         return CaseRecord.unsupported(case, reason, **where)

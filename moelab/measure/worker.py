@@ -1,7 +1,8 @@
 """One rank of one backend job: `python -m moelab.measure.worker RUN_DIR BACKEND`, started by a launcher.
 
-For each case (moelab.measure.a2a_case): routing → correctness against the reference → each op timed
-until stable → a CaseRecord (moelab.record) → one JSON line in RUN_DIR/BACKEND/results.jsonl,
+For each case, its kind's runner (moelab.measure.kinds: a dispatch/combine case or an e2e layer): routing →
+correctness against the reference → each op timed until stable → a CaseRecord (moelab.core.case_record)
+→ one JSON line in RUN_DIR/BACKEND/results.jsonl,
 flushed at once so a later crash loses nothing measured. The rank's own stdout/stderr go to
 RUN_DIR/BACKEND/rank<R>.log, with faulthandler on, so a segfault leaves a Python traceback there.
 """
@@ -21,15 +22,15 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends import registry
-from moelab.backends.base import BackendContext
-from moelab.core.case_record import CaseRecord
-from moelab.core.spec import CaseSpec, RunSpec
+from moelab.backends.base import BackendContext, CaseConfig
+from moelab.core.spec import RunSpec
 from moelab.job.diagnosis import install_stack_dumps, record_worker_error
 from moelab.job.events import ProgressEvents
 from moelab.job.lifeline import die_with_parent
 from moelab.job.rundir import JobFiles
 from moelab.measure import environment
-from moelab.measure.a2a_case import CaseContext, measure_case
+from moelab.measure.case_context import CaseContext
+from moelab.measure.kinds import run_case
 from moelab.measure.timing import Clock
 from moelab.tracing.nvtx_ranges import cuda_profiler_range
 
@@ -81,17 +82,6 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
     print("measured peaks: " + ", ".join(f"{p.name} {p.gbps:.1f} GB/s" for p in peaks), flush=True)
 
 
-def run_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
-    """One case on this rank, by the case's bench kind; returns the record (the same on every rank)."""
-    from moelab.measure.e2e import is_e2e, run_e2e_case
-    from moelab.measure.e2e.record import e2e_case_record
-
-    if is_e2e(case.knobs) and not case.skip_reason:
-        d = run_e2e_case(cc.backend, case, cc.ctx, cc.spec, cc.clock, cc.files)
-        return e2e_case_record(case, d, cc.ctx.world, cc.ctx.gpus_per_node)
-    return measure_case(cc, case)
-
-
 def main(argv: list[str]) -> int:
     die_with_parent()  # first: if the launcher (torchrun) is killed, this rank must not run on alone
     run_dir, backend_name = Path(argv[0]), argv[1]
@@ -136,10 +126,8 @@ def main(argv: list[str]) -> int:
         _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
     cls = registry.load(backend_name)
-    from moelab.measure.e2e import backend_case_config
-
     with events.timed_setup("buffers"):
-        backend = cls(ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
+        backend = cls(ctx, [CaseConfig.of(c) for c in cases if not c.skip_reason])
     env = environment.fingerprint(device) | {
         "rank": rank,
         "local_rank": local_rank,

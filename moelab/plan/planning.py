@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +160,27 @@ def check_suite_backends(suite: Suite) -> None:
 
 
 def check_knobs(cases: Sequence[CaseSpec]) -> None:
-    """Every case's knobs through their owners' checks (the e2e layer's own knobs, the rest the backend's):
-    an unknown or misspelt knob, or a bad value, is refused here with the valid names, never stored as an
-    unsupported case."""
-    from moelab.measure.e2e import backend_knobs, is_e2e
-    from moelab.measure.e2e.settings import E2ESettings
-
+    """Every case's settings through their owners' checks (an e2e case's layer settings against its
+    workload and SMs, the knobs the backend's): an unknown or misspelt knob, or a bad value, is refused here
+    with the valid names, never stored as an unsupported case."""
     for case in cases:
-        knobs = dict(case.knobs)
-        if is_e2e(knobs):
-            E2ESettings.from_knobs(knobs, case.workload, case.sms)
-            knobs = backend_knobs(knobs)
-        registry.load(case.backend).check_knobs(knobs, case.workload)
+        if case.e2e is not None:
+            case.e2e.resolve(case.workload, case.sms)
+        registry.load(case.backend).check_knobs(case.knobs, case.workload)
+
+
+def host_job_cases(cases: Sequence[CaseSpec]) -> list[CaseSpec]:
+    """A backend the launching host runs as one job (nccl-tests) has cases of the host kind; it has no e2e
+    layer to run."""
+    out = []
+    for case in cases:
+        if registry.load(case.backend).job_kind != "host":
+            out.append(case)
+        elif case.kind == "e2e":
+            raise SpecError(f"{case.backend} runs as one job of the launching host: it has no e2e cases")
+        else:
+            out.append(replace(case, kind="host"))
+    return out
 
 
 def _world(req: RunRequest, host: HostFacts) -> tuple[str, int, int]:
@@ -262,6 +271,7 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
         if unknown:
             raise SpecError(f"no case {unknown[0]!r} in this run; list them with `moelab run --list-cases`")
         cases = [c for c in cases if c.case_id in req.cases]
+    cases = host_job_cases(cases)
     check_knobs([c for c in cases if not c.skip_reason])
     if not any(not c.skip_reason for c in cases):
         raise SpecError(cases[0].skip_reason if cases else f"suite {suite.name} has no cases")

@@ -148,7 +148,7 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
         "cases", backend=rec.backend, case_id=rec.case_id, status=rec.status, reason=rec.reason, hidden=wl.hidden,
         tokens_per_rank=wl.tokens_per_rank, topk=wl.topk, experts_per_rank=wl.experts_per_rank, world=spec.launch.world,
         gpus_per_node=spec.launch.gpus_per_node, routing=wl.routing.kind, routing_seed=wl.routing.seed,
-        routing_params=json.dumps(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=json.dumps(case.knobs),
+        routing_params=json.dumps(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=json.dumps(case.asked_knobs()),
         backend_record=json.dumps(rec.backend_record), dispatch_err=_finite(check.dispatch_err) if check else None,
         combine_err=_finite(check.combine_err) if check else None, host_sync=rec.host_sync,
         suspect=suspect is not None, suspect_reason=suspect,

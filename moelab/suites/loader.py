@@ -210,11 +210,11 @@ def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> Cas
         workload.validate(world)
     except SpecError as exc:
         skip = str(exc)
-    return CaseSpec(
+    return CaseSpec.from_asked(
+        knobs=knobs,
         case_id=case_id_for(workload, sms, knobs),
         backend=backend,
         workload=workload,
         sms=sms,
-        knobs=knobs,
         skip_reason=skip,
     )

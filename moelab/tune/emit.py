@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from moelab.measure.e2e.settings import resolve_carveout
+from moelab.core.e2e_spec import resolve_carveout
 from moelab.tune.search import Trial, TuneResult
 from moelab.tune.trials import TrialPlan
 

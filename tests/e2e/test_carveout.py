@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moelab.core.e2e_spec import E2ESpec
 from moelab.core.errors import SpecError
 from moelab.core.workload import Workload
 from moelab.measure.e2e.carveout import carveout_reason, gemm_carveout
-from moelab.measure.e2e.settings import E2ESettings
 
 WL = Workload(hidden=1024)
 
@@ -26,7 +26,7 @@ WL = Workload(hidden=1024)
     ],
 )
 def test_carveout_resolution(knobs: dict[str, object], sms: int | None, expected: int) -> None:
-    s = E2ESettings.from_knobs(knobs, WL, sms)
+    s = E2ESpec.from_knobs(knobs).resolve(WL, sms)
     assert s.carveout == expected
     assert s.to_record("grouped")["carveout"] == expected
 
@@ -42,7 +42,7 @@ def test_carveout_resolution(knobs: dict[str, object], sms: int | None, expected
 )
 def test_bad_carveouts_are_refused(knobs: dict[str, object], match: str) -> None:
     with pytest.raises(SpecError, match=match):
-        E2ESettings.from_knobs(knobs, WL, 24)
+        E2ESpec.from_knobs(knobs).resolve(WL, 24)
 
 
 def test_carveout_is_a_no_op_off_cuda() -> None:

@@ -12,14 +12,15 @@ import torch
 from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
+from moelab.core.case_record import CaseRecord
 from moelab.core.routing import Routing, route_all
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
+from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.bench import run_e2e_case
 from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Streams, forward_pipelined
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
-from moelab.measure.e2e.settings import backend_case_config
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
 from tests.distributed_helpers import gloo_context, run_ranks
@@ -134,15 +135,16 @@ class HalvedCombine(NcclA2ABackend):
 BACKENDS = {"nccl-a2a": NcclA2ABackend, "mxfp8-a2a": Mxfp8A2ABackend, "halved": HalvedCombine}
 
 
-def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[dict[str, Any]]:
+def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[CaseRecord]:
     ctx = gloo_context(rank, world)
-    backend = BACKENDS[backend_name](ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
+    backend = BACKENDS[backend_name](ctx, [CaseConfig.of(c) for c in cases if not c.skip_reason])
     spec = RunSpec(
         run_id="t", created_at="2026-01-01T00:00:00+00:00", suite="e2e", backends=(backend_name,), cases=tuple(cases),
         timing=TimingSpec(warmup=1, iters=3, pair_reps=1, pair_iters=1, flush_l2=False), launch=LaunchSpec(nproc_per_node=world, gpus_per_node=world),
     )  # fmt: skip
     clock = Clock(ctx.device, ctx.group, False)
-    records = [run_e2e_case(backend, c, ctx, spec, clock) for c in cases]
+    cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=None)
+    records = [run_e2e_case(cc, c) for c in cases]
     backend.close()
     return records
 
@@ -152,7 +154,13 @@ def _case(
 ) -> CaseSpec:
     knobs = {"bench": "e2e", **knobs}
     case_id = "-".join([wl.label(), str(sms)] + [f"{k}={v}" for k, v in sorted(knobs.items())])
-    return CaseSpec(case_id=case_id, backend=backend, workload=wl, sms=sms, knobs=knobs, skip_reason=skip)
+    return CaseSpec.from_asked(
+        knobs=knobs, case_id=case_id, backend=backend, workload=wl, sms=sms, skip_reason=skip
+    )
+
+
+def _metric(rec: CaseRecord, name: str) -> float | None:
+    return next(m.value for m in rec.metrics if m.name == name)
 
 
 def test_run_e2e_case_records_nccl_a2a() -> None:
@@ -169,27 +177,29 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
     ]
     records = run_ranks(world, _bench_rank, "nccl-a2a", cases)[0]
     serial, overlap, sms, skipped, bad_knob = records
-    assert [r["status"] for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
-    assert "SM control needs NCCL" in sms["reason"] and "needs mode = chunked" in bad_knob["reason"]
+    assert [r.status for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
+    assert "SM control needs NCCL" in str(sms.reason) and "needs mode = chunked" in str(bad_knob.reason)
     alone = {"layer", "compute_only", "gemm", "gemm_mb", "gemm_mb_under_comm", "dispatch", "combine"}
-    assert set(serial["ops"]) == alone
-    assert set(overlap["ops"]) == alone | {
+    assert {o.op for o in serial.ops} == alone
+    assert {o.op for o in overlap.ops} == alone | {
         "layer_serial",
         "compute_only_split",
         "layer_fwd_bwd",
         "layer_fwd_bwd_serial",
     }
+    tolerance = layer_tolerance("bf16", "bf16")
     for rec in (serial, overlap):
-        for op, data in rec["ops"].items():
-            samples = data["samples_us"]
-            assert len(samples) == world and all(len(s) == 3 and all(v > 0 for v in s) for s in samples), op
-            assert data["bytes_per_row"] == {"dispatch": 128, "combine": 128}.get(op, 0)
-        assert rec["check"]["layer_err"] < rec["check"]["tolerance"] and not rec["check"]["messages"]
-        assert (
-            len(rec["rows"]) == world and sum(rec["pairs_per_rank"]) == world * wl.tokens_per_rank * wl.topk
+        for o in rec.ops:
+            samples = o.samples_us
+            assert len(samples) == world and all(len(s) == 3 and all(v > 0 for v in s) for s in samples), o.op
+            assert o.bytes_per_row == {"dispatch": 128, "combine": 128}.get(o.op, 0)
+        err = _metric(rec, "layer_rel_err")
+        assert rec.check is not None and not rec.check.messages and err is not None and err < tolerance
+        assert len(rec.rows) == world and sum(r.send_rows for r in rec.rows) == sum(
+            r.recv_rows for r in rec.rows
         )
-        assert rec["backend_record"]["e2e"]["intermediate"] == INTER
-        names = {m["name"] for m in rec["metrics"]}
+        assert rec.backend_record["e2e"]["intermediate"] == INTER
+        names = {m.name for m in rec.metrics}
         assert {
             "layer_us",
             "tokens_per_s_per_rank",
@@ -197,8 +207,8 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
             "gemm_tflops_per_rank",
             "layer_rel_err",
         } <= names
-        assert all(m["value"] is None or np.isfinite(m["value"]) for m in rec["metrics"])
-    by_name = {m["name"]: m for m in overlap["metrics"]}
+        assert all(m.value is None or np.isfinite(m.value) for m in rec.metrics)
+    by_name = {m.name: m.value for m in overlap.metrics}
     assert {
         "overlap_efficiency",
         "speedup_vs_serial",
@@ -207,13 +217,13 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
         "tokens_per_s_per_rank_fwd_bwd",
         "speedup_vs_serial_fwd_bwd",
     } <= set(by_name)
-    assert by_name["grad_x_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
-    assert by_name["grad_w_rel_err"]["value"] < 2 * overlap["check"]["tolerance"]
-    assert "speedup_vs_serial" not in {m["name"] for m in serial["metrics"]}
+    assert by_name["grad_x_rel_err"] is not None and by_name["grad_x_rel_err"] < 2 * tolerance
+    assert by_name["grad_w_rel_err"] is not None and by_name["grad_w_rel_err"] < 2 * tolerance
+    assert "speedup_vs_serial" not in {m.name for m in serial.metrics}
     assert (
-        serial["backend_record"]["e2e"]["mode"] == "serial"
-        and overlap["backend_record"]["e2e"]["mode"] == "tbo"
-        and overlap["backend_record"]["e2e"]["chunks"] == 2
+        serial.backend_record["e2e"]["mode"] == "serial"
+        and overlap.backend_record["e2e"]["mode"] == "tbo"
+        and overlap.backend_record["e2e"]["chunks"] == 2
     )
 
 
@@ -221,15 +231,16 @@ def test_run_e2e_case_mxfp8_both_ways_and_backward() -> None:
     wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2, dtype="mxfp8")
     cases = [_case("mxfp8-a2a", wl, mode="tbo", backward=True, intermediate=INTER, quantizer="torch")]
     (rec,) = run_ranks(2, _bench_rank, "mxfp8-a2a", cases)[0]
-    assert rec["status"] == "ok", rec.get("reason")
-    assert rec["backend_record"]["combine_impl"] == "mxfp8" and rec["backend_record"]["quantizer"] == "torch"
-    assert rec["check"]["tolerance"] == pytest.approx(layer_tolerance("mxfp8", "mxfp8"))
-    assert 0 < rec["check"]["layer_err"] < rec["check"]["tolerance"]
-    assert rec["ops"]["dispatch"]["bytes_per_row"] == 64 + 2
+    assert rec.status == "ok", rec.reason
+    assert rec.backend_record["combine_impl"] == "mxfp8" and rec.backend_record["quantizer"] == "torch"
+    err = _metric(rec, "layer_rel_err")
+    assert err is not None and 0 < err < layer_tolerance("mxfp8", "mxfp8")
+    dispatch = rec.op("dispatch")
+    assert dispatch is not None and dispatch.bytes_per_row == 64 + 2
 
 
 def test_broken_combine_is_incorrect_and_not_timed() -> None:
     wl = Workload(hidden=64, tokens_per_rank=16, topk=2, experts_per_rank=2)
     (rec,) = run_ranks(2, _bench_rank, "halved", [_case("halved", wl, mode="tbo", intermediate=INTER)])[0]
-    assert rec["status"] == "incorrect" and "layer output error" in rec["reason"]
-    assert "ops" not in rec and rec["check"]["layer_err"] > 0.3
+    assert rec.status == "incorrect" and "layer output error" in str(rec.reason)
+    assert not rec.ops and rec.check is not None and rec.check.messages

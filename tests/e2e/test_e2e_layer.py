@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moelab.backends.base import Backend, Dispatched
+from moelab.backends.base import Backend, CaseConfig, Dispatched
+from moelab.core.e2e_spec import E2ESpec
 from moelab.core.errors import SpecError
 from moelab.core.routing import route
 from moelab.core.spec import CaseSpec
@@ -31,7 +32,6 @@ from moelab.measure.e2e.layer import (
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
-from moelab.measure.e2e.settings import E2ESettings, backend_case_config, backend_knobs, is_e2e
 from moelab.measure.reference import relative_error
 from moelab.suites.loader import expand, load_suite
 
@@ -335,11 +335,11 @@ def test_chunk_bounds_cover_every_token_once() -> None:
 
 def test_settings_from_knobs() -> None:
     wl = Workload(hidden=8192)
-    s = E2ESettings.from_knobs({"bench": "e2e"}, wl)
+    s = E2ESpec.from_knobs({"bench": "e2e"}).resolve(wl)
     assert (s.mode, s.chunks, s.intermediate, s.backward, s.gemm) == ("serial", 1, 2048, False, "auto")
-    s = E2ESettings.from_knobs({"mode": "chunked", "intermediate": 512, "backward": True}, wl)
+    s = E2ESpec.from_knobs({"mode": "chunked", "intermediate": 512, "backward": True}).resolve(wl)
     assert (s.mode, s.chunks, s.intermediate, s.backward) == ("chunked", 4, 512, True)
-    s = E2ESettings.from_knobs({"mode": "tbo"}, wl)
+    s = E2ESpec.from_knobs({"mode": "tbo"}).resolve(wl)
     assert (s.mode, s.chunks) == ("tbo", 2)
     for knobs, match in (
         ({"mode": "pipelined"}, "mode must be one of"),
@@ -352,16 +352,26 @@ def test_settings_from_knobs() -> None:
         ({"gemm": "cublas"}, "gemm must be one of"),
     ):
         with pytest.raises(SpecError, match=match):
-            E2ESettings.from_knobs(knobs, wl)
+            E2ESpec.from_knobs(knobs).resolve(wl)
 
 
 def test_backend_sees_only_its_own_knobs() -> None:
     knobs = {"bench": "e2e", "mode": "chunked", "chunks": 2, "combine_impl": "bf16"}
-    assert is_e2e(knobs) and not is_e2e({"combine_impl": "bf16"})
-    assert backend_knobs(knobs) == {"combine_impl": "bf16"}
-    case = CaseSpec(case_id="c", backend="mxfp8-a2a", workload=Workload(), sms=16, knobs=knobs)
-    cfg = backend_case_config(case)
+    case = CaseSpec.from_asked(knobs=knobs, case_id="c", backend="mxfp8-a2a", workload=Workload(), sms=16)
+    assert case.kind == "e2e" and case.e2e == E2ESpec(mode="chunked", chunks=2)
+    assert case.knobs == {"combine_impl": "bf16"}
+    assert case.asked_knobs() == knobs  # the store and spec.json keep the knobs as the suite wrote them
+    assert CaseSpec.from_dict(case.to_dict()) == case
+    plain = CaseSpec.from_asked(
+        knobs={"combine_impl": "bf16"}, case_id="d", backend="mxfp8-a2a", workload=Workload()
+    )
+    assert plain.kind == "a2a" and plain.e2e is None
+    cfg = CaseConfig.of(case)
     assert cfg.knobs == {"combine_impl": "bf16"} and cfg.sms == 16 and cfg.case_id == "c"
+    with pytest.raises(SpecError, match="unknown bench 'layer'"):
+        CaseSpec.from_asked(knobs={"bench": "layer"}, case_id="e", backend="nccl-a2a", workload=Workload())
+    with pytest.raises(SpecError, match="an e2e case carries e2e settings"):
+        CaseSpec(case_id="f", backend="nccl-a2a", workload=Workload(), kind="e2e")
 
 
 def _ops(**medians: float) -> dict[str, dict[str, Any]]:
@@ -370,7 +380,7 @@ def _ops(**medians: float) -> dict[str, dict[str, Any]]:
 
 def test_metrics_definitions() -> None:
     wl = Workload(hidden=8, tokens_per_rank=1000)
-    settings = E2ESettings.from_knobs({"mode": "tbo", "intermediate": 4}, wl)
+    settings = E2ESpec.from_knobs({"mode": "tbo", "intermediate": 4}).resolve(wl)
     ops = _ops(
         layer=500.0,
         layer_serial=700.0,
@@ -393,7 +403,7 @@ def test_metrics_definitions() -> None:
     assert m["gemm_tflops_per_rank"]["value"] == pytest.approx(6 * 2000 * 8 * 4 / 200e-6 / 1e12)
     assert m["layer_rel_err"]["value"] == 0.004
     assert all(set(d) == {"name", "value", "unit", "definition"} and d["definition"] for d in m.values())
-    serial = E2ESettings.from_knobs({}, wl)
+    serial = E2ESpec.from_knobs({}).resolve(wl)
     by_name = {
         d["name"]: d["value"]
         for d in e2e_metrics(
@@ -429,7 +439,7 @@ COMM_METRICS = ["comm_us", "exposed_comm_us", "exposed_comm_share", "overlap_eff
 def test_metrics_per_settings_in_stored_order(knobs: dict[str, Any], names: list[str]) -> None:
     """Which metrics a case stores, and in which order, follows its settings alone; a zero time gives None."""
     wl = Workload(hidden=8, tokens_per_rank=1000)
-    settings = E2ESettings.from_knobs({"intermediate": 4, **knobs}, wl)
+    settings = E2ESpec.from_knobs({"intermediate": 4, **knobs}).resolve(wl)
     ops = _ops(**{op: 0.0 for op in ("layer", "layer_serial", "compute_only", "compute_only_split", "gemm", "gemm_mb",
                                      "gemm_mb_under_comm", "dispatch", "combine", "layer_fwd_bwd",
                                      "layer_fwd_bwd_serial")})  # fmt: skip
@@ -448,12 +458,13 @@ def test_metrics_per_settings_in_stored_order(knobs: dict[str, Any], names: list
 def test_e2e_suite_expands_into_e2e_cases_for_every_listed_backend() -> None:
     suite = load_suite("e2e")
     cases = expand(suite, ["nccl-a2a", "mxfp8-a2a", "deepep"], world=2, overrides={"experts_per_rank": [8]})
-    assert cases and all(is_e2e(c.knobs) for c in cases)
+    assert cases and all(c.kind == "e2e" and c.e2e is not None for c in cases)
     nccl = [c for c in cases if c.backend == "nccl-a2a"]
-    assert {(c.knobs["mode"], c.sms) for c in nccl} == {
+    assert {(c.e2e.mode if c.e2e else None, c.sms) for c in nccl} == {
         (m, s) for m in ("serial", "tbo") for s in (None, 16, 24, 32)
     }
     assert all(c.skip_reason is None and c.workload.hidden == 8192 and c.workload.topk == 8 for c in cases)
     for c in cases:
-        E2ESettings.from_knobs(c.knobs, c.workload)
+        assert c.e2e is not None
+        c.e2e.resolve(c.workload)
     assert len({(c.backend, c.case_id) for c in cases}) == len(cases)

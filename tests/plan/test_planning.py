@@ -94,7 +94,7 @@ def test_a_payload_a_backend_lacks_is_an_unsupported_case_not_an_error() -> None
 
 def test_the_e2e_suite_plans_and_its_own_knobs_are_checked(tmp_path: Path) -> None:
     planned = _plan(suite="e2e", backends=("nccl-a2a",), workload={"experts_per_rank": [8]})
-    assert {c.knobs["mode"] for c in planned.spec.cases} == {"serial", "tbo"}  # type: ignore[attr-defined]
+    assert {c.e2e.mode for c in planned.spec.cases if c.e2e} == {"serial", "tbo"}
     bad = '[backend.nccl-a2a.axes]\nbench = ["e2e"]\nmode = ["sideways"]\n'
     with pytest.raises(SpecError, match="mode"):
         _plan(suite=_suite(tmp_path, bad), backends=("nccl-a2a",))

@@ -15,7 +15,6 @@ from moelab.cli.tune_cmd import round_timings
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.spec import LaunchSpec, TimingSpec
 from moelab.core.workload import Workload
-from moelab.measure.e2e.settings import E2ESettings
 from moelab.plan.planning import HostFacts, RunRequest
 from moelab.reports.html import write_report
 from moelab.suites.loader import expand, load_suite
@@ -133,7 +132,8 @@ def test_the_winners_suite_reruns_exactly_the_winning_case(tmp_path: Path, cand:
     assert [(c.case_id, c.sms, c.knobs, c.workload) for c in cases] == [
         (want.case_id, want.sms, want.knobs, want.workload)
     ]
-    E2ESettings.from_knobs(cases[0].knobs, cases[0].workload)
+    assert cases[0].kind == "e2e" and cases[0].e2e == want.e2e
+    cases[0].e2e.resolve(cases[0].workload)
 
 
 def test_framework_settings_name_each_librarys_knobs(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_rounds_are_planned_one_case_per_candidate_in_order(tmp_path: Path) -> N
     assert spec.cases[0].case_id == (
         "h256-t64-k4-e4-uniform-s0-fp8-sm24-bench=e2e-intermediate=64-mode=tbo-nvl_chunk=32-profile=layer"
     )
-    assert [c.knobs for c in spec.cases] == [plan.knobs_for(c, "layer") for c in cands]
+    assert [c.asked_knobs() for c in spec.cases] == [plan.knobs_for(c, "layer") for c in cands]
     assert (spec.suite, spec.label, spec.timing) == ("tune", "tune-abc123-r2", timings[1])
     assert not spec.health.snapshots
     with pytest.raises(SpecError, match="layuot"):  # a knob the backend does not know: the planner's check
@@ -277,4 +277,4 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
     report = write_report(db, [r[0] for r in runs], tmp_path / "report.html")
     assert "MoE layer: tokens/s vs communication SMs" in report.read_text()
     cases = expand(load_suite(str(suite)), ["nccl-a2a"], world=2)
-    assert len(cases) == 1 and cases[0].knobs["bench"] == "e2e" and cases[0].workload.hidden == 64
+    assert len(cases) == 1 and cases[0].kind == "e2e" and cases[0].workload.hidden == 64

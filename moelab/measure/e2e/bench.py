@@ -1,11 +1,10 @@
 """One end-to-end MoE-layer case on one rank: correctness against the reference, then timed ops.
 
-A case is an e2e case when its knob `bench` is "e2e". Its other e2e knobs (E2E_KNOBS) are consumed
-here and never reach the backend (backends reject knobs they do not know): build the backend's
-CaseConfig with `backend_case_config`. The knobs and settings live in moelab.measure.e2e.settings, the layer's
-inputs and check in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
+An e2e case (CaseSpec.kind "e2e", from a suite's `bench = "e2e"`) carries its layer settings apart from
+the backend's knobs (moelab.core.e2e_spec: as asked, then resolved for the case); the layer's inputs and
+check are in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
 
-Knobs: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
+Settings: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
 experts, moelab.measure.e2e.overlap) or "chunked" (the same pipeline over `chunks` token chunks, default 4);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
 forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
@@ -29,7 +28,6 @@ whole batch):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,18 +36,20 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
+from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.errors import SpecError
+from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
-from moelab.core.spec import CaseSpec, RunSpec, TimingSpec
+from moelab.core.spec import CaseSpec, TimingSpec
 from moelab.core.workload import Workload
-from moelab.job.rundir import JobFiles
+from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward, swiglu_ffn
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
-from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings, backend_case_config
 from moelab.measure.timing import Clock
 
 
@@ -63,51 +63,49 @@ class E2ECalls:
     pairs: int  # (token, expert) pairs this rank received: the GEMM FLOPs
 
 
-def run_e2e_case(
-    backend: Backend,
-    case: CaseSpec,
-    ctx: BackendContext,
-    spec: RunSpec,
-    clock: Clock,
-    files: JobFiles | None = None,
-) -> dict[str, Any]:
-    """One e2e case on this rank; returns the record (complete on rank 0), shaped like worker.run_case's:
-    check, then time each op, then trace, then build the record (as moelab.measure.a2a_case)."""
-    record: dict[str, Any] = {
-        "case_id": case.case_id,
-        "backend": case.backend,
-        "case": case.to_dict(),
-        "world": ctx.world,
-        "gpus_per_node": ctx.gpus_per_node,
-    }
+def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
+    """One e2e case on this rank; returns its record (the same on every rank): check, then time each op,
+    then trace, then build the record, as moelab.measure.a2a_case does for a dispatch/combine case."""
+    backend, ctx, spec = cc.backend, cc.ctx, cc.spec
+    where = {"world": ctx.world, "gpus_per_node": ctx.gpus_per_node}
     if case.skip_reason:
-        return record | {"status": "skipped", "reason": case.skip_reason}
-    cfg = backend_case_config(case)
+        return CaseRecord.skipped(case, case.skip_reason, **where)
+    cfg = CaseConfig.of(case)
     prepared = prepare_case(backend, case, cfg, ctx)
     if isinstance(prepared, str):
-        return record | {"status": "unsupported", "reason": prepared}
+        return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
-    record["backend_record"] = backend.record(cfg) | {"e2e": settings.to_record(gemm)}
+    backend_record = backend.record(cfg) | {"e2e": settings.to_record(gemm)}
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
-    check = record["check"] = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
+    check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
-        return record | {"status": "incorrect", "reason": "; ".join(check["messages"])[:2000]}
+        reason = "; ".join(check["messages"])[:2000]
+        return CaseRecord(case=case, status="incorrect", reason=reason, backend_record=backend_record,
+                          check=check_result(check), world=ctx.world, gpus_per_node=ctx.gpus_per_node)  # fmt: skip
     calls = op_calls(backend, inputs, case.workload, ctx.rank)
-    local = time_ops(clock, spec.timing, calls, inputs)
-    if spec.trace.mode == "torch" and files is not None:
-        record["traces"] = trace_layers(backend.name, case, spec, ctx, files, calls.forward)
+    local = time_ops(cc.clock, spec.timing, calls, inputs)
+    traces = trace_layers(cc, case, calls.forward) if spec.trace.mode == "torch" and cc.files else ()
     samples, pairs = gather_samples(ctx, local, calls.pairs)
-    measured = build_record(backend, cfg, settings, ctx, inputs, samples, pairs, check)
-    return record | measured | {"status": "ok", "reason": None}
+    measured = Measured(samples=samples, pairs=pairs, check=check, traces=traces)
+    return build_record(cc, case, cfg, settings, inputs, measured, backend_record)
+
+
+def check_result(check: Mapping[str, Any]) -> CheckResult:
+    return CheckResult(
+        dispatch_err=check.get("dispatch_err"),
+        combine_err=check.get("combine_err"),
+        messages=tuple(check.get("messages") or ()),
+    )
 
 
 def prepare_case(
     backend: Backend, case: CaseSpec, cfg: CaseConfig, ctx: BackendContext
 ) -> tuple[E2ESettings, str] | str:
     """The case's settings and resolved GEMM implementation, the backend prepared for it; or why the
-    case cannot run (bad e2e knobs, the backend's own reason, no backward through this backend)."""
+    case cannot run (bad e2e settings, the backend's own reason, no backward through this backend)."""
+    assert case.e2e is not None  # an e2e case carries its settings (CaseSpec checks it)
     try:
-        settings = E2ESettings.from_knobs(case.knobs, case.workload, case.sms)
+        settings = case.e2e.resolve(case.workload, case.sms)
         gemm = resolve_gemm(settings.gemm, ctx.device, case.workload.hidden, settings.intermediate)
     except SpecError as exc:
         return str(exc)
@@ -207,33 +205,26 @@ def time_ops(
 
 
 def trace_layers(
-    name: str,
-    case: CaseSpec,
-    spec: RunSpec,
-    ctx: BackendContext,
-    files: JobFiles,
-    timed: Mapping[str, Callable[[], object]],
-) -> list[dict[str, Any]]:
+    cc: CaseContext, case: CaseSpec, timed: Mapping[str, Callable[[], object]]
+) -> tuple[TraceFile, ...]:
     """A few more iterations of the layer (and the serial layer) under torch.profiler: the trace shows
-    whether the communication kernels run under the GEMMs. Every rank's trace path, gathered."""
+    whether the communication kernels run under the GEMMs. Every rank's trace file, gathered."""
     from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, trace_path
 
+    ctx, files = cc.ctx, cc.files
+    assert files is not None
     ops = [TracedOp(op=op, fn=timed[op]) for op in ("layer", "layer_serial") if op in timed]
     with torch.no_grad():
         cap = capture_torch_trace(
-            ops, backend=name, case_id=case.case_id, iters=spec.trace.iters,
+            ops, backend=cc.backend.name, case_id=case.case_id, iters=cc.spec.trace.iters,
             path=trace_path(files.dir, case.case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
             device=ctx.device, group=ctx.group,
         )  # fmt: skip
-    mine = {
-        "rank": ctx.rank,
-        "kind": "torch",
-        "path": str(cap.path.relative_to(files.run_dir)),
-        "size_bytes": cap.size_bytes,
-    }
+    mine = TraceFile(rank=ctx.rank, kind="torch", path=str(cap.path.relative_to(files.run_dir)),
+                     size_bytes=cap.size_bytes)  # fmt: skip
     gathered: list[Any] = [None] * ctx.world
     dist.all_gather_object(gathered, mine, group=ctx.group)
-    return gathered
+    return tuple(gathered)
 
 
 def gather_samples(
@@ -246,32 +237,47 @@ def gather_samples(
     return samples, [int(g["pairs"]) for g in gathered]
 
 
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What the ranks measured of one e2e case, gathered on every rank."""
+
+    samples: dict[str, list[list[float]]]  # op -> [rank][iteration] µs
+    pairs: list[int]  # (token, expert) pairs each rank received
+    check: Mapping[str, Any]  # check_layer's errors (the metrics use them)
+    traces: tuple[TraceFile, ...] = ()
+
+
 def build_record(
-    backend: Backend,
+    cc: CaseContext,
+    case: CaseSpec,
     cfg: CaseConfig,
     settings: E2ESettings,
-    ctx: BackendContext,
     inputs: LayerInputs,
-    samples: dict[str, list[list[float]]],
-    pairs: list[int],
-    check: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The record's measured part (moelab.measure.e2e.record turns the whole into a CaseRecord): each op's
-    samples with the bytes a row carries, the derived metrics, the row counts and the host syncs."""
-    wl = cfg.workload
+    measured: Measured,
+    backend_record: dict[str, Any],
+) -> CaseRecord:
+    """Each op summarised with the bytes a row carries, the derived metrics, the row counts, the host syncs."""
+    backend, ctx, wl = cc.backend, cc.ctx, cfg.workload
     bytes_per_row = {
         "dispatch": backend.bytes_per_token(cfg, "dispatch"),
         "combine": backend.bytes_per_token(cfg, "combine"),
     }
-    ops = {op: {"samples_us": s, "bytes_per_row": bytes_per_row.get(op, 0)} for op, s in samples.items()}
-    rows = count_rows(inputs.routings, wl.experts_per_rank, ctx.gpus_per_node)
-    return {
-        "ops": ops,
-        "pairs_per_rank": pairs,
-        "metrics": e2e_metrics(ops, settings, wl, pairs, check),
-        "rows": [dataclasses.asdict(r) for r in rows],
-        "host_sync": f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
+    ops: dict[str, dict[str, Any]] = {
+        op: {"samples_us": s, "bytes_per_row": bytes_per_row.get(op, 0)} for op, s in measured.samples.items()
     }
+    rows = count_rows(inputs.routings, wl.experts_per_rank, ctx.gpus_per_node)
+    results = tuple(
+        op_result(OpMeasurement(op=op, samples_us=s, bytes_per_row=bytes_per_row.get(op, 0)), rows)
+        for op, s in measured.samples.items()
+    )
+    metrics = e2e_metrics(ops, settings, wl, measured.pairs, measured.check)
+    return CaseRecord(
+        case=case, status="ok", world=ctx.world, gpus_per_node=ctx.gpus_per_node, backend_record=backend_record,
+        check=check_result(measured.check), ops=results, rows=tuple(rows), traces=measured.traces,
+        metrics=tuple(Metric(name=m["name"], value=m.get("value"), unit=m.get("unit"), definition=m.get("definition"))
+                      for m in metrics),
+        host_sync=f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
+    )  # fmt: skip
 
 
 def layer_host_sync(gemm: str) -> str:

@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext
+from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.routing import Routing, route_all
 from moelab.core.workload import Workload
 from moelab.measure.e2e.carveout import gemm_carveout
 from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Streams, forward_pipelined
 from moelab.measure.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
-from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings
 from moelab.measure.reference import relative_error
 
 ERRORS = ("layer_err", "grad_x_err", "grad_w_err")

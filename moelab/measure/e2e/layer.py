@@ -38,18 +38,13 @@ import torch
 import torch.nn.functional as F
 
 from moelab.backends.base import Backend, Dispatched
+from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 
-GEMM_IMPLS = ("auto", "grouped", "loop")
-INTERMEDIATE_DIVISOR = 4
 GEMM_ALIGN = 8  # _grouped_mm's CUTLASS path wants 16-byte aligned rows: bf16 dims that are multiples of 8
 
 _PRIME = 2_147_483_647  # 2^31 - 1: (h < 2^31) * (a < 2^31) + b stays below 2^63, so int64 never overflows
 _SHIFTS = (13, 11, 15)
-
-
-def default_intermediate(hidden: int) -> int:
-    return max(hidden // INTERMEDIATE_DIVISOR, 1)
 
 
 def _hash_params(*key: object) -> list[int]:

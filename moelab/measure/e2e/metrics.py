@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.stats import summarize
 from moelab.core.workload import Workload
-from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,143 @@
+"""The e2e layer's settings, twice typed: as a suite or `moelab tune` asked for them (E2ESpec, carried by the
+case spec: None is "the default"), and resolved against the case's workload and SMs (E2ESettings, what the
+layer runs with). Every check is here, so a bad value is refused at planning with the same words wherever
+it was written.
+
+Suites ask for an e2e case with the backend axis `bench = "e2e"` and the knobs named in E2E_KEYS; the case
+spec keeps them apart from the backend's own knobs (`CaseSpec.kind`, `CaseSpec.e2e`), and writes them back
+in that form (`CaseSpec.asked_knobs`), so case ids and stored knobs read as they always did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from moelab.core.errors import SpecError
+from moelab.core.workload import Workload
+
+BENCH_KNOB = "bench"  # the suite axis that makes a case an e2e case
+BENCH_E2E = "e2e"
+E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout")
+MODES = ("serial", "tbo", "chunked")
+OVERLAPPED = ("tbo", "chunked")
+PROFILES = ("full", "layer")
+GEMM_IMPLS = ("auto", "grouped", "loop")
+DEFAULT_CHUNKS = 4
+INTERMEDIATE_DIVISOR = 4
+
+
+def default_intermediate(hidden: int) -> int:
+    return max(hidden // INTERMEDIATE_DIVISOR, 1)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SpecError(f"e2e knob {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(f"e2e knob {name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class E2ESettings:
+    """The settings an e2e case runs with (moelab.measure.e2e)."""
+
+    mode: str
+    chunks: int  # 1 in serial mode
+    intermediate: int
+    backward: bool
+    gemm: str  # as asked: auto / grouped / loop
+    profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
+    carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.measure.e2e.carveout)
+
+    def to_record(self, gemm: str) -> dict[str, Any]:
+        """The settings as the backend record's `e2e` entry, with the GEMM implementation `auto` chose."""
+        return {
+            "mode": self.mode,
+            "chunks": self.chunks,
+            "intermediate": self.intermediate,
+            "backward": self.backward,
+            "gemm": gemm,
+            "profile": self.profile,
+            "carveout": self.carveout,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class E2ESpec:
+    """The e2e knobs a case was given (None: not given, the default applies); each value checked here."""
+
+    mode: str | None = None
+    chunks: int | None = None
+    intermediate: int | None = None
+    backward: bool | None = None
+    gemm: str | None = None
+    profile: str | None = None
+    carveout: int | str | None = None  # "auto" or SMs
+
+    def __post_init__(self) -> None:
+        if self.mode == "overlap":
+            raise SpecError("e2e mode overlap was renamed: use mode = tbo (two micro-batches) or chunked")
+        if self.mode is not None:
+            _one_of("mode", self.mode, MODES)
+        if self.chunks is not None:
+            _positive_int("chunks", self.chunks)
+        if self.intermediate is not None:
+            _positive_int("intermediate", self.intermediate)
+        if self.backward is not None and not isinstance(self.backward, bool):
+            raise SpecError(f"e2e knob backward must be true or false, got {self.backward!r}")
+        if self.gemm is not None:
+            _one_of("gemm", self.gemm, GEMM_IMPLS)
+        if self.profile is not None:
+            _one_of("profile", self.profile, PROFILES)
+        c = self.carveout
+        if c is not None and c != "auto" and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
+            raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {c!r}")
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> E2ESpec:
+        """The e2e knobs among `knobs` (the others are the backend's)."""
+        return cls(**{k: knobs[k] for k in E2E_KEYS if k in knobs})
+
+    def to_knobs(self) -> dict[str, Any]:
+        """The knobs as given, in E2E_KEYS order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def resolve(self, workload: Workload, sms: int | None = None) -> E2ESettings:
+        """The settings for a case of `workload` at `sms` communication SMs: `carveout = "auto"` (the
+        default) holds that many SMs back from the GEMMs of an overlapped layer (none at the library's
+        default SMs)."""
+        mode = self.mode or "serial"
+        default_chunks = {"chunked": DEFAULT_CHUNKS, "tbo": 2}.get(mode, 1)
+        chunks = self.chunks if self.chunks is not None else default_chunks
+        if mode != "chunked" and chunks != default_chunks:
+            raise SpecError(
+                f"e2e knob chunks = {chunks} needs mode = chunked (serial runs one chunk, tbo two micro-batches)"
+            )
+        return E2ESettings(
+            mode=mode,
+            chunks=chunks,
+            intermediate=self.intermediate or default_intermediate(workload.hidden),
+            backward=bool(self.backward),
+            gemm=self.gemm or "auto",
+            profile=self.profile or "full",
+            carveout=resolve_carveout(self.carveout if self.carveout is not None else "auto", mode, sms),
+        )
+
+
+def resolve_carveout(value: int | str, mode: str, sms: int | None) -> int:
+    """SMs held back from the GEMMs: `auto` is the case's communication SMs in an overlapped mode."""
+    if value == "auto":
+        return (sms or 0) if mode in OVERLAPPED else 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {value!r}")
+    if value and mode not in OVERLAPPED:
+        raise SpecError(
+            f"e2e knob carveout = {value} needs mode = tbo or chunked (nothing runs beside serial GEMMs)"
+        )
+    return value
