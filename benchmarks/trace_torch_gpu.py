@@ -30,11 +30,12 @@ from moelab.backends.base import BackendContext, CaseConfig  # noqa: E402
 from moelab.backends.nccl_a2a import NcclA2ABackend  # noqa: E402
 from moelab.core.routing import route_all  # noqa: E402
 from moelab.core.workload import Workload  # noqa: E402
+from moelab.job.rundir import JobFiles  # noqa: E402
 from moelab.measure.reference import make_tokens  # noqa: E402
 from moelab.tracing.kernel_time import kernel_bandwidth_gbs, op_kernel_times  # noqa: E402
 from moelab.tracing.nsys import nsys_available  # noqa: E402
 from moelab.tracing.nvtx_ranges import cuda_profiler_range, nvtx_impl, nvtx_range, range_name  # noqa: E402
-from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, summarize_chrome_trace, trace_path  # noqa: E402
+from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, summarize_chrome_trace  # noqa: E402
 
 
 def main() -> int:
@@ -75,7 +76,7 @@ def main() -> int:
         TracedOp(op="combine", fn=lambda: backend.combine(expert_out, d.handle)),
     ]
     cap = capture_torch_trace(
-        ops, backend="nccl-a2a", case_id=case_id, iters=args.iters, path=trace_path(args.out, case_id, rank),
+        ops, backend="nccl-a2a", case_id=case_id, iters=args.iters, path=JobFiles.of_dir(args.out).torch_trace(case_id, rank),
         rank=rank, world_size=world, device=device, group=dist.group.WORLD,
     )  # fmt: skip
     summary = summarize_chrome_trace(cap.path)

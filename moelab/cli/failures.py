@@ -47,7 +47,7 @@ def suspect_lines(con: Any, run_id: str, shown: int = 10) -> list[str]:
     """Measured cases marked suspect (health worsened, the machine was shared, spread too wide), grouped
     by reason so that one reason shared by every case is said once."""
     rows = con.execute(
-        "SELECT backend, suspect_reason, list(case_id ORDER BY case_id) FROM cases "
+        "SELECT backend, suspect_reason, list(case_id ORDER BY case_id) FROM cases_judged "
         "WHERE run_id = ? AND suspect GROUP BY ALL ORDER BY backend, suspect_reason",
         [run_id],
     ).fetchall()

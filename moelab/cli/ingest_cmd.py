@@ -9,15 +9,15 @@ import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, user_errors
 from moelab.core.errors import MoelabError
-from moelab.health.judge import judge_stored_run
 from moelab.job.rundir import RunDir
 from moelab.launch.recover import launcher_state, mark_abandoned
 from moelab.store.db import check_writable, open_db, resolve_db_path
 from moelab.store.ingest import ingest as ingest_run_dir
+from moelab.store.judgments import judge
 
 
 def _read_run_dir(path: Path) -> tuple[RunDir, str, dict[str, object]]:
-    if not (path / "spec.json").is_file():
+    if not RunDir(path).spec_file.is_file():
         raise MoelabError(f"{path} is not a run directory (no spec.json)")
     rd = RunDir(path)
     try:
@@ -82,7 +82,7 @@ def ingest(
     check_writable(db_path)
     with open_db(db_path) as con:
         ingest_run_dir(con, rd.path)
-        judge_stored_run(con, run_id)
+        judge(con, run_id)
         counts = con.execute(
             "SELECT status, count(*) FROM cases WHERE run_id = ? GROUP BY status ORDER BY status", [run_id]
         ).fetchall()

@@ -2,7 +2,7 @@
 
 `take_snapshot()` → `HealthSnapshot` (JSON-serialisable); `rules.evaluate()` → findings per node;
 `rules.compare_nodes()` → cross-node outliers; `diff(before, after)` + `is_suspect()` → whether a run's
-results came from a machine that got sick while it ran; `numa_bind` implements `--bind numa`.
+results came from a machine that got sick while it ran; `judge` rules on a stored run (spread, drift).
 """
 
 from moelab.health.model import Finding, GpuState, HealthSnapshot, NicState, worst_status

@@ -330,21 +330,7 @@ class ContentionMonitor:
                 self.findings.append(f)
 
 
-# --- storing and marking ---------------------------------------------------------------------------------
-
-
-def write_findings(job_dir: Path, findings: Sequence[ContentionFinding]) -> Path:
-    path = Path(job_dir) / "contention.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
-    return path
-
-
-def read_findings(job_dir: Path) -> list[ContentionFinding]:
-    path = Path(job_dir) / "contention.json"
-    if not path.exists():
-        return []
-    return [ContentionFinding.from_dict(d) for d in json.loads(path.read_text()).get("findings", [])]
+# --- what a job's findings say ---------------------------------------------------------------------------------
 
 
 def suspect_reason(findings: Sequence[ContentionFinding]) -> str | None:
@@ -354,38 +340,12 @@ def suspect_reason(findings: Sequence[ContentionFinding]) -> str | None:
     return "; ".join(f"{f.kind}: {f.reason}" for f in findings)[:1000]
 
 
-def job_suspect_reason(job_dir: Path, health_reason: str | None = None) -> str | None:
+def job_suspect_reason(findings: Sequence[dict[str, Any]], health_reason: str | None = None) -> str | None:
     """The suspect reason of a job's measured cases: health worsening (`health_reason`, from ingest's
-    health diff) and what shared the machine during the job (RUN_DIR/<backend>/contention.json)."""
-    parts = [p for p in (health_reason, suspect_reason(read_findings(job_dir))) if p]
+    health diff) and what shared the machine during the job (JobFiles.read_contention's findings)."""
+    found = [ContentionFinding.from_dict(d) for d in findings]
+    parts = [p for p in (health_reason, suspect_reason(found)) if p]
     return "; ".join(parts)[:1000] if parts else None
-
-
-def appended_reason(column: str) -> str:
-    """SQL for `column` with a reason added (three `?` for it): set when empty, kept when already there,
-    else appended after '; ' (`column` is a literal of the caller's, never user input)."""
-    return (
-        f"CASE WHEN {column} IS NULL OR {column} = '' THEN ? "
-        f"WHEN contains({column}, ?) THEN {column} ELSE {column} || '; ' || ? END"
-    )
-
-
-def mark_suspect(
-    con: Any, run_id: str, backend: str, reason: str, case_ids: Sequence[str] | None = None
-) -> int:
-    """Mark the measured (status ok) cases of a run's backend suspect, adding `reason` to any reason they
-    already have; only `case_ids` when given. Returns how many cases were marked."""
-    where = "run_id = ? AND backend = ? AND status = 'ok'"
-    params: list[Any] = [run_id, backend]
-    if case_ids is not None:
-        where += " AND list_contains(?::VARCHAR[], case_id)"
-        params.append(list(case_ids))
-    n = con.execute(f"SELECT count(*) FROM cases WHERE {where}", params).fetchone()[0]
-    con.execute(
-        f"UPDATE cases SET suspect = true, suspect_reason = {appended_reason('suspect_reason')} WHERE {where}",
-        [reason, reason, reason, *params],
-    )
-    return int(n)
 
 
 # --- spread --------------------------------------------------------------------------------------------
@@ -445,11 +405,3 @@ def spread_flags(
         if rel_iqr > far_above * reference:
             out.append(SpreadFlag(backend, case_id, op, float(rel_iqr), float(reference), basis))
     return out
-
-
-def mark_spread_suspects(con: Any, run_id: str, **kwargs: Any) -> list[SpreadFlag]:
-    """`spread_flags`, each case marked suspect with its reason; returns the flags."""
-    flags = spread_flags(con, run_id, **kwargs)
-    for f in flags:
-        mark_suspect(con, run_id, f.backend, f.reason(), [f.case_id])
-    return flags

@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moelab.health.contention import appended_reason, mark_suspect
-
 DRIFT_TOLERANCE = 0.05
 
 
@@ -85,24 +83,3 @@ def drift_flags(
         if abs(drift.change) > tolerance:
             out.append(drift)
     return out
-
-
-def _add_stability(con: Any, run_id: str, d: Drift, reason: str) -> None:
-    con.execute(
-        f"UPDATE results SET stability = {appended_reason('stability')} "
-        "WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ?",
-        [reason, reason, reason, run_id, d.backend, d.case_id, d.op],
-    )
-
-
-def mark_drift(con: Any, run_id: str, **kwargs: Any) -> list[Drift]:
-    """`drift_flags`, each op marked unstable in both runs (each naming the other) and the new run's case
-    suspect; returns the flags."""
-    flags = drift_flags(con, run_id, **kwargs)
-    for d in flags:
-        _add_stability(con, run_id, d, d.reason(d.previous_run, d.change))
-        _add_stability(con, d.previous_run, d, d.reason(run_id, d.previous_median_us / d.median_us - 1.0))
-        mark_suspect(
-            con, run_id, d.backend, f"drift: {d.op} {d.reason(d.previous_run, d.change)}", [d.case_id]
-        )
-    return flags

@@ -1,14 +1,61 @@
 """What is judged of a run once it is stored: spread against the case's history and the noise target,
-and run-to-run drift of each op's median. One entry point, so `moelab run` and `moelab ingest` agree."""
+and run-to-run drift of each op's median. One entry point, so `moelab run` and `moelab ingest` agree.
+
+Judging only reads the store: it returns Judgment rows, which moelab.store.judgments keeps in a table of
+their own (a measured row is never rewritten; views join the two for readers).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from moelab.health.contention import mark_spread_suspects
-from moelab.health.drift import mark_drift
+from moelab.health.contention import spread_flags
+from moelab.health.drift import drift_flags
+
+VERDICTS = ("suspect", "unstable")  # suspect: a case's figures; unstable: one op's median
 
 
-def judge_stored_run(con: Any, run_id: str) -> None:
-    mark_spread_suspects(con, run_id)
-    mark_drift(con, run_id)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Judgment:
+    """One verdict on a stored case or op, made while judging run `judged_by` (it may be about an earlier
+    run: drift marks both runs, each naming the other)."""
+
+    run_id: str
+    backend: str
+    case_id: str
+    op: str | None  # None: the case as a whole
+    verdict: str  # one of VERDICTS
+    rule: str  # spread, drift
+    reason: str
+    other_run: str | None = None
+    judged_by: str
+
+
+def judge_stored_run(con: Any, run_id: str) -> list[Judgment]:
+    """Every judgment of `run_id` against the store's history, in the order they read best."""
+    out: list[Judgment] = []
+    for f in spread_flags(con, run_id):
+        out.append(Judgment(run_id=run_id, backend=f.backend, case_id=f.case_id, op=None, verdict="suspect",
+                            rule="spread", reason=f.reason(), judged_by=run_id))  # fmt: skip
+    for d in drift_flags(con, run_id):
+        new = d.reason(d.previous_run, d.change)
+        old = d.reason(run_id, d.previous_median_us / d.median_us - 1.0)
+        where = {"backend": d.backend, "case_id": d.case_id, "rule": "drift", "judged_by": run_id}
+        out += [
+            Judgment(
+                run_id=run_id, op=d.op, verdict="unstable", reason=new, other_run=d.previous_run, **where
+            ),
+            Judgment(
+                run_id=d.previous_run, op=d.op, verdict="unstable", reason=old, other_run=run_id, **where
+            ),
+            Judgment(
+                run_id=run_id,
+                op=None,
+                verdict="suspect",
+                reason=f"drift: {d.op} {new}",
+                other_run=d.previous_run,
+                **where,
+            ),  # fmt: skip
+        ]
+    return out

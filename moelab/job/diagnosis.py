@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from moelab.job.rundir import JobFiles
+
 STACK_SIGNAL = signal.SIGUSR1
 TAIL_LINES = 20
 MAX_TEXT = 20_000
@@ -45,18 +47,10 @@ _FATAL_RE = re.compile(r"^Fatal Python error: (?P<what>.+)$")
 _open_stack_files: list[IO[str]] = []  # faulthandler writes to these fds: keep them open for the process
 
 
-def error_path(job_dir: Path, rank: int | str) -> Path:
-    return Path(job_dir) / f"rank{rank}.error.json"
-
-
-def stack_path(job_dir: Path, rank: int | str) -> Path:
-    return Path(job_dir) / f"rank{rank}.stack.txt"
-
-
 def install_stack_dumps(job_dir: Path, rank: int) -> None:
     """In a worker rank: dump every thread's stack to rank<R>.stack.txt on SIGUSR1 (and go on), and to
     stderr (the rank log) on SIGTERM, then die of it as before."""
-    fh = stack_path(job_dir, rank).open("a")
+    fh = JobFiles.of_dir(job_dir).stack_file(rank).open("a")
     _open_stack_files.append(fh)
     faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -140,7 +134,7 @@ def record_worker_error(argv: Sequence[str], exc: BaseException) -> None:
             "traceback": "".join(traceback.format_exception(exc))[-MAX_TEXT:],
         }
         job_dir.mkdir(parents=True, exist_ok=True)
-        path = error_path(job_dir, rank)
+        path = JobFiles.of_dir(job_dir).error_file(rank)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)
@@ -221,11 +215,6 @@ class JobDiagnosis:
 
     def ranks(self) -> list[int]:
         return sorted({e.rank for e in self.errors} | {s.rank for s in self.stacks} | set(self.tails))
-
-
-def _rank_of(path: Path, suffix: str) -> int | None:
-    name = path.name.removesuffix(suffix).removeprefix("rank")
-    return int(name) if name.isdigit() else None
 
 
 def _read_error(path: Path, rank: int) -> RankError | None:
@@ -314,24 +303,20 @@ def _from_log(rank: int, log: Path) -> tuple[RankError | None, RankStack | None]
 def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
     """Everything the ranks of one job left about how they ended (empty parts where they left nothing)."""
     job_dir = Path(job_dir)
+    files = JobFiles.of_dir(job_dir)
     errors: dict[int, RankError] = {}
     stacks: dict[int, RankStack] = {}
     tails: dict[int, str] = {}
-    for path in sorted(job_dir.glob("rank*.error.json")):
-        rank = _rank_of(path, ".error.json")
-        if rank is not None and (err := _read_error(path, rank)) is not None:
+    for rank, path in files.rank_files("error").items():
+        if (err := _read_error(path, rank)) is not None:
             errors[rank] = err
-    for path in sorted(job_dir.glob("rank*.stack.txt")):
-        rank = _rank_of(path, ".stack.txt")
+    for rank, path in files.rank_files("stack").items():
         text = path.read_text(errors="replace")[-MAX_TEXT:] if path.exists() else ""
-        if rank is not None and text.strip():
+        if text.strip():
             stacks[rank] = RankStack(
                 rank=rank, trigger="timeout", text=text, where=main_thread_frame(parse_faulthandler(text))
             )
-    for log in sorted(job_dir.glob("rank*.log")):
-        rank = _rank_of(log, ".log")
-        if rank is None:
-            continue
+    for rank, log in files.rank_files("log").items():
         with log.open(errors="replace") as fh:
             lines = fh.readlines()
         tails[rank] = "".join(lines[-tail_lines:])
@@ -349,11 +334,8 @@ def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
 
 
 def _job_failed(job_dir: Path) -> bool:
-    path = Path(job_dir) / "job.json"
-    if not path.exists():
-        return False
-    job = json.loads(path.read_text())
-    return bool(job.get("timed_out")) or job.get("returncode") not in (0, None)
+    job = JobFiles.of_dir(job_dir).read_job()
+    return job is not None and (bool(job.get("timed_out")) or job.get("returncode") not in (0, None))
 
 
 def diagnosis_rows(run_id: str, job_dir: Path) -> list[tuple[Any, ...]]:

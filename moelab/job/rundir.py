@@ -4,19 +4,32 @@ into the database, so a crash or a hang leaves what was measured on disk and the
 RUN_DIR/spec.json                      the RunSpec every rank reads
 RUN_DIR/run.json                       status (running / complete / failed / interrupted), timestamps,
                                        and the launching process (pid, host) while it runs
+RUN_DIR/peaks.json                     the machine's link figures, measured by the run's first GPU job
 RUN_DIR/<backend>/progress.jsonl       the writing rank's progress events (cases, one-time costs)
 RUN_DIR/<backend>/results.jsonl        one record per case, appended by rank 0 as each case ends
 RUN_DIR/<backend>/env.json             per-rank environment fingerprints
 RUN_DIR/<backend>/rank<R>.log          each rank's stdout and stderr (faulthandler tracebacks land here)
+RUN_DIR/<backend>/rank<R>.error.json   the exception that ended a rank
+RUN_DIR/<backend>/rank<R>.stack.txt    every thread's stack, dumped when the launcher stopped a hung rank
 RUN_DIR/<backend>/job.json             the launcher's outcome: command, exit code or signal, timeout, tails
 RUN_DIR/<backend>/launcher.log         the launcher's (torchrun's) own output
-RUN_DIR/verify/library_figures.json    `moelab verify`: each library figure beside moelab's
+RUN_DIR/<backend>/health_<phase>.json  health snapshots before and after the job, with
+RUN_DIR/<backend>/health_<phase>_verdict.json  their verdicts, and
+RUN_DIR/<backend>/health_diff.json     what worsened in between
+RUN_DIR/<backend>/contention.json      what shared the machine during the job
+RUN_DIR/<backend>/nsys_traces.json     the nsys reports of the job's ranks, or why there are none
+RUN_DIR/<backend>/traces/              profiler output: <case>/rank<R>.json (torch), <backend>_rank<R>.* (nsys)
+RUN_DIR/verify/                        `moelab verify`: each library test's log, and
+RUN_DIR/verify/library_figures.json    each library figure beside moelab's
+
+Every name is written here and nowhere else: other modules ask JobFiles and RunDir for paths.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections import deque
 from collections.abc import Sequence
@@ -31,6 +44,17 @@ from moelab.core.spec import RunSpec
 
 RUNDIR_VERSION = 1
 LIBRARY_FIGURES = Path("verify") / "library_figures.json"
+HEALTH_PHASES = ("before", "after")
+RANK_FILES = {
+    "log": ".log",
+    "error": ".error.json",
+    "stack": ".stack.txt",
+}  # rank<R><suffix> in a job's folder
+
+
+def safe_name(part: str) -> str:
+    """A case id as one path component (ids hold '/' only by accident, but must never escape the folder)."""
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", part)
 
 
 def now_iso() -> str:
@@ -63,7 +87,17 @@ class JobFiles:
         return self.run_dir / self.backend
 
     def rank_log(self, rank: int) -> Path:
-        return self.dir / f"rank{rank}.log"
+        return self.dir / f"rank{rank}{RANK_FILES['log']}"
+
+    def rank_files(self, kind: str) -> dict[int, Path]:
+        """Each rank's file of `kind` (log, error, stack) that exists, by rank."""
+        suffix = RANK_FILES[kind]
+        out = {}
+        for path in self.dir.glob(f"rank*{suffix}"):
+            name = path.name.removesuffix(suffix).removeprefix("rank")
+            if name.isdigit():
+                out[int(name)] = path
+        return dict(sorted(out.items()))
 
     @property
     def results(self) -> Path:
@@ -76,6 +110,72 @@ class JobFiles:
     @property
     def launcher_log(self) -> Path:
         return self.dir / "launcher.log"
+
+    @classmethod
+    def of_dir(cls, job_dir: Path) -> JobFiles:
+        """The files of the job whose folder is `job_dir` (RUN_DIR/<backend>)."""
+        job_dir = Path(job_dir)
+        return cls(job_dir.parent, job_dir.name)
+
+    @property
+    def job_file(self) -> Path:
+        return self.dir / "job.json"
+
+    def error_file(self, rank: int | str) -> Path:
+        return self.dir / f"rank{rank}{RANK_FILES['error']}"
+
+    def stack_file(self, rank: int | str) -> Path:
+        return self.dir / f"rank{rank}{RANK_FILES['stack']}"
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.dir / "traces"
+
+    def torch_trace(self, case_id: str, rank: int, suffix: str = ".json") -> Path:
+        """traces/<case>/rank<R>.json: one folder per case, loadable by HTA as a whole."""
+        return self.traces_dir / safe_name(case_id) / f"rank{rank}{suffix}"
+
+    @property
+    def nsys_prefix(self) -> Path:
+        """nsys profile's -o: each rank's report is <prefix>_rank<R>.nsys-rep (moelab.tracing.nsys)."""
+        return self.traces_dir / self.backend
+
+    def write_health(self, phase: str, snapshot_json: str, verdict: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / f"health_{phase}.json").write_text(snapshot_json)
+        _write_json_atomic(self.dir / f"health_{phase}_verdict.json", verdict)
+
+    def read_health(self, phase: str) -> tuple[str, dict[str, Any]] | None:
+        """(the snapshot's JSON text, its verdict) of `phase`, or None when none was taken."""
+        snap = self.dir / f"health_{phase}.json"
+        if not snap.exists():
+            return None
+        verdict = self.dir / f"health_{phase}_verdict.json"
+        return snap.read_text(), json.loads(verdict.read_text()) if verdict.exists() else {}
+
+    def write_health_diff(self, diff: dict[str, Any]) -> None:
+        _write_json_atomic(self.dir / "health_diff.json", diff)
+
+    def read_health_diff(self) -> dict[str, Any] | None:
+        p = self.dir / "health_diff.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def write_contention(self, findings: list[dict[str, Any]]) -> Path:
+        path = self.dir / "contention.json"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(path, {"findings": findings})
+        return path
+
+    def read_contention(self) -> list[dict[str, Any]]:
+        p = self.dir / "contention.json"
+        return list(json.loads(p.read_text()).get("findings", [])) if p.exists() else []
+
+    def write_nsys_traces(self, traces: list[dict[str, Any]], note: str | None) -> None:
+        _write_json_atomic(self.dir / "nsys_traces.json", {"traces": traces, "note": note})
+
+    def read_nsys_traces(self) -> dict[str, Any]:
+        p = self.dir / "nsys_traces.json"
+        return json.loads(p.read_text()) if p.exists() else {}
 
     def append_result(self, record: CaseRecord | dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -118,11 +218,7 @@ class JobFiles:
 
     def log_tails(self, lines: int = 20) -> dict[int, str]:
         tails = {}
-        for log in sorted(self.dir.glob("rank*.log")):
-            try:
-                rank = int(log.stem.removeprefix("rank"))
-            except ValueError:
-                continue
+        for rank, log in self.rank_files("log").items():
             with log.open(errors="replace") as fh:
                 tails[rank] = "".join(deque(fh, maxlen=lines))
         return tails
@@ -145,7 +241,7 @@ class RunDir:
         path = root / spec.run_id
         path.mkdir(parents=True, exist_ok=False)
         rd = cls(path)
-        spec.write(path / "spec.json")
+        spec.write(rd.spec_file)
         # who runs it: `moelab ingest` tells a run still going from one whose launcher died
         rd.set_status(
             "running", pid=os.getpid(), host=socket.gethostname(), pid_start=process_start(os.getpid())
@@ -153,8 +249,20 @@ class RunDir:
         return rd
 
     @property
+    def spec_file(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
     def spec(self) -> RunSpec:
-        return RunSpec.read(self.path / "spec.json")
+        return RunSpec.read(self.spec_file)
+
+    @property
+    def peaks_file(self) -> Path:
+        return self.path / "peaks.json"
+
+    @property
+    def verify_dir(self) -> Path:
+        return self.path / "verify"
 
     def job(self, backend: str) -> JobFiles:
         return JobFiles(self.path, backend)

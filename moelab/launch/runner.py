@@ -3,7 +3,6 @@ before and after) → ingest in one transaction."""
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sys
@@ -17,7 +16,6 @@ from moelab.backends import registry
 from moelab.core.errors import MoelabError
 from moelab.core.spec import RunSpec
 from moelab.health import contention
-from moelab.health.judge import judge_stored_run
 from moelab.job import launchers
 from moelab.job.local import JobOutcome, run_job
 from moelab.job.rundir import JobFiles, RunDir
@@ -25,6 +23,7 @@ from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.progress import watch_job
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
+from moelab.store.judgments import judge
 
 EMULATED_INTERNODE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket"}
 
@@ -73,7 +72,7 @@ def launch_plan(spec: RunSpec, run_dir: Path, backend: str) -> launchers.LaunchP
 
         nsys = launchers.NsysWrap(
             argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)),
-            output=str(run_dir / backend / "traces" / backend),
+            output=str(JobFiles(run_dir, backend).nsys_prefix),
         )
     return launchers.LaunchPlan(
         launcher=spec.launch.launcher, nodes=spec.launch.nodes, gpus_per_node=spec.launch.nproc_per_node,
@@ -101,7 +100,10 @@ def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
         from moelab.tracing.wrap import splice_rank_wrapper, wrap_prefix_argv
 
         prefix = wrap_prefix_argv(
-            spec.trace.wrap, run_dir / backend / "traces", backend, rank_var_for(spec.launch.launcher)
+            spec.trace.wrap,
+            JobFiles(run_dir, backend).traces_dir,
+            backend,
+            rank_var_for(spec.launch.launcher),
         )
         argv = splice_rank_wrapper(argv, prefix)
     return argv
@@ -114,11 +116,9 @@ def _health(spec: RunSpec, files: JobFiles, phase: str) -> object | None:
     from moelab.health.snapshot import dumps, take_snapshot_subprocess
 
     snap = take_snapshot_subprocess(load_ms=spec.health.load_ms if spec.launch.device == "cuda" else 0.0)
-    files.dir.mkdir(parents=True, exist_ok=True)
-    (files.dir / f"health_{phase}.json").write_text(dumps(snap))
     findings = rules.evaluate(snap)
     verdict = {"worst": rules.worst(findings), "findings": [f.to_dict() for f in findings]}
-    (files.dir / f"health_{phase}_verdict.json").write_text(json.dumps(verdict, indent=2))
+    files.write_health(phase, dumps(snap), verdict)
     return snap
 
 
@@ -137,7 +137,7 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
         outcome = run_job(
             files, job_argv(spec, rd.path, backend), launch.job_timeout_s, env=job_env(spec, backend)
         )
-    contention.write_findings(files.dir, monitor.findings)
+    files.write_contention([f.to_dict() for f in monitor.findings])
     after = _health(spec, files, "after")
     if before is not None and after is not None:
         from moelab.health.snapshot import diff, is_suspect
@@ -146,15 +146,12 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
         bad = [f for f in found if f.status in ("warn", "fail")]
         reason = "; ".join(f"{f.subject}: {f.reason}" for f in bad)[:1000] or "health worsened during the run"
         suspect = is_suspect(found)
-        (files.dir / "health_diff.json").write_text(
-            json.dumps(
-                {
-                    "suspect": suspect,
-                    "suspect_reason": reason if suspect else None,
-                    "findings": [f.to_dict() for f in found],
-                },
-                indent=2,
-            )  # fmt: skip
+        files.write_health_diff(
+            {
+                "suspect": suspect,
+                "suspect_reason": reason if suspect else None,
+                "findings": [f.to_dict() for f in found],
+            }
         )
     return outcome
 
@@ -167,7 +164,7 @@ def _collect_nsys(files: JobFiles, backend: str) -> None:
     """
     from moelab.tracing.nsys import export_sqlite, report_paths
 
-    traces_dir = files.dir / "traces"
+    traces_dir = files.traces_dir
     found = []
     for rank, rep in enumerate(report_paths(traces_dir, backend)):
         found.append(
@@ -195,7 +192,7 @@ def _collect_nsys(files: JobFiles, backend: str) -> None:
         leftovers = sorted(p.name for p in traces_dir.glob("*.qdstrm")) if traces_dir.exists() else []
         note = "nsys wrote no .nsys-rep report" + (f" (only {', '.join(leftovers)})" if leftovers else "")
         print(f"[{backend}] warning: {note}", file=sys.stderr)
-    (files.dir / "nsys_traces.json").write_text(json.dumps({"traces": found, "note": note}, indent=2))
+    files.write_nsys_traces(found, note)
 
 
 def is_launching_host(spec: RunSpec) -> bool:
@@ -248,7 +245,7 @@ def execute(
             try:
                 with open_db(db_path) as con:
                     ingest(con, rd.path)
-                    judge_stored_run(con, spec.run_id)
+                    judge(con, spec.run_id)
             except Exception as exc:  # the measurements are on disk: say how to store them later
                 raise MoelabError(
                     f"storing run {spec.run_id} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "

@@ -108,13 +108,13 @@ def trace_ops(cc: CaseContext, case_id: str, calls: dict[str, Callable[[], objec
     if cc.files is None:
         return {}
     from moelab.tracing.kernel_time import op_kernel_times
-    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, summarize_chrome_trace, trace_path
+    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, summarize_chrome_trace
 
     ctx, name = cc.ctx, cc.backend.name
     ops = [TracedOp(op=op, fn=fn) for op, fn in calls.items()]
     cap = capture_torch_trace(
         ops, backend=name, case_id=case_id, iters=cc.spec.trace.iters,
-        path=trace_path(cc.files.dir, case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
+        path=cc.files.torch_trace(case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
         device=ctx.device, group=ctx.group,
     )  # fmt: skip
     kt = op_kernel_times(summarize_chrome_trace(cap.path), name, case_id, cap.calls)

@@ -27,7 +27,7 @@ from moelab.core.spec import RunSpec
 from moelab.job.diagnosis import install_stack_dumps, record_worker_error
 from moelab.job.events import ProgressEvents
 from moelab.job.lifeline import die_with_parent
-from moelab.job.rundir import JobFiles
+from moelab.job.rundir import JobFiles, RunDir
 from moelab.measure import environment
 from moelab.measure.case_context import CaseContext
 from moelab.measure.kinds import run_case
@@ -71,7 +71,7 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
     from moelab.core.peaks import write_peaks
     from moelab.measure.peaks import measure_peaks
 
-    path = run_dir / "peaks.json"
+    path = RunDir(run_dir).peaks_file
     decision: list[Any] = [not path.exists()] if ctx.rank == 0 else [None]
     dist.broadcast_object_list(decision, src=0, group=ctx.group)
     if not decision[0]:
@@ -85,7 +85,7 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
 def main(argv: list[str]) -> int:
     die_with_parent()  # first: if the launcher (torchrun) is killed, this rank must not run on alone
     run_dir, backend_name = Path(argv[0]), argv[1]
-    spec = RunSpec.read(run_dir / "spec.json")
+    spec = RunDir(run_dir).spec
     rank, world, local_rank = dist_env(spec)
     files = JobFiles(run_dir, backend_name)
     events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)

@@ -80,7 +80,7 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                       AS measured_remote_peak_gbps,
                   bw.nvl_gbps, bw.remote_gbps, bw.rdma_gbps, bw.rdma_remote_gbps, bw.nvl_bytes,
                   bw.nvl_bytes / r.p90_us / 1e3 AS nvl_gbps_p90t, bw.nvl_bytes / r.p10_us / 1e3 AS nvl_gbps_p10t
-           FROM cases c JOIN results r USING (run_id, backend, case_id)
+           FROM cases_judged c JOIN results_judged r USING (run_id, backend, case_id)
            LEFT JOIN bw USING (run_id, backend, case_id, op)
            WHERE c.run_id IN (SELECT run_id FROM _sel)
            ORDER BY {case_order("c")}, {op_order("r.op")}, c.run_id"""))  # fmt: skip
@@ -135,7 +135,7 @@ def failure_ranks(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return dicts(con.execute(
-        "SELECT run_id, backend, case_id, suspect_reason FROM cases SEMI JOIN _sel USING (run_id) "
+        "SELECT run_id, backend, case_id, suspect_reason FROM cases_judged SEMI JOIN _sel USING (run_id) "
         f"WHERE suspect ORDER BY run_id, {case_order()}"))  # fmt: skip
 
 

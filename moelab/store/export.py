@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from moelab.core.errors import MoelabError
-from moelab.store.schema import LATEST_VERSION, RUN_TABLES
+from moelab.store.schema import EXPORT_TABLES, LATEST_VERSION
 
 EXPORT_VERSION = 1
 FORMATS = {"parquet": "(FORMAT PARQUET)", "csv": "(FORMAT CSV, HEADER)", "json": "(FORMAT JSON, ARRAY true)"}
@@ -28,7 +28,7 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
     except OSError as exc:
         raise MoelabError(f"cannot create {out}: {exc}") from exc
     written = []
-    for table in RUN_TABLES:
+    for table in EXPORT_TABLES:
         path = out / f"{table}.{fmt}"
         # run ids are checked against the table above; the list is bound through a temp table, not formatted in
         con.execute(
@@ -43,7 +43,7 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
         "schema_version": LATEST_VERSION,
         "format": fmt,
         "runs": selected,
-        "tables": list(RUN_TABLES),
+        "tables": list(EXPORT_TABLES),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     written.append(out / "manifest.json")
@@ -73,7 +73,7 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
         raise MoelabError(f"{folder}: manifest.json lacks a known format, a table list or a run list")
     reader = readers[fmt]
     for table in tables:
-        if table not in RUN_TABLES:
+        if table not in EXPORT_TABLES:
             raise MoelabError(f"{folder}: manifest names an unknown table {table!r}")
         path = folder / f"{table}.{fmt}"
         if not path.exists():

@@ -20,7 +20,7 @@ from moelab.core.spec import CaseSpec, RunSpec
 from moelab.health.contention import job_suspect_reason
 from moelab.job.diagnosis import diagnosis_rows
 from moelab.job.events import one_time_costs
-from moelab.job.rundir import JobFiles, RunDir
+from moelab.job.rundir import HEALTH_PHASES, JobFiles, RunDir
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 
@@ -83,8 +83,7 @@ def job_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any] | N
     status = _job_status(job)
     j = job or {}
     description = j.get("description") or _failure_reason(job) if status != "ok" else "ok"
-    nsys = files.dir / "nsys_traces.json"
-    nsys_data = json.loads(nsys.read_text()) if nsys.exists() else {}
+    nsys_data = files.read_nsys_traces()
     if nsys_data.get("note"):
         description = f"{description}; {nsys_data['note']}"
     rows.add(
@@ -117,13 +116,11 @@ def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, 
 
 def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
     """Snapshots and the verdicts the runner wrote beside them (moelab.launch.runner judges, not ingest)."""
-    for phase in ("before", "after"):
-        snap_path = files.dir / f"health_{phase}.json"
-        verdict_path = files.dir / f"health_{phase}_verdict.json"
-        if not snap_path.exists():
+    for phase in HEALTH_PHASES:
+        health = files.read_health(phase)
+        if health is None:
             continue
-        snapshot = snap_path.read_text()
-        verdict = json.loads(verdict_path.read_text()) if verdict_path.exists() else {}
+        snapshot, verdict = health
         rows.add(
             "health", backend=backend, phase=phase, host=json.loads(snapshot).get("host"), node=0,
             worst=verdict.get("worst"), findings=json.dumps(verdict.get("findings", [])), snapshot=snapshot,
@@ -132,10 +129,7 @@ def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
 
 def suspect_reason(files: JobFiles) -> str | None:
     """The reason the runner found this job's results suspect (health worsened during it), or None."""
-    path = files.dir / "health_diff.json"
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
+    data = files.read_health_diff() or {}
     return data.get("suspect_reason") if data.get("suspect") else None
 
 
@@ -232,7 +226,7 @@ def collect(run_dir: Path) -> RunRows:
         first_env = environment_rows(rows, backend, files)
         env0 = env0 or first_env
         records = {r.case_id: r for r in files.read_results()}
-        job_suspect = job_suspect_reason(files.dir, suspect_reason(files))
+        job_suspect = job_suspect_reason(files.read_contention(), suspect_reason(files))
         for d in diagnosis_rows(spec.run_id, files.dir):
             rows.tables.setdefault("failure_diagnosis", []).append(
                 dict(zip(DIAGNOSIS_COLUMNS, d, strict=True))
@@ -245,7 +239,7 @@ def collect(run_dir: Path) -> RunRows:
         health_rows(rows, backend, files)
     # written by `moelab verify`
     rows.tables["library_figures"] = [r.to_dict() for r in RunDir(run_dir).library_figures()]
-    for p in read_peaks(run_dir / "peaks.json"):
+    for p in read_peaks(RunDir(run_dir).peaks_file):
         rows.add("measured_peaks", name=p.name, gbps=p.gbps, bytes=p.bytes, definition=p.definition)
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     rows.add(

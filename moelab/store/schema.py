@@ -141,9 +141,43 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        8,
+        "judgments after ingest in a table of their own (spread, drift), and views that join them in",
+        (
+            """CREATE TABLE judgments (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, verdict VARCHAR, rule VARCHAR,
+                reason VARCHAR, other_run VARCHAR, judged_by VARCHAR, seq INTEGER,
+                judged_at TIMESTAMP DEFAULT now())""",
+            """CREATE VIEW cases_judged AS
+                SELECT c.* REPLACE (
+                    c.suspect OR j.reasons IS NOT NULL AS suspect,
+                    CASE WHEN j.reasons IS NULL THEN c.suspect_reason
+                         WHEN c.suspect_reason IS NULL OR c.suspect_reason = '' THEN j.reasons
+                         ELSE c.suspect_reason || '; ' || j.reasons END AS suspect_reason)
+                FROM cases c LEFT JOIN (
+                    SELECT run_id, backend, case_id, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
+                    FROM judgments WHERE verdict = 'suspect' AND op IS NULL GROUP BY ALL
+                ) j USING (run_id, backend, case_id)""",
+            """CREATE VIEW results_judged AS
+                SELECT r.* REPLACE (
+                    CASE WHEN j.reasons IS NULL THEN r.stability
+                         WHEN r.stability IS NULL OR r.stability = '' THEN j.reasons
+                         ELSE r.stability || '; ' || j.reasons END AS stability)
+                FROM results r LEFT JOIN (
+                    SELECT run_id, backend, case_id, op, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
+                    FROM judgments WHERE verdict = 'unstable' GROUP BY ALL
+                ) j USING (run_id, backend, case_id, op)""",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
     "failure_diagnosis",
 )  # fmt: skip
+# an export carries the judgments too; ingest leaves them to moelab.store.judgments (judging replaces them)
+EXPORT_TABLES = (*RUN_TABLES, "judgments")
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -13,7 +13,7 @@ Holistic Trace Analysis reads a directory of traces and needs each file's top-le
 `distributedInfo` (backend, rank, world_size, pg config) itself when a process group is initialized at
 profiler start (torch/profiler/profiler.py `_get_distributed_info`); without one we add
 `{"rank", "world_size"}` through `add_metadata_json`. So keep one directory per case:
-RUN_DIR/<backend>/traces/<case>/rank<R>.json (see `trace_path`).
+RUN_DIR/<backend>/traces/<case>/rank<R>.json (JobFiles.torch_trace).
 
 Summary (kernel attribution by correlation id): a kernel belongs to a range when the CUDA runtime or
 driver call that launched it (`cat` "cuda_runtime"/"cuda_driver", `args.correlation`) ran on the range's
@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,15 +60,6 @@ class TraceCapture:
     rank: int
     world_size: int
     calls: dict[str, int]  # range name -> op calls recorded under it (instances × calls per instance)
-
-
-def _safe(part: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=+-]", "_", part)
-
-
-def trace_path(job_dir: Path, case_id: str, rank: int, suffix: str = ".json") -> Path:
-    """RUN_DIR/<backend>/traces/<case>/rank<R>.json: one directory per case, loadable by HTA as a whole."""
-    return Path(job_dir) / "traces" / _safe(case_id) / f"rank{rank}{suffix}"
 
 
 def _sync(device: Any, group: Any) -> None:

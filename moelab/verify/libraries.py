@@ -13,6 +13,7 @@ from moelab.backends import deepep_rules
 from moelab.core.library_figures import LibraryFigure, VerifyRow, judge
 from moelab.core.spec import RunSpec
 from moelab.core.workload import Workload
+from moelab.job.rundir import RunDir
 from moelab.verify import moelab_figures as mf
 from moelab.verify import parse_deepep, parse_hybrid_ep
 from moelab.verify.commands import (
@@ -204,7 +205,7 @@ def verify_backend(
     runs: dict[str, LibraryRun] = {}
     for key, cmd in commands.items():
         progress(f"[verify {backend}] {cmd.shell_line()}")
-        runs[key] = run_library(cmd, ctx.run_dir / "verify", ctx.timeout_s)
+        runs[key] = run_library(cmd, RunDir(ctx.run_dir).verify_dir, ctx.timeout_s)
         progress(
             f"[verify {backend}] {test}: {runs[key].describe()} ({runs[key].duration_s:.1f} s), log {runs[key].log_path}"
         )

@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from moelab.health import contention
+from moelab.job.rundir import JobFiles
 from moelab.store.db import connect
+from moelab.store.judgments import judge
 from tests.synthetic_runs import RunModel, build_db
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -137,25 +139,14 @@ def test_findings_round_trip_and_mark_suspect(tmp_path: Path) -> None:
     db = tmp_path / "c.duckdb"
     build_db(db, tmp_path / "runs", [RunModel(run_id="r1", iters=8, tokens=(256, 512))])
     found = [contention.ContentionFinding("moelab-run", "r0", "another moelab run (r0, pid 1) ran on h")]
-    contention.write_findings(tmp_path / "job", found)
-    assert contention.read_findings(tmp_path / "job") == found
+    files = JobFiles.of_dir(tmp_path / "job")
+    files.write_contention([f.to_dict() for f in found])
+    assert [contention.ContentionFinding.from_dict(d) for d in files.read_contention()] == found
+    assert contention.job_suspect_reason(files.read_contention()) == contention.suspect_reason(found)
     reason = contention.suspect_reason(found)
-    assert reason is not None
-    con = connect(db)
-    try:
-        assert contention.mark_suspect(con, "r1", "nccl-a2a", reason) == 2
-        assert contention.mark_suspect(con, "r1", "nccl-a2a", reason) == 2  # twice: said once
-        rows = con.execute(
-            "SELECT DISTINCT suspect, suspect_reason FROM cases WHERE run_id = 'r1'"
-        ).fetchall()
-        assert rows == [(True, reason)]
-        contention.mark_suspect(con, "r1", "nccl-a2a", "spread: x", ["nope"])
-        assert (
-            con.execute("SELECT count(*) FROM cases WHERE contains(suspect_reason, 'spread')").fetchone()[0]
-            == 0
-        )
-    finally:
-        con.close()
+    assert reason is not None and contention.job_suspect_reason([], "health: x") == "health: x"
+    assert contention.job_suspect_reason([f.to_dict() for f in found], "health: x") == f"health: x; {reason}"
+    assert contention.job_suspect_reason([]) is None
 
 
 def test_spread_far_above_history_or_target_is_flagged(tmp_path: Path) -> None:
@@ -170,11 +161,14 @@ def test_spread_far_above_history_or_target_is_flagged(tmp_path: Path) -> None:
     con = connect(db)
     try:
         assert contention.spread_flags(con, "calm") == []
-        flags = contention.mark_spread_suspects(con, "noisy")
+        flags = contention.spread_flags(con, "noisy")
         assert flags and all(f.basis == "history (5 runs)" for f in flags)
         assert {f.op for f in flags} >= {"dispatch"}
-        n = con.execute("SELECT count(*) FROM cases WHERE run_id = 'noisy' AND suspect").fetchone()[0]
+        judged = judge(con, "noisy")
+        assert ("spread", "suspect") in {(j.rule, j.verdict) for j in judged}
+        n = con.execute("SELECT count(*) FROM cases_judged WHERE run_id = 'noisy' AND suspect").fetchone()[0]
         assert n >= 1
+        assert con.execute("SELECT count(*) FROM cases WHERE run_id = 'noisy' AND suspect").fetchone()[0] == 0
         # no history: the noise target is the bar
         first = contention.spread_flags(con, "h0", noise_target=0.001)
         assert first and all(f.basis == "noise target" for f in first)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moelab.health.drift import DRIFT_TOLERANCE, drift_flags, mark_drift
+from moelab.health.drift import DRIFT_TOLERANCE, drift_flags
 from moelab.store.db import connect
+from moelab.store.judgments import judge
 from tests.synthetic_runs import RunModel, build_db
 
 
-def _stability(con: object, run_id: str) -> list[str]:
+def _stability(con: object, run_id: str, table: str = "results_judged") -> list[str]:
     rows = con.execute(  # type: ignore[attr-defined]
-        "SELECT stability FROM results WHERE run_id = ? AND stability IS NOT NULL", [run_id]
+        f"SELECT stability FROM {table} WHERE run_id = ? AND stability IS NOT NULL ORDER BY ALL", [run_id]
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -29,17 +30,29 @@ def test_a_moved_median_marks_both_runs_and_names_the_other(tmp_path: Path) -> N
     con = connect(db)
     try:
         assert drift_flags(con, "b") == []  # same mode twice: no drift
-        assert mark_drift(con, "b") == []
-        flags = mark_drift(con, "c")
+        assert judge(con, "b") == []
+        measured_b = _stability(con, "b", "results")
+        flags = drift_flags(con, "c")
+        judged = judge(con, "c")
+        assert {(j.run_id, j.verdict) for j in judged} == {
+            ("c", "unstable"),
+            ("b", "unstable"),
+            ("c", "suspect"),
+        }
         assert flags and all(f.previous_run == "b" for f in flags)
         assert all(abs(f.change - 0.2) < 0.05 and abs(f.change) > DRIFT_TOLERANCE for f in flags)
         mine, theirs = _stability(con, "c"), _stability(con, "b")
         assert len(mine) == len(flags) == len(theirs)
         assert all("from run b's" in s and "+" in s for s in mine)
         assert all("from run c's" in s and "-" in s for s in theirs)
-        suspect = con.execute("SELECT count(*) FROM cases WHERE run_id = 'c' AND suspect").fetchone()[0]
+        suspect = con.execute("SELECT count(*) FROM cases_judged WHERE run_id = 'c' AND suspect").fetchone()[
+            0
+        ]
         assert suspect >= 1
-        mark_drift(con, "c")  # judging twice adds nothing twice
+        # judgments never rewrite what was measured: b's stored rows are as ingest left them
+        assert _stability(con, "b", "results") == measured_b
+        assert con.execute("SELECT count(*) FROM cases WHERE run_id = 'c' AND suspect").fetchone()[0] == 0
+        judge(con, "c")  # judging twice adds nothing twice
         assert _stability(con, "c") == mine
         # a new driver is not drift (the gate's business), and CPU runs are not judged
         assert drift_flags(con, "d") == []

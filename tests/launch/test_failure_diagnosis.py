@@ -22,8 +22,8 @@ from moelab.job.diagnosis import (
     parse_faulthandler,
     read_diagnosis,
     request_stack_dumps,
-    stack_path,
 )
+from moelab.job.rundir import JobFiles
 from moelab.reports.html import write_report
 from tests.launch.test_crash_isolation import SMALL
 
@@ -139,7 +139,7 @@ def test_sigusr1_dump_names_the_frame_and_the_process_goes_on(tmp_path: Path) ->
         assert request_stack_dumps([proc.pid, agent.pid, os.getpid()], wait_s=1.0) == [proc.pid]
         assert agent.poll() is None
         assert proc.poll() is None  # SIGUSR1 dumps, it does not kill
-        text = stack_path(tmp_path, 3).read_text()
+        text = JobFiles.of_dir(tmp_path).stack_file(3).read_text()
         assert main_thread_frame(parse_faulthandler(text)) == "moelab_fake_worker.py:7 in waiting_here"
         diag = read_diagnosis(tmp_path)
         assert [s.line() for s in diag.stacks] == ["rank 3 stuck at moelab_fake_worker.py:7 in waiting_here"]

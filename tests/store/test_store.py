@@ -30,7 +30,7 @@ from moelab.job.rundir import RunDir
 from moelab.store.db import connect, migrate
 from moelab.store.export import FORMATS, export_runs, load_export
 from moelab.store.ingest import ingest
-from moelab.store.schema import LATEST_VERSION, MIGRATIONS, RUN_TABLES
+from moelab.store.schema import EXPORT_TABLES, LATEST_VERSION, MIGRATIONS, RUN_TABLES
 from moelab.suites.loader import case_id_for
 
 WORLD = 4
@@ -255,7 +255,7 @@ def test_export_round_trips(tmp_path: Path, con: duckdb.DuckDBPyConnection, fmt:
     ingest(con, write_run(tmp_path / "runs", "run-a"))
     ingest(con, write_run(tmp_path / "runs", "run-b", scale=1.5))
     written = export_runs(con, tmp_path / "export", fmt, ["run-b"])
-    assert {p.name for p in written} == {f"{t}.{fmt}" for t in RUN_TABLES} | {"manifest.json"}
+    assert {p.name for p in written} == {f"{t}.{fmt}" for t in EXPORT_TABLES} | {"manifest.json"}
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
     assert (manifest["format"], manifest["runs"], manifest["schema_version"]) == (
         fmt,

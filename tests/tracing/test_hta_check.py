@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, trace_path
+from moelab.job.rundir import JobFiles
+from moelab.tracing.torch_trace import TracedOp, capture_torch_trace
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -21,7 +22,7 @@ def test_hta_sees_profiler_steps(tmp_path: Path) -> None:
     for rank in (0, 1):
         capture_torch_trace(
             [TracedOp(op="dispatch", fn=lambda: a @ a)], backend="b", case_id="c", iters=3,
-            path=trace_path(tmp_path, "c", rank), rank=rank, world_size=2, device=torch.device("cpu"),
+            path=JobFiles.of_dir(tmp_path).torch_trace("c", rank), rank=rank, world_size=2, device=torch.device("cpu"),
         )  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "hta_check.py"), str(tmp_path / "traces" / "c"), "--cpu"],

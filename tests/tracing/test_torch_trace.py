@@ -16,6 +16,7 @@ from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.core.errors import MoelabError
 from moelab.core.routing import route_all
 from moelab.core.workload import Workload
+from moelab.job.rundir import JobFiles
 from moelab.measure.reference import make_tokens
 from moelab.tracing.kernel_time import kernel_bandwidth_gbs, op_kernel_times
 from moelab.tracing.summary import union_us
@@ -23,7 +24,6 @@ from moelab.tracing.torch_trace import (
     TracedOp,
     capture_torch_trace,
     summarize_chrome_trace,
-    trace_path,
 )
 from tests.distributed_helpers import gloo_context, run_ranks
 
@@ -34,7 +34,7 @@ def test_single_process_capture_without_process_group(tmp_path: Path) -> None:
     """No process group: distributedInfo is added by moelab, with the rank it was given (HTA needs it)."""
     assert not dist.is_initialized()
     a = torch.randn(32, 32)
-    path = trace_path(tmp_path / "b", "case/1", rank=3)
+    path = JobFiles.of_dir(tmp_path / "b").torch_trace("case/1", rank=3)
     cap = capture_torch_trace(
         [
             TracedOp(op="dispatch", fn=lambda: a @ a),
@@ -87,7 +87,7 @@ def _traced_a2a_rank(rank: int, world: int, out_dir: str) -> dict[str, Any]:
         TracedOp(op="combine", fn=lambda: backend.combine(expert_out, d.handle)),
     ]
     cap = capture_torch_trace(
-        ops, backend="nccl-a2a", case_id="tcase", iters=3, path=trace_path(Path(out_dir), "tcase", rank),
+        ops, backend="nccl-a2a", case_id="tcase", iters=3, path=JobFiles.of_dir(Path(out_dir)).torch_trace("tcase", rank),
         rank=rank, world_size=world, device=CPU, group=dist.group.WORLD,
     )  # fmt: skip
     summary = summarize_chrome_trace(cap.path)

@@ -209,7 +209,7 @@ def trace_layers(
 ) -> tuple[TraceFile, ...]:
     """A few more iterations of the layer (and the serial layer) under torch.profiler: the trace shows
     whether the communication kernels run under the GEMMs. Every rank's trace file, gathered."""
-    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace, trace_path
+    from moelab.tracing.torch_trace import TracedOp, capture_torch_trace
 
     ctx, files = cc.ctx, cc.files
     assert files is not None
@@ -217,7 +217,7 @@ def trace_layers(
     with torch.no_grad():
         cap = capture_torch_trace(
             ops, backend=cc.backend.name, case_id=case.case_id, iters=cc.spec.trace.iters,
-            path=trace_path(files.dir, case.case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
+            path=files.torch_trace(case.case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
             device=ctx.device, group=ctx.group,
         )  # fmt: skip
     mine = TraceFile(rank=ctx.rank, kind="torch", path=str(cap.path.relative_to(files.run_dir)),
