@@ -129,7 +129,3 @@ class NcclTestsBackend(Backend):
 
     def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
         raise NotImplementedError("nccl-tests runs its own binary; it has no combine")
-
-
-def _row(row: Any) -> dict[str, Any]:
-    return {k: getattr(row, k) for k in row.__slots__}

@@ -1,4 +1,4 @@
-"""Byte accounting per rank, by the libraries' own conventions (DESIGN.md "What is measured").
+"""Byte accounting per rank, by the libraries' own conventions (docs/design.md, "What is measured").
 
 Rows are (token, destination rank) pairs: a token goes once to each rank that holds at least one of its
 experts. Nodes are groups of `gpus_per_node` consecutive ranks.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
 from moelab.core.rows import RankRows
@@ -202,9 +202,6 @@ class CaseRecord:
     @classmethod
     def failed(cls, case: CaseSpec, reason: str, *, world: int, gpus_per_node: int) -> CaseRecord:
         return cls.not_measured(case, "failed", reason, world=world, gpus_per_node=gpus_per_node)
-
-    def with_suspect(self, reason: str | None) -> CaseRecord:
-        return self if reason is None else replace(self, suspect_reason=reason[:1000])
 
     def to_json(self) -> str:
         return json.dumps(_plain(self), allow_nan=True)

@@ -7,12 +7,14 @@ Defaults are the reference workload of the design card: HIDDEN=8192, topk=8, 409
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.errors import SpecError
 
 ROUTING_KINDS = ("uniform", "zipf", "hot")
+MAX_SEED = 2**31 - 1  # routing seeds are stored as INTEGER
 PAYLOAD_DTYPES = ("bf16", "fp8", "mxfp8")
 
 
@@ -25,6 +27,20 @@ class RoutingSpec:
     zipf_s: float = 1.2  # zipf: skew exponent; expert popularity ~ 1 / rank^s
     hot_experts: int = 1  # hot: how many experts are hot
     hot_share: float = 0.5  # hot: share of tokens whose first choice is a hot expert
+
+    def check_values(self) -> None:
+        """Raise SpecError for a value of the wrong type or out of what the store keeps (the seed is an
+        INTEGER column): a user error, refused before anything launches."""
+        if not isinstance(self.kind, str):
+            raise SpecError(f"routing must be a name ({', '.join(ROUTING_KINDS)}), got {self.kind!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise SpecError(f"seed must be a whole number from 0 to {MAX_SEED}, got {self.seed!r}")
+        for name in ("zipf_s", "hot_share"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise SpecError(f"{name} must be a finite number, got {value!r}")
+        if not isinstance(self.hot_experts, int) or isinstance(self.hot_experts, bool):
+            raise SpecError(f"hot_experts must be a whole number, got {self.hot_experts!r}")
 
     def validate(self) -> None:
         if self.kind not in ROUTING_KINDS:
@@ -74,6 +90,9 @@ class Workload:
                 raise SpecError(
                     f"{name.replace('_', '-')} {value} is above the largest supported, {LIMITS[name]}"
                 )
+        if not isinstance(self.dtype, str):
+            raise SpecError(f"dtype must be a name ({', '.join(PAYLOAD_DTYPES)}), got {self.dtype!r}")
+        self.routing.check_values()
         if self.tokens_per_rank * self.hidden * 2 > MAX_TOKEN_BYTES:
             raise SpecError(
                 f"tokens-per-rank x hidden x 2 bytes = {self.tokens_per_rank * self.hidden * 2 / 2**30:.0f} GiB per rank "
@@ -109,7 +128,7 @@ class Workload:
                 )
 
     def bytes_per_token(self) -> int:
-        """Bytes of one token's dispatch payload, by the libraries' conventions (DESIGN.md)."""
+        """Bytes of one token's dispatch payload, by the libraries' conventions (docs/design.md)."""
         return payload_bytes_per_token(self.hidden, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:

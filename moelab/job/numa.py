@@ -1,6 +1,7 @@
 """`--bind numa`: pin a rank to the CPUs (and prefer the memory) of its GPU's NUMA node, and say what was done.
 
-The DeepEP-on-Azure post (seed 003) binds by hand (rank // 4 → node, psutil + libnuma); here the node and CPU
+Azure's post "Achieving Optimal Performance for DeepSeek Expert Parallelism (DeepEP) on Azure" (Azure HPC
+blog) binds by hand (rank // 4 → node, psutil + libnuma); here the node and CPU
 set come from the GPU itself: NVML's CPU affinity and NUMA node, or the PCI function's sysfs `local_cpulist`
 and `numa_node`. Call it early in the rank's main thread, before libraries start their own threads: the
 memory policy is per thread and inherited by threads created afterwards.
@@ -126,7 +127,7 @@ def resolve_binding(
 
 
 def libnuma_prefer(node: int) -> str:
-    """Prefer allocating memory on `node` (libnuma numa_set_preferred, as seed 003 does); says what happened."""
+    """Prefer allocating memory on `node` (libnuma numa_set_preferred, as Azure's DeepEP post does); says what happened."""
     name = ctypes.util.find_library("numa")
     if name is None:
         return "not applied: libnuma not found"

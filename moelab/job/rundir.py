@@ -210,11 +210,10 @@ class JobFiles:
 
     def write_job(self, job: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_json_atomic(self.dir / "job.json", job)
+        _write_json_atomic(self.job_file, job)
 
     def read_job(self) -> dict[str, Any] | None:
-        p = self.dir / "job.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        return json.loads(self.job_file.read_text()) if self.job_file.exists() else None
 
     def log_tails(self, lines: int = 20) -> dict[int, str]:
         tails = {}

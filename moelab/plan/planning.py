@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moelab.backends import registry
 from moelab.core.errors import MoelabError, SpecError
@@ -19,6 +19,9 @@ from moelab.core.validate import dedupe_backends, validate_label, validate_run_i
 from moelab.job import launchers
 from moelab.job.rundir import now_iso
 from moelab.suites.loader import Suite, expand, load_suite
+
+if TYPE_CHECKING:
+    from moelab.backends.base import Backend
 
 TRACE_MODES = ("none", "torch", "nsys")
 WORKLOAD_FLAGS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "routing", "seed", "dtype", "sms")
@@ -159,22 +162,27 @@ def check_suite_backends(suite: Suite) -> None:
             )
 
 
-def check_knobs(cases: Sequence[CaseSpec]) -> None:
+def load_backends(names: Sequence[str]) -> dict[str, type[Backend]]:
+    """Each backend of the run, loaded once: a load scans the entry points, too slow to do per case."""
+    return {name: registry.load(name) for name in names}
+
+
+def check_knobs(cases: Sequence[CaseSpec], classes: Mapping[str, type[Backend]]) -> None:
     """Every case's settings through their owners' checks (an e2e case's layer settings against its
     workload and SMs, the knobs the backend's): an unknown or misspelt knob, or a bad value, is refused here
     with the valid names, never stored as an unsupported case."""
     for case in cases:
         if case.e2e is not None:
             case.e2e.resolve(case.workload, case.sms)
-        registry.load(case.backend).check_knobs(case.knobs, case.workload)
+        classes[case.backend].check_knobs(case.knobs, case.workload)
 
 
-def host_job_cases(cases: Sequence[CaseSpec]) -> list[CaseSpec]:
+def host_job_cases(cases: Sequence[CaseSpec], classes: Mapping[str, type[Backend]]) -> list[CaseSpec]:
     """A backend the launching host runs as one job (nccl-tests) has cases of the host kind; it has no e2e
     layer to run."""
     out = []
     for case in cases:
-        if registry.load(case.backend).job_kind != "host":
+        if classes[case.backend].job_kind != "host":
             out.append(case)
         elif case.kind == "e2e":
             raise SpecError(f"{case.backend} runs as one job of the launching host: it has no e2e cases")
@@ -241,11 +249,11 @@ def timing_for(req: RunRequest, device: str) -> TimingSpec:
         raise SpecError(str(exc)) from exc
 
 
-def _backend_defaults(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _backend_defaults(classes: Mapping[str, type[Backend]]) -> dict[str, dict[str, Any]]:
     """Per-backend workload defaults (e.g. the low-latency kernels' own sizes), below the suite's values."""
     out = {}
-    for name in names:
-        defaults = getattr(registry.load(name), "default_workload", None)
+    for name, cls in classes.items():
+        defaults = getattr(cls, "default_workload", None)
         if defaults:
             out[name] = dict(defaults)
     return out
@@ -259,8 +267,9 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
     suite = req.suite if isinstance(req.suite, Suite) else load_suite(req.suite)
     check_suite_backends(suite)
     overrides, notes = _fit_experts(req, suite, world)
+    classes = load_backends(req.backends)
     try:
-        cases = expand(suite, list(req.backends), world, overrides, _backend_defaults(req.backends))
+        cases = expand(suite, list(req.backends), world, overrides, _backend_defaults(classes))
     except MoelabError:
         raise
     except (TypeError, ValueError) as exc:
@@ -271,8 +280,8 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
         if unknown:
             raise SpecError(f"no case {unknown[0]!r} in this run; list them with `moelab run --list-cases`")
         cases = [c for c in cases if c.case_id in req.cases]
-    cases = host_job_cases(cases)
-    check_knobs([c for c in cases if not c.skip_reason])
+    cases = host_job_cases(cases, classes)
+    check_knobs([c for c in cases if not c.skip_reason], classes)
     if not any(not c.skip_reason for c in cases):
         raise SpecError(cases[0].skip_reason if cases else f"suite {suite.name} has no cases")
     spec = RunSpec(

@@ -13,6 +13,7 @@ case with its `backend` and the values that differ from the base (a workload fie
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ ROUTING_KEYS = {
     "hot_share": "hot_share",
 }
 CASE_KEYS = set(WORKLOAD_KEYS) | set(ROUTING_KEYS) | {"sms"}
+MAX_SUITE_BYTES = 1 << 20  # a suite is a page of TOML; more is a wrong path (or /dev/zero)
+MAX_DEPTH = 8  # top level > backend > NAME > axes > key > values: deeper is no suite
+MAX_CASES = 100_000  # planned cases of one run (a run of this many takes days on a GPU)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,13 +70,41 @@ def load_suite(name_or_path: str) -> Suite:
         raise SpecError(
             f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtins))}"
         )
+    if not path.is_file():
+        raise SpecError(f"cannot read suite file {path}: not a regular file")
     try:
-        data = tomllib.loads(path.read_text())
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_SUITE_BYTES + 1)
+        if len(raw) > MAX_SUITE_BYTES:
+            raise SpecError(f"suite file {path} is larger than {MAX_SUITE_BYTES // 1024} KiB: not a suite")
+        data = tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read suite file {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"malformed suite file {path}: {exc}") from exc
+    except RecursionError:
+        raise SpecError(f"malformed suite file {path}: nested deeper than any suite") from None
     return parse_suite(data, source=str(path))
+
+
+def _check_values(value: Any, where: str, source: str, depth: int = 0) -> None:
+    """Every value a suite holds is one the spec and the store keep: strings, finite numbers, booleans,
+    and lists or tables of them, nested no deeper than a suite is."""
+    if depth > MAX_DEPTH:
+        raise SpecError(f"{source}: {where} is nested deeper than any suite ({MAX_DEPTH} levels)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(v, f"{where}.{k}" if where else str(k), source, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_values(v, where, source, depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{source}: {where} = {value}: suite numbers must be finite")
+    elif not isinstance(value, str | int | float | bool):
+        raise SpecError(
+            f"{source}: {where} = {value!r}: suite values are strings, numbers, booleans or lists "
+            f"(a {type(value).__name__} is none of them)"
+        )
 
 
 def _as_list(key: str, value: Any) -> list[Any]:
@@ -83,6 +115,7 @@ def _as_list(key: str, value: Any) -> list[Any]:
 
 
 def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
+    _check_values(dict(data), "", source)
     known_top = {"name", "description", "workload", "axes", "exclude", "backend"}
     unknown = set(data) - known_top
     if unknown:
@@ -119,7 +152,11 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
             if part in section and not isinstance(section[part], dict):
                 raise SpecError(f"{source}: [backend.{bname}.{part}] must be a table")
         backend_workload[bname] = dict(section.get("workload", {}))
+        for key in backend_workload[bname]:
+            if key not in CASE_KEYS - {"sms"}:
+                raise SpecError(f"{source}: unknown workload key {key!r} in [backend.{bname}.workload]")
         backend_axes[bname] = {k: _as_list(k, v) for k, v in dict(section.get("axes", {})).items()}
+    _check_exclude(exclude, set(axes) | {k for a in backend_axes.values() for k in a} | CASE_KEYS, source)
     return Suite(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
@@ -130,6 +167,19 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         backend_axes=backend_axes,
         source=source,
     )
+
+
+def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) -> None:
+    """An [[exclude]] key that names no axis, workload field or knob would exclude nothing, silently."""
+    for i, ex in enumerate(exclude, 1):
+        if not ex:
+            raise SpecError(f"{source}: [[exclude]] number {i} is empty (it would exclude every case)")
+        unknown = sorted(set(ex) - known)
+        if unknown:
+            raise SpecError(
+                f"{source}: [[exclude]] number {i} names {', '.join(map(repr, unknown))}, which is no axis, "
+                f"workload key or knob of this suite (known: {', '.join(sorted(known))})"
+            )
 
 
 def _parse_sms(value: Any) -> int | None:
@@ -171,6 +221,7 @@ def expand(
             )
     cases: list[CaseSpec] = []
     seen: set[tuple[str, str]] = set()
+    planned = 0
     for row in rows:
         backend = row["backend"]
         explicit = {k: v for k, v in row.items() if k != "backend"}
@@ -183,6 +234,12 @@ def expand(
             axes[key] = axis_values
             base.pop(key, None)
         names = list(axes)
+        planned += math.prod(len(axes[n]) for n in names)
+        if planned > MAX_CASES:
+            raise SpecError(
+                f"{suite.source}: the suite expands to more than {MAX_CASES:,} cases; narrow its axes "
+                "(or run a part of it with --case)"
+            )
         for combo in itertools.product(*(axes[n] for n in names)):
             values = dict(base)
             values.update(zip(names, combo, strict=True))

@@ -19,7 +19,6 @@ from moelab.backends.symm_layout import (
     SPARE_ROWS,
     RowLayout,
     buffer_rows,
-    emulate_all_to_all_vdev,
     exchange_align_cols,
     mask_received_meta,
     meta_ids,
@@ -31,6 +30,27 @@ from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure import checks
 from moelab.measure.reference import expert_output, make_tokens, reference_dispatch
+
+
+def emulate_all_to_all_vdev(
+    inputs: list[torch.Tensor], in_splits: list[torch.Tensor], capacity: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """What torch.ops.symm_mem.all_to_all_vdev delivers, for tests: rank d receives, from every source s
+    in rank order, the rows of s's d-th split, packed from row 0 of a `capacity`-row buffer.
+    Returns (received buffers, out_splits_offsets [2, world] per rank)."""
+    world = len(inputs)
+    starts = [torch.cumsum(s, 0) - s for s in in_splits]
+    outs, splits_offsets = [], []
+    for d in range(world):
+        recv = torch.zeros(capacity, *inputs[0].shape[1:], dtype=inputs[0].dtype)
+        counts = torch.stack([in_splits[s][d] for s in range(world)])
+        offsets = torch.cumsum(counts, 0) - counts
+        for s in range(world):
+            n, src, dst = int(counts[s]), int(starts[s][d]), int(offsets[s])
+            recv[dst : dst + n] = inputs[s][src : src + n]
+        outs.append(recv)
+        splits_offsets.append(torch.stack([counts, offsets]))
+    return outs, splits_offsets
 
 
 def _emulated_round_trip(wl: Workload, world: int) -> tuple[list[PaddedDispatched], list[torch.Tensor]]:

@@ -163,4 +163,4 @@ def test_bad_workload_value_type(tmp_path: Path) -> None:
 def test_missing_and_unreadable_suite(tmp_path: Path) -> None:
     msg = _spec_error(tmp_path / "nope.toml", tmp_path)
     assert "no suite" in msg and "dispatch-combine" in msg
-    assert "cannot read suite file" in _spec_error(tmp_path, tmp_path)  # a folder, not a file
+    assert "not a regular file" in _spec_error(tmp_path, tmp_path)  # a folder, not a file
