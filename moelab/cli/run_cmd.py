@@ -343,7 +343,11 @@ def run(
         raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
     if empty:
         console.print(f"error: {empty}")
-    if failed or not outcome.all_jobs_ok or empty:
+    for backend, note in outcome.trace_notes.items():
+        console.print(
+            f"error: {backend}: --trace nsys made no usable trace ({note}); its measurements are stored"
+        )
+    if failed or not outcome.all_jobs_ok or empty or outcome.trace_notes:
         raise typer.Exit(1)
 
 

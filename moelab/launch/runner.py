@@ -7,7 +7,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,6 +39,9 @@ class RunOutcome:
     jobs: dict[str, JobOutcome]
     ingested: bool
     interrupted_by: str | None = None  # SIGINT / SIGTERM when the run was stopped
+    trace_notes: dict[str, str] = field(
+        default_factory=dict
+    )  # backend -> why its asked-for traces are missing
 
     @property
     def all_jobs_ok(self) -> bool:
@@ -130,6 +133,8 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
 
         require_healthy(before)  # type: ignore[arg-type]
     num_cases, launch = len(spec.cases_for(backend)), spec.launch
+    if spec.trace.mode == "nsys" or spec.trace.wrap:
+        files.traces_dir.mkdir(parents=True, exist_ok=True)  # the tools write there, and make no folder
     with (
         watch_job(files.dir, num_cases, launch.world, launch.device, quiet),
         contention.ContentionMonitor(spec.run_id, own_busy=launch.nproc_per_node) as monitor,
@@ -138,6 +143,10 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
             files, job_argv(spec, rd.path, backend), launch.job_timeout_s, env=job_env(spec, backend)
         )
     files.write_contention([f.to_dict() for f in monitor.findings])
+    if spec.trace.mode == "nsys":
+        from moelab.tracing.nsys import collect_reports
+
+        collect_reports(files, launch.world if launch.nodes == 1 else None)  # other nodes keep their own
     after = _health(spec, files, "after")
     if before is not None and after is not None:
         from moelab.health.snapshot import diff, is_suspect
@@ -154,45 +163,6 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
             }
         )
     return outcome
-
-
-def _collect_nsys(files: JobFiles, backend: str) -> None:
-    """Register the per-rank nsys reports (and their SQLite exports) for ingest; say so when nsys left none.
-
-    Seen on this workplace's GPU machines: the nsys bundled with Nsight Compute records .qdstrm files but
-    never finishes a report, so a run "with" nsys traces can silently have none.
-    """
-    from moelab.tracing.nsys import export_sqlite, report_paths
-
-    traces_dir = files.traces_dir
-    found = []
-    for rank, rep in enumerate(report_paths(traces_dir, backend)):
-        found.append(
-            {
-                "rank": rank,
-                "kind": "nsys",
-                "path": str(rep.relative_to(files.run_dir)),
-                "size_bytes": rep.stat().st_size,
-            }
-        )
-        try:
-            sqlite = export_sqlite(rep)
-            found.append(
-                {
-                    "rank": rank,
-                    "kind": "nsys-sqlite",
-                    "path": str(sqlite.relative_to(files.run_dir)),
-                    "size_bytes": sqlite.stat().st_size,
-                }
-            )
-        except Exception as exc:  # keep the report even when the export fails
-            print(f"[{backend}] nsys export of {rep.name} failed: {exc}", file=sys.stderr)
-    note = None
-    if not found:
-        leftovers = sorted(p.name for p in traces_dir.glob("*.qdstrm")) if traces_dir.exists() else []
-        note = "nsys wrote no .nsys-rep report" + (f" (only {', '.join(leftovers)})" if leftovers else "")
-        print(f"[{backend}] warning: {note}", file=sys.stderr)
-    files.write_nsys_traces(found, note)
 
 
 def is_launching_host(spec: RunSpec) -> bool:
@@ -218,6 +188,7 @@ def execute(
     except FileExistsError:
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
+    trace_notes: dict[str, str] = {}
     registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
     with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
         for backend in spec.backends:
@@ -235,6 +206,10 @@ def execute(
                 note_interrupted_job(rd.job(backend), str(stop.signal_name))
             jobs[backend] = outcome
             progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
+            note = rd.job(backend).read_nsys_traces().get("note")
+            if note:
+                trace_notes[backend] = note
+                progress(f"[{backend}] warning: --trace nsys: {note}")
         registration.close()
         if stop.requested:
             rd.set_status("interrupted", signal=stop.signal_name)
@@ -251,4 +226,4 @@ def execute(
                     f"storing run {spec.run_id} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
                     f"its run directory is kept: store it with `moelab ingest {rd.path} --db {db_path}`"
                 ) from exc
-    return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name)
+    return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name, trace_notes)

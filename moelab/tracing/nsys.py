@@ -41,10 +41,10 @@ import re
 import shutil
 import sqlite3
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 from moelab.core.errors import MoelabError
+from moelab.job.rundir import JobFiles
 from moelab.tracing.nvtx_ranges import PREFIX
 from moelab.tracing.summary import Event, RangeInstance, TraceSummary, summarize_instances
 
@@ -259,11 +259,53 @@ def read_nsys_sqlite(path: Path, prefix: str = PREFIX, name_column: str = "short
     )
 
 
-def report_paths(out_dir: Path, name: str) -> Sequence[Path]:
-    """The per-rank reports `nsys_prefix_argv(out_dir, name, …)` produced, in rank order."""
-    found = []
+def report_paths(out_dir: Path, name: str) -> dict[int, Path]:
+    """The per-rank reports `nsys_prefix_argv(out_dir, name, …)` produced, by rank."""
+    found = {}
     for p in Path(out_dir).glob(f"{name}_rank*.nsys-rep"):
         m = re.fullmatch(rf"{re.escape(name)}_rank(\d+)\.nsys-rep", p.name)
         if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+            found[int(m.group(1))] = p
+    return dict(sorted(found.items()))
+
+
+def _trace_row(files: JobFiles, rank: int, kind: str, path: Path) -> dict[str, object]:
+    return {
+        "rank": rank,
+        "kind": kind,
+        "path": str(path.relative_to(files.run_dir)),
+        "size_bytes": path.stat().st_size,
+    }
+
+
+def collect_reports(files: JobFiles, world: int | None = None) -> str | None:
+    """After an nsys job: register each rank's report and its SQLite export for ingest
+    (JobFiles.write_nsys_traces), and return what went wrong in one line (None when every rank left a
+    report that exported). The nsys inside Nsight Compute on this workplace's GPU machines records
+    .qdstrm files but its importer fails, so a run "with" nsys traces can have none: that must be said."""
+    found: list[dict[str, object]] = []
+    failed: list[str] = []
+    reports = report_paths(files.traces_dir, files.backend)
+    for rank, rep in reports.items():
+        found.append(_trace_row(files, rank, "nsys", rep))
+        try:
+            sqlite = export_sqlite(rep)
+        except MoelabError as exc:  # keep the report even when the export fails
+            failed.append(str(exc))
+            continue
+        found.append(_trace_row(files, rank, "nsys-sqlite", sqlite))
+    note = None
+    if not reports:
+        left = sorted(p.name for p in files.traces_dir.glob("*")) if files.traces_dir.exists() else []
+        note = "nsys wrote no .nsys-rep report" + (f"; it left only {', '.join(left[:5])}" if left else "")
+        if any(name.endswith(".qdstrm") for name in left):
+            note += " (its QdstrmImporter could not turn the recording into a report)"
+    elif world is not None and len(reports) < world:
+        missing = sorted(set(range(world)) - set(reports))
+        note = f"nsys wrote no report for rank(s) {', '.join(map(str, missing))}"
+    if failed:  # the reports stay registered; their export is what failed
+        note = "; ".join(
+            [*([note] if note else []), *dict.fromkeys(f"SQLite export failed: {f}" for f in failed)]
+        )
+    files.write_nsys_traces(found, note)
+    return note

@@ -294,7 +294,7 @@ def test_export_sqlite_runs_nsys_export(tmp_path: Path) -> None:
     assert out == rep.with_suffix(".sqlite") and out.exists()
     args = Path(str(out) + ".args").read_text().split()
     assert args == ["export", "--type=sqlite", f"--output={out}", "--force-overwrite=true", str(rep)]
-    assert [p.name for p in report_paths(tmp_path / "traces", "deepep")] == [
+    assert [p.name for p in report_paths(tmp_path / "traces", "deepep").values()] == [
         "deepep_rank0.nsys-rep",
         "deepep_rank1.nsys-rep",
     ]
