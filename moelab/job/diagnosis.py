@@ -57,7 +57,7 @@ def install_stack_dumps(job_dir: Path, rank: int) -> None:
         faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
 
 
-STACK_DUMP_WAIT_S = 2.0
+STACK_DUMP_WAIT_S = 1.5
 WORKER_MODULE_ARG = "moelab.measure.worker"
 
 

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 WATCHDOG_POLL_S = 0.5
 
 
@@ -46,6 +47,15 @@ def set_parent_death_signal(sig: int) -> bool:
     if _PRCTL is None:
         return False
     return _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def become_subreaper() -> bool:
+    """Make this process the one its descendants' orphans re-parent to (Linux): a rank in a session of its
+    own, or a daemon a backend started, stays findable below the launcher after torchrun is gone, so the
+    launcher can end it. False where unsupported."""
+    if _PRCTL is None:
+        return False
+    return _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def job_preexec(parent_pid: int, sig: int = signal.SIGTERM) -> Callable[[], None]:

@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.job.diagnosis import request_stack_dumps
-from moelab.job.lifeline import job_preexec
+from moelab.job.diagnosis import request_stack_dumps, with_descendants
+from moelab.job.lifeline import become_subreaper, job_preexec
 from moelab.job.rundir import JobFiles, now_iso
 
-KILL_GRACE_S = 10.0
+TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,28 +88,60 @@ def parse_torchrun_failures(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def _pids_in_session(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry.name)) == sid:
-                pids.append(int(entry.name))
-        except (ProcessLookupError, PermissionError):
-            continue
-    return pids
+def _job_pids(before: set[int]) -> list[int]:
+    """Every live process below this one that was not there before the job started: the job's leader, its
+    ranks (each in a session of its own under torchrun) and anything they started, orphans included (this
+    process is their subreaper)."""
+    me = os.getpid()
+    return [p for p in with_descendants([me]) if p != me and p not in before and not _is_zombie(p)]
 
 
-def _kill_session(sid: int, sig: int) -> None:
-    for pid in _pids_in_session(sid):
-        with contextlib.suppress(ProcessLookupError):
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
+def _reap(pids: list[int]) -> None:
+    """Collect the exit status of those of `pids` that are this process's children now (orphans it adopted)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def end_job(before: set[int], grace_s: float = TERM_GRACE_S) -> list[int]:
+    """End every process the job left behind: SIGTERM, `grace_s` to go, then SIGKILL (which also ends a
+    stopped one); returns the pids found alive."""
+    left = _job_pids(before)
+    if not left:
+        return []
+    _signal_all(left, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _job_pids(before):
+        _reap(left)
+        time.sleep(0.05)
+    _signal_all(_job_pids(before), signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _job_pids(before):
+        _reap(left)
+        time.sleep(0.05)
+    _reap(left)
+    return left
+
+
 def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str]) -> JobOutcome:
-    """Start `argv` in its own session, wait up to `timeout_s`, reap every process of the session."""
+    """Start `argv` in its own session, wait up to `timeout_s` (then each rank's stack, SIGTERM, SIGKILL:
+    the job ends within a few seconds of it), and end every process the job left behind, recording them."""
     files.dir.mkdir(parents=True, exist_ok=True)
+    become_subreaper()
+    before = set(with_descendants([os.getpid()]))
     started, t0 = now_iso(), time.monotonic()
     with files.launcher_log.open("w") as log:
         proc = subprocess.Popen(
@@ -121,28 +153,21 @@ def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, s
             start_new_session=True,
             preexec_fn=job_preexec(os.getpid()),  # the job dies with this process, even on kill -9
         )
-        sid = proc.pid  # a new session's id is its leader's pid
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            request_stack_dumps(_pids_in_session(sid))  # each rank's Python stack, where it hung
-            _kill_session(sid, signal.SIGTERM)
+            request_stack_dumps(_job_pids(before))  # each rank's Python stack, where it hung
+            _signal_all(_job_pids(before), signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=KILL_GRACE_S)
-        # torchrun's agent may leave ranks behind if it was itself killed: reap the whole session
-        deadline = time.monotonic() + KILL_GRACE_S
-        while _pids_in_session(sid) and time.monotonic() < deadline:
-            _kill_session(
-                sid, signal.SIGTERM if time.monotonic() < deadline - KILL_GRACE_S / 2 else signal.SIGKILL
-            )
-            time.sleep(0.2)
-        _kill_session(sid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
+                proc.wait(timeout=TERM_GRACE_S)
+            if proc.poll() is None:
+                proc.kill()
         proc.wait()
-    leftover = _pids_in_session(sid)
+    # what outlived the job's leader: ranks torchrun could not stop, processes a backend started (after a
+    # timeout everything had its SIGTERM already: what is left gets SIGKILL at once)
+    leftover = end_job(before, grace_s=0.2 if timed_out else TERM_GRACE_S)
     rc = proc.returncode
     text = files.launcher_log.read_text(errors="replace")
     outcome = JobOutcome(

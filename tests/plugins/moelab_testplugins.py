@@ -102,3 +102,29 @@ class JitBackend(NcclA2ABackend):
             time.sleep(self.COMPILE_S)
             self._compiled = True
         return super().dispatch(x, topk_idx, topk_weights, layout=layout)
+
+
+class SpawnerBackend(NcclA2ABackend):
+    """nccl-a2a that starts a helper process in a session of its own on every rank and never stops it (as
+    a library's proxy or daemon can); the job itself succeeds. It prints the helper's pid in the rank log."""
+
+    name = "test-spawner"
+
+    def __init__(self, ctx: Any, cases: Any) -> None:
+        import subprocess
+        import sys
+
+        super().__init__(ctx, cases)
+        helper = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
+        print(f"spawned helper pid {helper.pid}", flush=True)
+
+
+class StopBackend(_OneBadRank):
+    """One rank stops itself (SIGSTOP, as a debugger or a job-control signal can): its peers time out."""
+
+    name = "test-stop"
+
+    def misbehave(self) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
