@@ -13,13 +13,14 @@ thread that lives as long as the job (the main thread does).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -49,13 +50,18 @@ def set_parent_death_signal(sig: int) -> bool:
     return _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
-def become_subreaper() -> bool:
-    """Make this process the one its descendants' orphans re-parent to (Linux): a rank in a session of its
-    own, or a daemon a backend started, stays findable below the launcher after torchrun is gone, so the
-    launcher can end it. False where unsupported."""
-    if _PRCTL is None:
-        return False
-    return _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+@contextlib.contextmanager
+def subreaper() -> Iterator[bool]:
+    """While inside, this process is the one its descendants' orphans re-parent to (Linux): a rank in a
+    session of its own, or a daemon a backend started, stays findable below the launcher after torchrun is
+    gone, so the launcher can end it (and must reap it: moelab.job.local). Yields False where unsupported.
+    Only for the length of a job, so that other programs' orphans still go to init."""
+    on = _PRCTL is not None and _PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield on
+    finally:
+        if on and _PRCTL is not None:
+            _PRCTL(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def job_preexec(parent_pid: int, sig: int = signal.SIGTERM) -> Callable[[], None]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.job.diagnosis import request_stack_dumps, with_descendants
-from moelab.job.lifeline import become_subreaper, job_preexec
+from moelab.job.lifeline import job_preexec, subreaper
 from moelab.job.rundir import JobFiles, now_iso
 
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
@@ -139,8 +139,12 @@ def end_job(before: set[int], grace_s: float = TERM_GRACE_S) -> list[int]:
 def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str]) -> JobOutcome:
     """Start `argv` in its own session, wait up to `timeout_s` (then each rank's stack, SIGTERM, SIGKILL:
     the job ends within a few seconds of it), and end every process the job left behind, recording them."""
+    with subreaper():
+        return _run_job(files, argv, timeout_s, env)
+
+
+def _run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, str]) -> JobOutcome:
     files.dir.mkdir(parents=True, exist_ok=True)
-    become_subreaper()
     before = set(with_descendants([os.getpid()]))
     started, t0 = now_iso(), time.monotonic()
     with files.launcher_log.open("w") as log:
