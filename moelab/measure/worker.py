@@ -135,7 +135,7 @@ def main(argv: list[str]) -> int:
     if spec.launch.device == "cuda" and spec.timing.peaks:
         _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
-    cls = registry.load(backend_name)
+    cls = registry.load_backend(backend_name)
     from moelab.measure.e2e import backend_case_config
 
     with events.timed_setup("buffers"):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.backends import registry
+from moelab.backends.capabilities import DefaultWorkload
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.core.validate import dedupe_backends, validate_label, validate_run_id
@@ -29,7 +30,7 @@ NEAREST_EXPERTS_PER_RANK = 8  # Hybrid-EP's tests' NUM_LOCAL_EXPERTS: the varian
 class RunRequest:
     """What a user asked for, as plain values (None: the default)."""
 
-    backends: Sequence[str] = ("nccl-a2a",)
+    backends: Sequence[str] = (registry.DEFAULT_BACKEND,)
     suite: str | Suite = "dispatch-combine"  # a built-in's name, a file, or one built in code
     workload: Mapping[str, Sequence[Any]] = field(
         default_factory=dict
@@ -234,11 +235,11 @@ def timing_for(req: RunRequest, device: str) -> TimingSpec:
 
 def _backend_defaults(names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per-backend workload defaults (e.g. the low-latency kernels' own sizes), below the suite's values."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in names:
-        defaults = getattr(registry.load(name), "default_workload", None)
-        if defaults:
-            out[name] = dict(defaults)
+        cls = registry.load(name)
+        if isinstance(cls, DefaultWorkload) and cls.default_workload:
+            out[name] = dict(cls.default_workload)
     return out
 
 
