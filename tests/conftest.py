@@ -15,6 +15,8 @@ test-hang-all = moelab_testplugins:HangAllBackend
 test-ctor-raise = moelab_testplugins:CtorRaiseBackend
 test-abort = moelab_testplugins:AbortBackend
 test-jit = moelab_testplugins:JitBackend
+test-lib = moelab_testplugins:LibraryTestedBackend
+test-host = moelab_testplugins:ToolHostJob
 """
 
 
