@@ -16,7 +16,7 @@ from moelab.core.spec import TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure.e2e.layer import default_intermediate
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
-from moelab.store.db import check_writable, data_dir, resolve_db_path
+from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.presets import PRESETS, Preset
 from moelab.tune.presets import preset as get_preset
@@ -126,7 +126,7 @@ def tune_command(
         dtypes={} if workload.dtype else default_dtypes(),
         first=coarse(names, grid, sm_control),
         final=timings[2],
-        runs_root=store.out or (data_dir() / "runs"),
+        runs_root=store.runs_root(),
         db_path=db_path,
         tune_id=secrets.token_hex(3),
     )
