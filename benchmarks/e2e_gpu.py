@@ -123,7 +123,7 @@ def main() -> None:
     timing = TimingSpec(warmup=a.warmup, iters=a.iters, flush_l2=cuda)
     clock = Clock(device, ctx.group, timing.flush_l2)
     for name in a.backends.split(","):
-        cls = registry.load(name)
+        cls = registry.load_backend(name)
         why = cls.availability()
         if why:
             if rank == 0:

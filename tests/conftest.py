@@ -17,6 +17,8 @@ test-abort = moelab_testplugins:AbortBackend
 test-jit = moelab_testplugins:JitBackend
 test-spawner = moelab_testplugins:SpawnerBackend
 test-stop = moelab_testplugins:StopBackend
+test-lib = moelab_testplugins:LibraryTestedBackend
+test-host = moelab_testplugins:ToolHostJob
 """
 
 

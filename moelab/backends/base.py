@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from moelab.backends.capabilities import LibraryFigures
+from moelab.backends.knobs import Knobs
+from moelab.core.workload import Workload, payload_bytes_per_token
+
 if TYPE_CHECKING:
+    from moelab.backends.library_test import LibraryTest
+    from moelab.backends.tuning import TuneSpace
     from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
     from moelab.job.local import JobOutcome
     from moelab.job.rundir import JobFiles
-
-from moelab.core.case_record import Figure
-from moelab.core.errors import SpecError
-from moelab.core.rows import RankRows
-from moelab.core.workload import Workload, payload_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,50 +89,21 @@ class Dispatched:
         return (x.view(rows, -1, block) * scales.unsqueeze(-1)).view(rows, hidden)
 
 
-class Backend(abc.ABC):
-    """Subclass, set `name`, and register under the entry-point group `moelab.backends`.
-
-    A backend that can run the routing/layout step on its own sets `phases = True` and implements
-    `layout()`; `dispatch(..., layout=L)` then moves only the payload. Without it, dispatch is timed whole
-    (ops `dispatch_fresh`, `combine`, `roundtrip`) and the record says the phases were not split.
-    """
+class Registered(abc.ABC):
+    """What the registry holds under a backend name: a Backend (moelab's ranks run it) or a HostJob (the
+    launching host runs a tool that launches the GPUs itself). Both are planned alike: cases, knobs,
+    availability; and either may declare how its library's own test verifies it (`moelab verify`)."""
 
     name: ClassVar[str]
     description: ClassVar[str] = ""
-    payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
-    sm_control: ClassVar[str | None] = None  # how --sms maps to the library, None when it cannot
-    phases: ClassVar[bool] = False  # implements layout() and dispatch(..., layout=...)
-    knobs: ClassVar[dict[str, str]] = {}  # knob name -> what it does; validated before anything launches
-    library_ops: ClassVar[tuple[str, ...]] = ()  # ops whose library figure is timed the library's way too
-    # compiles its kernels on the first call of each new configuration (a JIT): each case's correctness
-    # check, its first call, is then timed as the one-time cost "jit" rather than hidden in the job's time
-    compiles_on_first_call: ClassVar[bool] = False
-    job_kind: ClassVar[str] = (
-        "ranks"  # "ranks": one worker per rank (moelab.measure.worker); else a registered job kind
-    )
+    knobs: ClassVar[type[Knobs]] = Knobs  # its knobs as one typed config; validated before anything launches
+    library_test: ClassVar[LibraryTest | None] = None  # the library's own benchmark, for `moelab verify`
 
     @classmethod
     def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
         """Raise SpecError for an unknown knob or a bad value (a user error, refused before anything
         launches); a valid setting the library cannot run is unsupported_reason's, stored per case."""
-        unknown = sorted(set(knobs) - set(cls.knobs))
-        if unknown:
-            valid = ", ".join(sorted(cls.knobs)) or "none"
-            raise SpecError(f"{cls.name}: unknown knob(s) {', '.join(unknown)} (valid knobs: {valid})")
-
-    @classmethod
-    def run_host_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
-        """job_kind "host": the whole job, run by the launching host itself (e.g. an external binary that
-        launches the GPUs); it writes one CaseRecord per case into `files` and returns the job's outcome."""
-        raise NotImplementedError(f"{cls.name} is launched as ranks (job_kind {cls.job_kind!r})")
-
-    @classmethod
-    def library_figures(
-        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
-    ) -> list[Figure]:
-        """The figures this library's own test prints, computed its way, for the op its test times (none by
-        default). Only the path the library's test times may carry the library's name."""
-        return []
+        cls.knobs.parse(knobs, cls.name).check(workload)
 
     @classmethod
     def availability(cls) -> str | None:
@@ -142,6 +114,37 @@ class Backend(abc.ABC):
     def availability_for(cls, launch: LaunchSpec) -> str | None:
         """availability() for a run launched as `launch` (a backend whose tool path is a launch setting)."""
         return cls.availability()
+
+
+class HostJob(Registered):
+    """A backend whose whole job the launching host runs (an external binary that launches the GPUs
+    itself): no moelab ranks, so no dispatch or combine. Its results are the tool's own timing (one
+    figure per size), which health's drift and spread checks of moelab's samples leave out."""
+
+    @classmethod
+    @abc.abstractmethod
+    def run_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
+        """Run the job of `spec` for this backend: one CaseRecord per case into `files`, the job's outcome
+        returned (and written to `files`)."""
+
+
+class Backend(Registered):
+    """Subclass, set `name`, and register under the entry-point group `moelab.backends`.
+
+    A backend that can run the routing/layout step on its own sets `phases = True` and implements
+    `layout()`; `dispatch(..., layout=L)` then moves only the payload. Without it, dispatch is timed whole
+    (ops `dispatch_fresh`, `combine`, `roundtrip`) and the record says the phases were not split.
+    More it may do is declared by subclassing the protocols of moelab.backends.capabilities.
+    """
+
+    payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
+    sm_control: ClassVar[str | None] = None  # how --sms maps to the library, None when it cannot
+    phases: ClassVar[bool] = False  # implements layout() and dispatch(..., layout=...)
+    # compiles its kernels on the first call of each new configuration (a JIT): each case's correctness
+    # check, its first call, is then timed as the one-time cost "jit" rather than hidden in the job's time
+    compiles_on_first_call: ClassVar[bool] = False
+    # what `moelab tune` varies beyond schedules and SMs, and the settings it prints for a winner
+    tuning: ClassVar[TuneSpace | None] = None
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         """Make buffers and communicators once per job, sized for the largest of `cases`."""
@@ -159,9 +162,9 @@ class Backend(abc.ABC):
         """Apply per-case settings (SM count, knobs) before the case runs."""
 
     def library_timed_ops(self) -> tuple[str, ...]:
-        """The ops of the prepared case that its library's own test times (library_ops, unless a knob took
-        the case off that path)."""
-        return type(self).library_ops
+        """The ops of the prepared case that its library's own test times (library_ops of a backend with
+        LibraryFigures, unless a knob took the case off that path)."""
+        return type(self).library_ops if isinstance(self, LibraryFigures) else ()
 
     def splits_phases(self) -> bool:
         """Whether this instance times layout apart from the payload (a family may differ per library API)."""

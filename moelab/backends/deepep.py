@@ -30,23 +30,20 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.capabilities import DispatchAlongHandle, LibraryFigures
+from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
+from moelab.backends.knobs import Knobs, knob
+from moelab.backends.library_test import LibraryTest
+from moelab.backends.tuning import TuneSpace
 from moelab.core.case_record import Figure
 from moelab.core.errors import BackendUnavailable, SpecError
 from moelab.core.rows import RankRows
 from moelab.core.workload import Workload
 
-V1_KNOBS = (
-    "fp8_cast",
-    "nvl_chunk",
-    "nvl_buffer",
-    "rdma_chunk",
-    "rdma_buffer",
-    "combine_nvl_chunk",
-    "combine_rdma_chunk",
-)
 CAST_MODES = ("outside", "inside")
+DEFAULT_CONFIG_SMS = 20  # deep_ep.Buffer.num_sms at import (buffer.py:31)
 # DeepEP v1.2.1 deep_ep/buffer.py:236-247 get_dispatch_config and :262-273 get_combine_config, mirrored because
 # the Config binding exposes no fields to read back: ranks -> (nvl send chunk, nvl recv buffer, rdma send chunk, rdma recv buffer)
 V1_DISPATCH_CONFIGS: dict[int, tuple[int, int, int, int]] = {
@@ -59,31 +56,25 @@ V1_COMBINE_CONFIGS: dict[int, tuple[int, int, int, int]] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DeepEPSettings:
-    fp8_cast: str
-    nvl_chunk: int | None
-    nvl_buffer: int | None
-    rdma_chunk: int | None
-    rdma_buffer: int | None
-    combine_nvl_chunk: int | None
-    combine_rdma_chunk: int | None
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, Any]) -> DeepEPSettings:
-        unknown = sorted(set(knobs) - set(V1_KNOBS))
-        if unknown:
-            raise SpecError(f"deepep: unknown knob(s) {', '.join(unknown)} (knobs: {', '.join(V1_KNOBS)})")
-        cast = str(knobs.get("fp8_cast", "outside"))
-        if cast not in CAST_MODES:
-            raise SpecError(f"deepep: fp8_cast must be one of {', '.join(CAST_MODES)}, got {cast!r}")
-        ints: dict[str, int | None] = {}
-        for name in V1_KNOBS[1:]:
-            value = knobs.get(name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise SpecError(f"deepep: {name} must be a positive integer, got {value!r}")
-            ints[name] = value
-        return cls(fp8_cast=cast, **ints)
+@dataclass(frozen=True, kw_only=True)
+class DeepEPKnobs(Knobs):
+    owner = "deepep"  # uccl-ep, driven as deepep, shares them
+    unknown_message = "{owner}: unknown knob(s) {unknown} (knobs: {declared})"
+    fp8_cast: str = knob(
+        "outside",
+        "outside (default: cast once per input, as DeepEP's test) | inside (cast in every dispatch)",
+        choices=CAST_MODES,
+    )
+    nvl_chunk: int | None = knob(
+        None, "V1 Config NVL send chunk of dispatch (default: Buffer.get_dispatch_config)"
+    )
+    nvl_buffer: int | None = knob(None, "V1 Config NVL receive buffer (tokens)")
+    rdma_chunk: int | None = knob(None, "V1 Config RDMA send chunk of dispatch")
+    rdma_buffer: int | None = knob(None, "V1 Config RDMA receive buffer (tokens)")
+    combine_nvl_chunk: int | None = knob(
+        None, "V1 Config NVL send chunk of combine (default: Buffer.get_combine_config)"
+    )
+    combine_rdma_chunk: int | None = knob(None, "V1 Config RDMA send chunk of combine")
 
 
 @dataclass(slots=True)
@@ -218,27 +209,41 @@ class _V2Engine:
         return combined  # type: ignore[no-any-return]
 
 
-class DeepEPBackend(Backend):
+class DeepEPTuning(TuneSpace):
+    """DeepEP V1's NVL chunk sizes (Config's num_max_nvl_chunked_send_tokens of dispatch and combine; DeepEP's
+    own tuning sweeps them); the settings: Buffer.set_num_sms, Config, Megatron-Core's flex dispatcher."""
+
+    dtype = "fp8"  # as the e2e suite: DeepEP V1 bf16 traps at hidden 8192
+
+    def knob_variants(self, sms: int | None) -> list[dict[str, Any]]:
+        return [{"nvl_chunk": 12}, {"nvl_chunk": 32}, {"combine_nvl_chunk": 4}, {"combine_nvl_chunk": 16}]
+
+    def settings(self, sms: int | None, knobs: Mapping[str, Any], workload: Workload) -> list[str]:
+        s = sms if sms is not None else DEFAULT_CONFIG_SMS
+        out = [f"DeepEP: deep_ep.Buffer.set_num_sms({s})"]
+        if "nvl_chunk" in knobs or "combine_nvl_chunk" in knobs or sms is not None:
+            out.append(
+                f"DeepEP: dispatch config=deep_ep.Config({s}, {knobs.get('nvl_chunk', 'nvl_chunk')}, nvl_buffer, rdma_chunk, rdma_buffer), "
+                f"combine config=deep_ep.Config({s}, {knobs.get('combine_nvl_chunk', 'nvl_chunk')}, ...) "
+                "(unnamed values: Buffer.get_dispatch_config / get_combine_config for the rank count)"
+            )
+        out.append(
+            f"Megatron-Core: --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep --moe-deepep-num-sms {s}"
+        )
+        return out
+
+
+class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures):
     name = "deepep"
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"
-    default_config_sms: ClassVar[int] = 20  # deep_ep.Buffer.num_sms at import (buffer.py:31)
+    default_config_sms: ClassVar[int] = DEFAULT_CONFIG_SMS
     phases = True  # V1; V2's ElasticBuffer is timed whole (splits_phases)
     library_ops = ("dispatch", "combine")  # what tests/test_intranode.py times, along a cached handle
-    knobs: ClassVar[dict[str, str]] = {
-        "fp8_cast": "outside (default: cast once per input, as DeepEP's test) | inside (cast in every dispatch)",
-        "nvl_chunk": "V1 Config NVL send chunk of dispatch (default: Buffer.get_dispatch_config)",
-        "nvl_buffer": "V1 Config NVL receive buffer (tokens)",
-        "rdma_chunk": "V1 Config RDMA send chunk of dispatch",
-        "rdma_buffer": "V1 Config RDMA receive buffer (tokens)",
-        "combine_nvl_chunk": "V1 Config NVL send chunk of combine (default: Buffer.get_combine_config)",
-        "combine_rdma_chunk": "V1 Config RDMA send chunk of combine",
-    }
-
-    @classmethod
-    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
-        DeepEPSettings.from_knobs(knobs)
+    knobs: ClassVar[type[Knobs]] = DeepEPKnobs
+    library_test: ClassVar[LibraryTest | None] = INTRANODE_TEST
+    tuning: ClassVar[TuneSpace | None] = DeepEPTuning()
 
     @classmethod
     def library_figures(
@@ -276,7 +281,7 @@ class DeepEPBackend(Backend):
         self.api = common.api_of(deep_ep)
         self._sm90 = bool(deep_ep.Buffer.is_sm90_compiled()) if self.api != "v2" else True
         runnable = [c for c in cases if self._reason(c) is None]
-        self._settings = DeepEPSettings.from_knobs({})
+        self._settings = DeepEPKnobs.parse({})
         self._case: CaseConfig | None = None
         self._cast_cache = InputCache()
         self.num_nvl_bytes, self.num_rdma_bytes = 0, 0
@@ -289,7 +294,7 @@ class DeepEPBackend(Backend):
         """(dispatch, combine) as (sms, nvl chunk, nvl buffer, rdma chunk, rdma buffer): DeepEP's recommended
         config for the world size with the case's SMs, and any chunk/buffer knob in place of its value."""
         world = self.ctx.world
-        s = DeepEPSettings.from_knobs(case.knobs)
+        s = DeepEPKnobs.parse(case.knobs)
         sms = case.sms if case.sms is not None else self.default_config_sms
         d, c = V1_DISPATCH_CONFIGS[world], V1_COMBINE_CONFIGS[world]
 
@@ -352,7 +357,7 @@ class DeepEPBackend(Backend):
         if reason:
             return reason
         try:
-            DeepEPSettings.from_knobs(case.knobs)
+            DeepEPKnobs.parse(case.knobs)
         except SpecError as exc:
             return str(exc)
         if self.api == "v2":
@@ -369,7 +374,7 @@ class DeepEPBackend(Backend):
 
     def prepare(self, case: CaseConfig) -> None:
         self._case = case
-        self._settings = DeepEPSettings.from_knobs(case.knobs)
+        self._settings = DeepEPKnobs.parse(case.knobs)
         self._cast_cache.clear()
         self._engine.prepare(case)
 
@@ -422,7 +427,7 @@ class DeepEPBackend(Backend):
         return out
 
     def record(self, case: CaseConfig) -> dict[str, Any]:
-        s = DeepEPSettings.from_knobs(case.knobs)
+        s = DeepEPKnobs.parse(case.knobs)
         out: dict[str, Any] = {
             "api": {"v2": "V2 ElasticBuffer", "v1+hybrid": "V1 Buffer", "v1": "V1 Buffer"}[self.api],
             "fp8_cast": s.fp8_cast if case.workload.dtype == "fp8" else None,

@@ -2,7 +2,7 @@
 `low_latency_combine`), which need a deep_ep built with NVSHMEM.
 
 Their own workload defaults (tests/test_low_latency.py: 128 tokens per rank, hidden 7168, topk 8) are the
-class attribute `default_workload`, below the suite's values.
+class attribute `default_workload` (capability DefaultWorkload), below the suite's values.
 
 The kernels' layout differs from moelab's contract: dispatch delivers one row per (token, local expert) in
 `[local experts, ranks x max tokens, hidden]`, and combine reduces WITH the source's top-k weights. The
@@ -18,7 +18,7 @@ DeepEP's own definition; scales come back per-128 float32 (`round_scale=False`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,8 +27,11 @@ import torch.distributed as dist
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.capabilities import DefaultWorkload
+from moelab.backends.deepep_own_tests import LOW_LATENCY_TEST
 from moelab.backends.deepep_rules import v1_low_latency_reason
 from moelab.backends.input_cache import InputCache
+from moelab.backends.library_test import LibraryTest
 from moelab.core.errors import BackendUnavailable
 
 
@@ -63,12 +66,13 @@ def slot_sources(
     return inside.int().argmax(dim=1), inside.any(dim=1)
 
 
-class DeepEPLowLatencyBackend(Backend):
+class DeepEPLowLatencyBackend(Backend, DefaultWorkload):
     name = "deepep-ll"
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = None
-    default_workload: ClassVar[dict[str, Any]] = {"tokens_per_rank": 128, "hidden": 7168, "topk": 8}
+    default_workload: ClassVar[Mapping[str, Any]] = {"tokens_per_rank": 128, "hidden": 7168, "topk": 8}
+    library_test: ClassVar[LibraryTest | None] = LOW_LATENCY_TEST
 
     @classmethod
     def availability(cls) -> str | None:

@@ -41,18 +41,53 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason, LibraryFigures
 from moelab.backends.deepep_rules import hybrid_ep_reason
+from moelab.backends.hybrid_ep_own_test import HYBRID_EP_TEST
 from moelab.backends.input_cache import InputCache
 from moelab.backends.jit_cache import KernelStore, build_identity, hybrid_ep_process_folder
+from moelab.backends.knobs import Knobs, knob
+from moelab.backends.library_test import LibraryTest
+from moelab.backends.tuning import TuneSpace, even_sms
 from moelab.core.case_record import Figure
 from moelab.core.errors import BackendUnavailable, SpecError
 from moelab.core.rows import RankRows
 from moelab.core.workload import Workload
 
-KNOBS = ("fused", "permute", "pad_multiple", "combine_sms")
 HOST_SYNC = (
     "HybridEPBuffer synchronizes the stream on the host (num_dispatched_tokens read from pinned memory)"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HybridKnobs(Knobs):
+    owner = "hybrid-ep"
+    unknown_message = "{owner}: unknown knob(s) {unknown} (knobs: {declared})"
+    fused: bool = knob(
+        False, "true: fuse_permute_dispatch / fuse_unpermute_combine (expert-major rows, one kernel each way)"
+    )
+    permute: bool = knob(False, "true: dispatch_with_permute / combine_with_unpermute")
+    pad_multiple: int | None = knob(None, "permute paths: rows per expert padded to this multiple")
+    combine_sms: int | None = knob(None, "SMs of combine when they differ from --sms")
+
+
+class HybridTuning(TuneSpace):
+    """Hybrid-EP's combine SMs apart from dispatch's; the settings: HybridEPBuffer's SM counts and
+    Megatron-Core's flex dispatcher."""
+
+    def knob_variants(self, sms: int | None) -> list[dict[str, Any]]:
+        if sms is None:
+            return []
+        return [{"combine_sms": s} for s in (even_sms(sms / 2), even_sms(sms * 1.5)) if s != sms]
+
+    def settings(self, sms: int | None, knobs: Mapping[str, Any], workload: Workload) -> list[str]:
+        if sms is None:
+            return ["Hybrid-EP: deep_ep.HybridEPBuffer(...) with its default SM counts"]
+        return [
+            f"Hybrid-EP: deep_ep.HybridEPBuffer(..., num_sms_dispatch_api={sms}, "
+            f"num_sms_combine_api={knobs.get('combine_sms', sms)})",
+            f"Megatron-Core: --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms {sms}",
+        ]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,22 +103,12 @@ class HybridSettings:
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> HybridSettings:
-        unknown = sorted(set(knobs) - set(KNOBS))
-        if unknown:
-            raise SpecError(f"hybrid-ep: unknown knob(s) {', '.join(unknown)} (knobs: {', '.join(KNOBS)})")
-        for name in ("fused", "permute"):
-            if name in knobs and not isinstance(knobs[name], bool):
-                raise SpecError(f"hybrid-ep: {name} must be true or false, got {knobs[name]!r}")
-        for name in ("pad_multiple", "combine_sms"):
-            value = knobs.get(name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise SpecError(f"hybrid-ep: {name} must be a positive integer, got {value!r}")
-        fused = bool(knobs.get("fused", False))
+        k = HybridKnobs.parse(knobs)
         return cls(
-            fused=fused,
-            permute=fused or bool(knobs.get("permute", False)),
-            pad_multiple=knobs.get("pad_multiple"),
-            combine_sms=knobs.get("combine_sms"),
+            fused=k.fused,
+            permute=k.fused or k.permute,
+            pad_multiple=k.pad_multiple,
+            combine_sms=k.combine_sms,
         )
 
 
@@ -117,7 +142,7 @@ def local_topk(
     return ids, weights
 
 
-class HybridEPBackend(Backend):
+class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, LibraryFigures):
     name = "hybrid-ep"
     description = (
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
@@ -127,16 +152,9 @@ class HybridEPBackend(Backend):
     sm_control = "HybridEPBuffer(num_sms_dispatch_api=sms, num_sms_combine_api=sms): one buffer per SM count"
     phases = True  # the plain path; the permute paths are timed whole (splits_phases)
     library_ops = ("dispatch", "combine")  # what tests/test_hybrid_ep.py times, along a cached handle
-    knobs: ClassVar[dict[str, str]] = {
-        "fused": "true: fuse_permute_dispatch / fuse_unpermute_combine (expert-major rows, one kernel each way)",
-        "permute": "true: dispatch_with_permute / combine_with_unpermute",
-        "pad_multiple": "permute paths: rows per expert padded to this multiple",
-        "combine_sms": "SMs of combine when they differ from --sms",
-    }
-
-    @classmethod
-    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
-        HybridSettings.from_knobs(knobs)
+    knobs: ClassVar[type[Knobs]] = HybridKnobs
+    library_test: ClassVar[LibraryTest | None] = HYBRID_EP_TEST
+    tuning: ClassVar[TuneSpace | None] = HybridTuning()
 
     @classmethod
     def library_figures(

@@ -28,14 +28,52 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends.base import BackendContext, CaseConfig, Dispatched
-from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend, exchange_knob
+from moelab.backends.knobs import UNKNOWN, Knobs, knob
+from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend, NcclTuning, exchange_field, exchange_knob
+from moelab.backends.tuning import TuneSpace
 from moelab.core.errors import BackendUnavailable, SpecError
 from moelab.core.workload import Workload, payload_bytes_per_token
 from moelab.quant import mxfp8
 
 PAYLOADS = ("bf16", "mxfp8")
-KNOBS = ("dispatch_impl", "combine_impl", "rounding", "quantizer", "exchange")
 DEFAULT_COMBINE_IMPL = "mxfp8"
+ONE_OF = "{owner}: {name} must be {want}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mxfp8Knobs(Knobs):
+    owner = "mxfp8-a2a"
+    unknown_message = "{owner}: unknown knob(s) {unknown} (knobs: {declared})"
+    dispatch_impl: str | None = knob(
+        None,
+        "bf16 | mxfp8: the dispatch payload on the wire (must match the workload dtype)",
+        choices=PAYLOADS,
+        refusal=ONE_OF,
+    )
+    combine_impl: str = knob(
+        DEFAULT_COMBINE_IMPL,
+        "bf16 | mxfp8 (default): the combine payload on the wire",
+        choices=PAYLOADS,
+        refusal=ONE_OF,
+    )
+    rounding: str = knob(
+        "rceil",
+        "rceil (default, torchao's) | floor (OCP)",
+        choices=mxfp8.ROUNDINGS,
+        refusal="unknown MXFP8 scale rounding {value!r}: choose one of {choices}",
+    )
+    quantizer: str = knob("auto", "auto | torch | triton | torchao", choices=mxfp8.IMPLS, refusal=ONE_OF)
+    exchange: str = exchange_field()
+
+    def check(self, workload: Workload) -> None:
+        dispatch_impl = self.dispatch_impl or workload.dtype
+        if dispatch_impl not in PAYLOADS:
+            raise SpecError(f"{self.owner}: dispatch_impl must be one of {', '.join(PAYLOADS)}")
+        if dispatch_impl != workload.dtype:
+            raise SpecError(
+                f"{self.owner}: dispatch_impl {dispatch_impl} contradicts the workload dtype {workload.dtype}: "
+                f"set the workload dtype to {dispatch_impl} instead"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,50 +91,43 @@ class Mxfp8Settings:
 
     @classmethod
     def from_case(cls, case: CaseConfig) -> Mxfp8Settings:
-        knobs: Mapping[str, Any] = case.knobs
-        unknown = sorted(set(knobs) - set(KNOBS))
-        if unknown:
-            raise SpecError(f"mxfp8-a2a: unknown knob(s) {', '.join(unknown)} (knobs: {', '.join(KNOBS)})")
-        dtype = case.workload.dtype
-        settings = cls(
-            dispatch_impl=str(knobs.get("dispatch_impl", dtype)),
-            combine_impl=str(knobs.get("combine_impl", DEFAULT_COMBINE_IMPL)),
-            rounding=str(knobs.get("rounding", "rceil")),
-            quantizer=str(knobs.get("quantizer", "auto")),
+        knobs = Mxfp8Knobs.parse(case.knobs)
+        knobs.check(case.workload)
+        return cls(
+            dispatch_impl=knobs.dispatch_impl or case.workload.dtype,
+            combine_impl=knobs.combine_impl,
+            rounding=knobs.rounding,
+            quantizer=knobs.quantizer,
         )
-        for name in ("dispatch_impl", "combine_impl"):
-            if getattr(settings, name) not in PAYLOADS:
-                raise SpecError(f"mxfp8-a2a: {name} must be one of {', '.join(PAYLOADS)}")
-        if settings.dispatch_impl != dtype:
-            raise SpecError(
-                f"mxfp8-a2a: dispatch_impl {settings.dispatch_impl} contradicts the workload dtype {dtype}: "
-                f"set the workload dtype to {settings.dispatch_impl} instead"
-            )
-        mxfp8.check_rounding(settings.rounding)
-        exchange_knob(knobs)  # nccl-a2a's exchange (splits or allgather), validated here as the others
-        if settings.quantizer not in mxfp8.IMPLS:
-            raise SpecError(f"mxfp8-a2a: quantizer must be one of {', '.join(mxfp8.IMPLS)}")
-        return settings
+
+
+class Mxfp8Tuning(NcclTuning):
+    """nccl-a2a's settings, and torchtitan's MX expert-parallel all-to-all."""
+
+    dtype = "mxfp8"
+
+    def settings(self, sms: int | None, knobs: Mapping[str, Any], workload: Workload) -> list[str]:
+        return super().settings(sms, knobs, workload) + [
+            "torchtitan: --parallelism.expert_parallel_a2a_dispatch_impl "
+            f"{'mxfp8' if workload.dtype == 'mxfp8' else 'bf16'} --parallelism.expert_parallel_a2a_combine_impl "
+            f"{knobs.get('combine_impl', 'mxfp8')}"
+        ]
 
 
 class Mxfp8A2ABackend(NcclA2ABackend):
     name = "mxfp8-a2a"
     description = "nccl-a2a with MXFP8 payloads (E4M3 + E8M0 per 32), dequantized to bf16 on receipt"
     payload_dtypes = ("bf16", "mxfp8")
-    knobs: ClassVar[dict[str, str]] = {
-        "dispatch_impl": "bf16 | mxfp8: the dispatch payload on the wire (must match the workload dtype)",
-        "combine_impl": "bf16 | mxfp8 (default): the combine payload on the wire",
-        "rounding": "rceil (default, torchao's) | floor (OCP)",
-        "quantizer": "auto | torch | triton | torchao",
-        "exchange": NcclA2ABackend.knobs["exchange"],
-    }
+    knobs: ClassVar[type[Knobs]] = Mxfp8Knobs
+    tuning: ClassVar[TuneSpace | None] = Mxfp8Tuning()
 
     @classmethod
     def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
         if workload.dtype not in cls.payload_dtypes:  # e.g. fp8 from `--dtype bf16,fp8`: an unsupported case
-            super().check_knobs(knobs, workload)
+            cls.knobs.refuse_unknown(knobs, cls.name, message=UNKNOWN)
+            exchange_knob(knobs)
             return
-        Mxfp8Settings.from_case(CaseConfig(case_id="", workload=workload, knobs=knobs))
+        super().check_knobs(knobs, workload)
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         super().__init__(ctx, cases)

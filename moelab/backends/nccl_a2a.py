@@ -30,8 +30,10 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.capabilities import DispatchAlongHandle
+from moelab.backends.knobs import Knobs, knob
 from moelab.backends.padded import SparseDispatched
-from moelab.core.errors import SpecError
+from moelab.backends.tuning import TuneSpace
 from moelab.core.workload import Workload
 
 HOST_SYNC = "one device-to-host copy of the per-rank counts (NCCL takes split sizes on the host)"
@@ -42,11 +44,39 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def exchange_field() -> Any:
+    """Knob `exchange`, declared by nccl-a2a and by the backends built on it."""
+    return knob(
+        "auto",
+        "auto (default) | splits | allgather: exact splits with one host sync, or every token to every rank "
+        "with none; auto takes allgather where the routing sends >= 95% of (token, rank) pairs",
+        choices=EXCHANGES,
+        refusal="{name} must be {want}, not {value!r}",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclA2AKnobs(Knobs):
+    exchange: str = exchange_field()
+
+
 def exchange_knob(knobs: Mapping[str, Any]) -> str:
-    value = str(knobs.get("exchange", "auto"))
-    if value not in EXCHANGES:
-        raise SpecError(f"exchange must be one of {', '.join(EXCHANGES)}, not {value!r}")
-    return value
+    """The exchange a case asks for (its other knobs are not looked at: mxfp8-a2a shares this one)."""
+    return NcclA2AKnobs.parse({k: v for k, v in knobs.items() if k == "exchange"}).exchange
+
+
+class NcclTuning(TuneSpace):
+    """NCCL's CTA limits per communicator; Megatron-Core's all-to-all token dispatcher."""
+
+    def settings(self, sms: int | None, knobs: Mapping[str, Any], workload: Workload) -> list[str]:
+        out = []
+        if sms is not None:
+            out.append(
+                f"NCCL: communicator for the expert-parallel all-to-all with ncclConfig_t min_ctas = max_ctas = {sms} "
+                f"(torch: ProcessGroupNCCL.Options().config.min_ctas/max_ctas; or NCCL_MIN_CTAS={sms} NCCL_MAX_CTAS={sms})"
+            )
+        out.append("Megatron-Core: --moe-token-dispatcher-type alltoall")
+        return out
 
 
 def routing_fill(workload: Workload, world: int) -> float:
@@ -104,7 +134,7 @@ class _Counted:
     num_tokens: int
 
 
-class NcclA2ABackend(Backend):
+class NcclA2ABackend(Backend, DispatchAlongHandle):
     name = "nccl-a2a"
     description = (
         "torch.distributed all_to_all with exact splits, or all_gather where every token goes everywhere"
@@ -112,21 +142,14 @@ class NcclA2ABackend(Backend):
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "NCCL communicator per SM count with ncclConfig min_ctas = max_ctas = sms"
     phases = True
-    knobs: ClassVar[dict[str, str]] = {
-        "exchange": "auto (default) | splits | allgather: exact splits with one host sync, or every token to "
-        "every rank with none; auto takes allgather where the routing sends >= 95% of (token, rank) pairs",
-    }
+    knobs: ClassVar[type[Knobs]] = NcclA2AKnobs
+    tuning: ClassVar[TuneSpace | None] = NcclTuning()
 
     @classmethod
     def availability(cls) -> str | None:
         if not dist.is_available():
             return "torch.distributed is not available in this torch build"
         return None
-
-    @classmethod
-    def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
-        super().check_knobs(knobs, workload)
-        exchange_knob(knobs)
 
     def __init__(self, ctx: BackendContext, cases: Sequence[CaseConfig]) -> None:
         super().__init__(ctx, cases)

@@ -32,6 +32,7 @@ from typing import Any
 from moelab.core.errors import BackendUnavailable, MoelabError
 
 BINARY = "alltoall_perf"
+BACKEND = "nccl-tests"  # the backend that runs it (moelab.backends.nccl_tests_job)
 
 _FAILURE = re.compile(r"(?P<host>\S+): Test (?P<kind>NCCL|CUDA) failure (?P<where>\S+) (?P<msg>.*)$")
 _TEST_FAILURE = re.compile(r"\.\. (?P<host>\S+) pid \d+: Test failure (?P<where>\S+)")

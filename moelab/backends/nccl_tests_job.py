@@ -4,20 +4,30 @@ stored beside the EP backends (not a dispatch/combine: no routing, no correctnes
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-import torch
-
-from moelab.backends.base import Backend, Dispatched
-from moelab.backends.nccl_tests import aligned_size, find_alltoall_perf, run_alltoall_perf
+from moelab.backends.base import HostJob
+from moelab.backends.library_test import CommandContext, Comparison, LibraryCommand, LibraryTest, VerifyConfig
+from moelab.backends.nccl_tests import (
+    BACKEND,
+    BINARY,
+    aligned_size,
+    alltoall_perf_argv,
+    find_alltoall_perf,
+    parse_text,
+    run_alltoall_perf,
+)
 from moelab.core.case_record import CaseRecord, Figure, NcclTestsRow, OpResult, Summary
+from moelab.core.errors import BackendUnavailable
+from moelab.core.library_figures import LibraryFigure
 from moelab.core.routing import route_all
 from moelab.core.rows import count_rows
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
 from moelab.job.local import JobOutcome
 from moelab.job.rundir import JobFiles, now_iso
 
-NAME = "nccl-tests"
+NAME = BACKEND
 
 
 def availability(binary: str | None) -> str | None:
@@ -100,15 +110,91 @@ def nccl_tests_record(case: CaseSpec, row: Any, res: Any, binary: str, where: di
     )
 
 
-class NcclTestsBackend(Backend):
-    """A raw-NCCL baseline, not a dispatch/combine: the runner calls run_host_job instead of launching
-    moelab's ranks (its own binary launches the GPUs)."""
+FIGURES = ("nccl_algbw", "nccl_busbw")  # nccl-tests' own figures, stored by this job and printed by its tool
+
+
+def alltoall_perf(
+    binary: Path, size_bytes: int, world: int, iters: int = 20, warmup: int = 5
+) -> LibraryCommand:
+    """alltoall_perf at one size, with the iterations of this backend's job."""
+    argv = alltoall_perf_argv(binary, size_bytes, gpus=world, iters=iters, warmup=warmup)
+    return LibraryCommand(
+        library=NAME, test=BINARY, argv=tuple(argv), log_name=f"nccl_tests_alltoall_perf_{size_bytes}.log"
+    )
+
+
+def figures(text: str, dtype: str) -> list[LibraryFigure]:
+    """The out-of-place algbw and busbw of each size (verify runs one size per invocation)."""
+    out = []
+    for row in parse_text(text).rows:
+        for name, gbps in (("algbw", row.algbw_gbps_oop), ("busbw", row.busbw_gbps_oop)):
+            if gbps is not None:
+                out.append(
+                    LibraryFigure(
+                        library=NAME,
+                        op="alltoall",
+                        dtype=dtype,
+                        label=f"{row.size_bytes} B {name}",
+                        gbps=gbps,
+                        time_us=row.time_us_oop,
+                        size_bytes=row.size_bytes,
+                    )
+                )
+    return out
+
+
+class AlltoallPerfTest(LibraryTest):
+    """alltoall_perf run again by verify, one per moelab case at that case's bytes (as this job sizes it):
+    its out-of-place algbw and busbw against the job's stored `nccl_algbw`, `nccl_busbw`."""
+
+    test = BINARY
+    in_tree = False  # found as the job finds it: --nccl-tests-bin, else PATH
+    definitions: ClassVar[dict[str, str]] = {
+        "nccl_algbw": "nccl-tests alltoall_perf algbw (out-of-place): size / time, size = the per-rank send buffer over all peers",
+        "nccl_busbw": "nccl-tests alltoall_perf busbw (out-of-place): algbw x (n-1)/n",
+    }
+
+    def comparisons(self, config: VerifyConfig) -> list[Comparison]:
+        return [
+            Comparison(op="alltoall", library_dtype=d, moelab_dtype=d, figure=f)
+            for d in self.case_dtypes(config)
+            for f in FIGURES
+        ]
+
+    def commands(self, ctx: CommandContext) -> dict[str, LibraryCommand]:
+        launch = ctx.spec.launch
+        try:
+            binary = find_alltoall_perf(launch.nccl_tests_bin)
+        except BackendUnavailable:  # a --dry-run on a machine without it: print the command as given
+            given = Path(launch.nccl_tests_bin or BINARY)
+            binary = given / BINARY if given.is_dir() else given
+        return {
+            case.workload.dtype: alltoall_perf(
+                binary, case_size_bytes(case, launch.world, launch.gpus_per_node), launch.world
+            )
+            for case in ctx.spec.cases_for(ctx.backend)
+            if not case.skip_reason
+        }
+
+    def figures(self, text: str, dtype: str) -> list[LibraryFigure]:
+        return figures(text, dtype)
+
+    def matches(self, figure: LibraryFigure, comparison: Comparison) -> bool:
+        """Also by the figure's name: algbw for nccl_algbw, busbw for nccl_busbw."""
+        named = figure.label.endswith(comparison.figure.removeprefix("nccl_"))
+        return named and super().matches(figure, comparison)
+
+
+class NcclTestsJob(HostJob):
+    """A raw-NCCL baseline, not a dispatch/combine: the runner has the launching host run it (its own
+    binary launches the GPUs), no moelab ranks."""
 
     name = NAME
     description = (
         "nccl-tests alltoall_perf at each case's dispatch bytes (raw NCCL baseline; --nccl-tests-bin)"
     )
-    job_kind = "host"
+
+    library_test: ClassVar[LibraryTest | None] = AlltoallPerfTest()
 
     @classmethod
     def availability(cls) -> str | None:
@@ -119,13 +205,5 @@ class NcclTestsBackend(Backend):
         return availability(launch.nccl_tests_bin)
 
     @classmethod
-    def run_host_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
+    def run_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
         return run_nccl_tests_job(spec, files)
-
-    def dispatch(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
-    ) -> Dispatched:
-        raise NotImplementedError("nccl-tests runs its own binary; it has no dispatch")
-
-    def combine(self, expert_out: torch.Tensor, handle: Any) -> torch.Tensor:
-        raise NotImplementedError("nccl-tests runs its own binary; it has no combine")

@@ -1,17 +1,21 @@
 """Backend names → classes: built-ins by import path (so listing them imports no GPU library),
-plus out-of-tree ones from the entry-point group `moelab.backends`."""
+plus out-of-tree ones from the entry-point group `moelab.backends`. A class is a Backend (moelab's ranks
+run it) or a HostJob (the launching host runs the whole job); what else it declares (its library's own
+test, its tune space, its capabilities) is read from the class, never from its name."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
-from moelab.backends.base import Backend
+from moelab.backends.base import Backend, HostJob, Registered
 from moelab.core.errors import BackendUnavailable, MoelabError
 from moelab.core.spec import LaunchSpec
 
 ENTRY_POINT_GROUP = "moelab.backends"
+DEFAULT_BACKEND = "nccl-a2a"  # what `moelab run` measures when no --backend is given
 
 BUILTIN: dict[str, str] = {
     "nccl-a2a": "moelab.backends.nccl_a2a:NcclA2ABackend",
@@ -19,7 +23,7 @@ BUILTIN: dict[str, str] = {
     "deepep": "moelab.backends.deepep:DeepEPBackend",
     "deepep-ll": "moelab.backends.deepep_ll:DeepEPLowLatencyBackend",
     "hybrid-ep": "moelab.backends.hybrid_ep:HybridEPBackend",
-    "nccl-tests": "moelab.backends.nccl_tests_job:NcclTestsBackend",
+    "nccl-tests": "moelab.backends.nccl_tests_job:NcclTestsJob",
     "torch-symm-a2a": "moelab.backends.torch_symm_a2a:TorchSymmA2ABackend",
     "nccl-ep": "moelab.backends.nccl_ep:NcclEPBackend",
     "uccl-ep": "moelab.backends.uccl_ep:UcclEPBackend",
@@ -55,7 +59,8 @@ def resolve(name: str) -> BackendEntry:
     return known[name]
 
 
-def load(name: str) -> type[Backend]:
+def load(name: str) -> type[Registered]:
+    """The class registered as `name`: a Backend or a HostJob."""
     entry = resolve(name)
     module_name, _, attr = entry.target.partition(":")
     try:
@@ -63,9 +68,45 @@ def load(name: str) -> type[Backend]:
     except ImportError as exc:
         raise BackendUnavailable(f"{name}: cannot import {module_name}: {exc}") from exc
     cls = getattr(module, attr, None)
-    if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend)):
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend | HostJob)):
         raise MoelabError(f"backend {name!r} ({entry.target}) is not a moelab Backend class")
     return cls
+
+
+def load_backend(name: str) -> type[Backend]:
+    """The Backend class of `name`, for a job of moelab's ranks (a host job has none)."""
+    cls = load(name)
+    if not issubclass(cls, Backend):
+        raise MoelabError(f"backend {name!r} is a host job: the launching host runs it, not moelab's ranks")
+    return cls
+
+
+def declared() -> list[tuple[str, type[Registered]]]:
+    """Every backend whose class loads here, with its class: the built-ins in their listed order, then the
+    plugins by name. What a command offers by default (the backends it verifies or tunes) is read from
+    these classes; one that cannot be imported here is left out, as `moelab backends` says why."""
+    known = entries()
+    order = [n for n in BUILTIN if n in known] + [n for n in known if n not in BUILTIN]
+    out = []
+    for name in order:
+        try:
+            out.append((name, load(name)))
+        except Exception:  # a broken plugin or a missing library must not break the others
+            continue
+    return out
+
+
+def host_jobs(names: Iterable[str]) -> list[str]:
+    """Those of `names` that are host jobs (their figures are the tool's own timing); names that do not
+    load here (a plugin gone since a stored run) count as moelab's ranks."""
+    out = []
+    for name in names:
+        try:
+            if issubclass(load(name), HostJob):
+                out.append(name)
+        except Exception:
+            continue
+    return out
 
 
 def availability(name: str, extra_path: str | None = None, launch: LaunchSpec | None = None) -> str | None:

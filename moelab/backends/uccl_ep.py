@@ -77,6 +77,8 @@ def wrapper_problem(origin: str | None) -> str | None:
 class UcclEPBackend(DeepEPBackend):
     name = "uccl-ep"
     description = "UCCL-EP (uccl.ep) through its DeepEP-compatible deep_ep wrapper, normal kernels"
+    library_test = None  # DeepEP's tests run DeepEP itself, not the wrapper
+    tuning = None  # not among the backends `moelab tune` searches by default
 
     @classmethod
     def availability(cls) -> str | None:

@@ -80,6 +80,13 @@ def _fmt(v: Any) -> str:
     return safe_text(v)
 
 
+def cuda_devices() -> int:
+    """CUDA devices this host has (torch is imported here, by the commands that launch ranks)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def parse_list(value: str | None, kind: type = str, name: str = "value") -> list[Any] | None:
     """'8,16,24' → [8, 16, 24]; 'default' stays a string for --sms."""
     if value is None:

@@ -8,22 +8,21 @@ import secrets
 import sys
 from pathlib import Path
 
-import typer
-
 from moelab.backends import registry
-from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
-from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
+from moelab.cli import options as opt
+from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
 from moelab.core.e2e_spec import default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.spec import TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
-from moelab.store.db import check_writable, data_dir, resolve_db_path
+from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
+from moelab.tune.presets import PRESETS, Preset
 from moelab.tune.presets import preset as get_preset
-from moelab.tune.search import TuneConfig, tune
-from moelab.tune.space import COARSE_SMS, DEFAULT_DTYPES, TUNABLE_BACKENDS, coarse
-from moelab.tune.trials import plan_trials, run_round
+from moelab.tune.search import TuneConfig, TuneResult, tune
+from moelab.tune.space import COARSE_SMS, coarse, default_dtypes, tunable_backends
+from moelab.tune.trials import TrialPlan, plan_trials, run_round
 
 
 def round_timings(
@@ -37,67 +36,116 @@ def round_timings(
     return r1, r2, r3
 
 
+def _flags() -> tuple[opt.Flag, ...]:
+    """tune's flags: the shared ones as tune means them (one layer shape, integers), its own in between."""
+    tunable, dtypes = tunable_backends(), default_dtypes()
+    payloads = ", ".join(f"{d} for {name}" for name, d in dtypes.items())
+    return (
+        opt.BACKEND.but(
+            decls=(),
+            help=f"Backends to search, comma-separated (default: the available ones of {', '.join(tunable)})",
+        ),
+        opt.Flag("preset", str | None, None, (), f"Layer shape of a model: {', '.join(PRESETS)}"),
+        opt.HIDDEN.but(annotation=int | None, help="Hidden size (default 8192, or the preset's)"),
+        opt.Flag(
+            "intermediate", int | None, None, (), "Expert FFN width (default hidden/4, or the preset's)"
+        ),
+        opt.TOKENS_PER_RANK.but(annotation=int, default=4096, help="Tokens per rank"),
+        opt.TOPK.but(annotation=int | None, help="Experts per token (default 8, or the preset's)"),
+        opt.EXPERTS_PER_RANK.but(
+            annotation=int | None, help="Experts per rank (default 8, or the preset's experts / ranks)"
+        ),
+        opt.DTYPE.but(help=f"Dispatch payload for every backend (default: {payloads}, else bf16)"),
+        opt.ROUTING.but(annotation=str, default="uniform", help="Routing kind: uniform, zipf, hot"),
+        opt.SEED.but(annotation=int, default=0, help="Routing seed"),
+        opt.SMS.but(
+            help=f"Coarse grid of communication SM counts (default {','.join(map(str, COARSE_SMS))})"
+        ),
+        opt.Flag(
+            "backward", bool, False, ("--backward",), "Tune forward+backward tokens/s instead of forward"
+        ),
+        opt.GPUS.but(decls=("--gpus", "--nproc"), help="Ranks on this host (default: every GPU; 2 on CPU)"),
+        opt.CPU,
+        opt.ITERS.but(help="Timed iterations of the final round (default 50 on GPU, 5 on CPU)"),
+        opt.WARMUP.but(help="Warm-up iterations of the final round"),
+        opt.DB,
+        opt.OUT.but(help="Folder for the run directories (default: the data directory)"),
+        opt.BACKEND_PATH.but(
+            help="NAME=DIR: put DIR first on PYTHONPATH for backend NAME's jobs (e.g. its deep_ep build)"
+        ),
+        opt.TIMEOUT.but(help="Seconds one backend job of a round may take"),
+        opt.Flag(
+            "suite_out", Path | None, None, ("--suite-out",), "Also write the winner's suite to this file"
+        ),
+    )
+
+
 @user_errors
+@opt.command(*_flags(), panels=False)
 def tune_command(
-    backend: str | None = typer.Option(
-        None,
-        help=f"Backends to search, comma-separated (default: the available ones of {', '.join(TUNABLE_BACKENDS)})",
-    ),
-    preset: str | None = typer.Option(
-        None, help="Layer shape of a model: deepseek-v3, mixtral-8x7b, qwen3-moe"
-    ),
-    hidden: int | None = typer.Option(None, help="Hidden size (default 8192, or the preset's)"),
-    intermediate: int | None = typer.Option(
-        None, help="Expert FFN width (default hidden/4, or the preset's)"
-    ),
-    tokens_per_rank: int = typer.Option(4096, "--tokens-per-rank", help="Tokens per rank"),
-    topk: int | None = typer.Option(None, help="Experts per token (default 8, or the preset's)"),
-    experts_per_rank: int | None = typer.Option(
-        None, "--experts-per-rank", help="Experts per rank (default 8, or the preset's experts / ranks)"
-    ),
-    dtype: str | None = typer.Option(
-        None,
-        help="Dispatch payload for every backend (default: mxfp8 for mxfp8-a2a, fp8 for deepep, else bf16)",
-    ),
-    routing: str = typer.Option("uniform", help="Routing kind: uniform, zipf, hot"),
-    seed: int = typer.Option(0, help="Routing seed"),
-    sms: str | None = typer.Option(
-        None, help=f"Coarse grid of communication SM counts (default {','.join(map(str, COARSE_SMS))})"
-    ),
-    backward: bool = typer.Option(
-        False, "--backward", help="Tune forward+backward tokens/s instead of forward"
-    ),
-    gpus: int | None = typer.Option(
-        None, "--gpus", "--nproc", help="Ranks on this host (default: every GPU; 2 on CPU)"
-    ),
-    cpu: bool = typer.Option(False, "--cpu", help="Run on CPU ranks (gloo) even when GPUs are present"),
-    iters: int | None = typer.Option(
-        None, help="Timed iterations of the final round (default 50 on GPU, 5 on CPU)"
-    ),
-    warmup: int | None = typer.Option(None, help="Warm-up iterations of the final round"),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
-    out: Path | None = typer.Option(
-        None, "--out", help="Folder for the run directories (default: the data directory)"
-    ),
-    backend_path: list[str] = typer.Option(
-        [],
-        "--backend-path",
-        help="NAME=DIR: put DIR first on PYTHONPATH for backend NAME's jobs (e.g. its deep_ep build)",
-    ),
-    timeout: float = typer.Option(900.0, help="Seconds one backend job of a round may take"),
-    suite_out: Path | None = typer.Option(
-        None, "--suite-out", help="Also write the winner's suite to this file"
-    ),
+    backends: opt.BackendOptions,
+    workload: opt.WorkloadOptions,
+    launch: opt.LaunchOptions,
+    timing: opt.TimingOptions,
+    store: opt.StoreOptions,
+    preset: str | None,
+    intermediate: int | None,
+    backward: bool,
+    suite_out: Path | None,
 ) -> None:
     """Search backend x SMs x chunk knobs x schedule for the most end-to-end tokens/s of one MoE layer.
 
     Example: moelab tune --preset deepseek-v3 --backend deepep,hybrid-ep --backend-path deepep=.ext/deepep-v1
     """
     p = get_preset(preset) if preset else None
-    paths = _parse_backend_paths(backend_path)
-    asked = parse_list(backend, str, "backend")
+    paths = backends.paths()
+    names = _available(backends, paths)
+    grid = tuple(parse_list(workload.sms, int, "sms") or COARSE_SMS)
+    if any(not isinstance(s, int) or s < 1 for s in grid):
+        raise SpecError("--sms takes positive whole numbers (the library default is always tried)")
+    host = HostFacts(cuda_devices=cuda_devices())
+    request = RunRequest(
+        backends=names,
+        **launch.request_fields(),
+        **timing.request_fields(),
+        backend_paths=paths,
+        health=False,
+        command=("moelab", *sys.argv[1:]),
+    )
+    device, world = plan_world(request, host)
+    wl, inter = _layer(workload, intermediate, p, world)
+    sm_control = device == "cuda"
+    timings = round_timings(device, timing.iters, timing.warmup)
+    db_path = resolve_db_path(store.db)
+    plan = plan_trials(
+        request=request,
+        host=host,
+        workload=wl,
+        intermediate=inter,
+        backward=backward,
+        dtypes={} if workload.dtype else default_dtypes(),
+        first=coarse(names, grid, sm_control),
+        final=timings[2],
+        runs_root=store.runs_root(),
+        db_path=db_path,
+        tune_id=secrets.token_hex(3),
+    )
+    check_writable(db_path)
+    console.print(
+        f"tune {plan.tune_id}: hidden {wl.hidden}, intermediate {inter}, {wl.tokens_per_rank} tokens/rank, topk {wl.topk}, "
+        f"{wl.experts_per_rank} experts/rank, {plan.launch.world} {device} ranks; backends {', '.join(names)}"
+        + ("" if sm_control else " (CPU ranks: no SM control, searching backends, schedules and knobs)")
+    )
+    config = TuneConfig(backends=names, sms_grid=grid, sm_control=sm_control, timings=timings)
+    result = tune(config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print))
+    _print_result(plan, result, suite_out)
+
+
+def _available(backends: opt.BackendOptions, paths: dict[str, str]) -> tuple[str, ...]:
+    """The backends to tune: those asked (each must run here), else the tunable ones that run here."""
+    asked = backends.names()
     names: list[str] = []
-    for name in asked or list(TUNABLE_BACKENDS):
+    for name in asked or tunable_backends():
         registry.resolve(name)
         reason = registry.availability(name, paths.get(name))
         if reason and asked:
@@ -108,48 +156,51 @@ def tune_command(
         names.append(name)
     if not names:
         raise MoelabError("no backend to tune is available here")
-    grid = tuple(parse_list(sms, int, "sms") or COARSE_SMS)
-    if any(not isinstance(s, int) or s < 1 for s in grid):
-        raise SpecError("--sms takes positive whole numbers (the library default is always tried)")
-    host = HostFacts(cuda_devices=_cuda_devices())
-    request = RunRequest(backends=tuple(names), gpus=gpus, cpu=cpu, iters=iters, warmup=warmup, backend_paths=paths,
-                         timeout_s=timeout, health=False, command=("moelab", *sys.argv[1:]))  # fmt: skip
-    device, world = plan_world(request, host)
-    h = hidden if hidden is not None else (p.hidden if p else 8192)
+    return tuple(names)
+
+
+def _layer(
+    workload: opt.WorkloadOptions, intermediate: int | None, p: Preset | None, world: int
+) -> tuple[Workload, int]:
+    """The layer's workload and expert FFN width: the flags, else the preset's, else the defaults."""
+    h = workload.hidden if workload.hidden is not None else (p.hidden if p else 8192)
     inter = intermediate if intermediate is not None else (p.intermediate if p else default_intermediate(h))
-    k = topk if topk is not None else (p.topk if p else 8)
-    epr = experts_per_rank if experts_per_rank is not None else (p.experts_per_rank(world) if p else 8)
-    wl = Workload(
-        hidden=h, tokens_per_rank=tokens_per_rank, topk=k, experts_per_rank=epr, dtype=dtype or "bf16",
-        routing=RoutingSpec(kind=routing, seed=seed),
-    )  # fmt: skip
-    sm_control = device == "cuda"
-    timings = round_timings(device, iters, warmup)
-    db_path = resolve_db_path(db)
-    tune_id = secrets.token_hex(3)
-    plan = plan_trials(
-        request=request, host=host, workload=wl, intermediate=inter, backward=backward,
-        dtypes={b: dtype for b in TUNABLE_BACKENDS} if dtype else dict(DEFAULT_DTYPES),
-        first=coarse(names, grid, sm_control), final=timings[2], runs_root=out or (data_dir() / "runs"),
-        db_path=db_path, tune_id=tune_id,
-    )  # fmt: skip
-    check_writable(db_path)
-    config = TuneConfig(backends=tuple(names), sms_grid=grid, sm_control=sm_control, timings=timings)
-    console.print(
-        f"tune {tune_id}: hidden {h}, intermediate {inter}, {tokens_per_rank} tokens/rank, topk {k}, "
-        f"{epr} experts/rank, {plan.launch.world} {device} ranks; backends {', '.join(names)}"
-        + ("" if sm_control else " (CPU ranks: no SM control, searching backends, schedules and knobs)")
+    k = workload.topk if workload.topk is not None else (p.topk if p else 8)
+    epr = (
+        workload.experts_per_rank
+        if workload.experts_per_rank is not None
+        else (p.experts_per_rank(world) if p else 8)
     )
-    result = tune(config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print))
+    wl = Workload(
+        hidden=h,
+        tokens_per_rank=workload.tokens_per_rank,
+        topk=k,
+        experts_per_rank=epr,
+        dtype=workload.dtype or "bf16",
+        routing=RoutingSpec(kind=workload.routing, seed=workload.seed),
+    )
+    return wl, inter
+
+
+def _print_result(plan: TrialPlan, result: TuneResult, suite_out: Path | None) -> None:
+    """Every trial, the winner's margins, and the winner as a moelab suite and as framework settings."""
     print_table(
         ["round", "backend", "mode", "sms", "knobs", "tokens/s/rank", "status", "run"],
         [
-            (t.round, t.candidate.backend, t.candidate.mode, t.candidate.sms if t.candidate.sms is not None else "default",
-             ", ".join(f"{a}={b}" for a, b in t.candidate.knobs) or "—", t.tokens_per_s, t.status, t.run_id)
+            (
+                t.round,
+                t.candidate.backend,
+                t.candidate.mode,
+                t.candidate.sms if t.candidate.sms is not None else "default",
+                ", ".join(f"{a}={b}" for a, b in t.candidate.knobs) or "—",
+                t.tokens_per_s,
+                t.status,
+                t.run_id,
+            )
             for t in result.trials
         ],
-        title=f"tune {tune_id}: every trial (stored; labels {plan.round_label(1)} …)",
-    )  # fmt: skip
+        title=f"tune {plan.tune_id}: every trial (stored; labels {plan.round_label(1)} …)",
+    )
     for line in summary_lines(plan, result):
         console.print(line)
     toml = suite_toml(plan, result.winner)

@@ -8,18 +8,74 @@ from pathlib import Path
 
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
+from moelab.backends.library_test import DEFAULT_MASTER_PORT, LibraryTest
+from moelab.cli import options as opt
+from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
 from moelab.core.errors import SpecError
 from moelab.core.library_figures import FAILING, VerifyRow
 from moelab.core.spec import RunSpec
 from moelab.job.rundir import RunDir
 from moelab.launch.runner import new_run_id
 from moelab.plan.planning import HostFacts, plan_run
-from moelab.store.db import check_writable, connect, data_dir, open_db, resolve_db_path
+from moelab.store.db import check_writable, connect, open_db, resolve_db_path
 from moelab.verify import measure
 from moelab.verify import store as verify_store
-from moelab.verify.libraries import VERIFY_DEFINITIONS, VerifyContext, verify_backend
-from moelab.verify.plan import VERIFY_BACKENDS, VerifyRequest, run_request
+from moelab.verify.libraries import (
+    VerifyContext,
+    library_commands,
+    unsupported_reason,
+    verify_backend,
+    verify_definitions,
+)
+from moelab.verify.plan import VerifyRequest, library_tests, run_request
+
+
+def _flags(tests: dict[str, LibraryTest]) -> tuple[opt.Flag, ...]:
+    """verify's flags: the shared ones as verify means them (one configuration, moelab's side of it), their
+    help naming what the backends' library tests declare."""
+    shares = "".join(f"; {n} defaults to {t.tree_from}'s" for n, t in tests.items() if t.tree_from)
+    only = "".join(f" ({n}: {', '.join(t.only_dtypes)} only)" for n, t in tests.items() if t.only_dtypes)
+    sms = "; ".join(t.sms_note for t in tests.values() if t.sms_note)
+    kernel = ", ".join(f"{n}'s" for n, t in tests.items() if t.kernel_figures)
+    return (
+        opt.BACKEND.but(
+            default=",".join(n for n, t in tests.items() if t.by_default),
+            help=f"Backends to verify, comma-separated: {', '.join(tests)}",
+        ),
+        opt.BACKEND_PATH.but(
+            help="NAME=DIR: the library's source tree, built in place (its tests/ are run; DIR goes "
+            f"first on PYTHONPATH){shares}"
+        ),
+        opt.NCCL_TESTS_BIN.but(help="alltoall_perf (or its folder); default: PATH"),
+        opt.HIDDEN.but(default="8192", help="Hidden size", annotation=str),
+        opt.TOKENS_PER_RANK.but(default="4096", help="Tokens per rank", annotation=str),
+        opt.TOPK.but(default="8", help="Experts per token", annotation=str),
+        opt.EXPERTS_PER_RANK.but(default="8", help="Experts per rank", annotation=str),
+        opt.DTYPE.but(
+            default="bf16,fp8", help=f"Dispatch payloads to compare: bf16, fp8{only}", annotation=str
+        ),
+        opt.SMS.but(help=f"SMs (default: each library test's own; {sms})"),
+        opt.Flag("tolerance", float, 0.05, (), "Pass when moelab / library is within 1 ± this"),
+        opt.GPUS.but(help="Ranks on this host (default: every local GPU)"),
+        opt.CPU.but(help="moelab's side on CPU ranks (gloo)"),
+        opt.ITERS.but(help="moelab's timed iterations per op"),
+        opt.WARMUP.but(help="moelab's warm-up iterations per op"),
+        opt.TRACE.but(help=f"none or torch (kernel-only times, needed for {kernel} kernel figures)"),
+        opt.TIMEOUT.but(help="Wall-clock limit of one moelab backend job, seconds"),
+        opt.Flag(
+            "library_timeout",
+            float,
+            900.0,
+            ("--library-timeout",),
+            "Wall-clock limit of one library benchmark, seconds",
+        ),
+        opt.HEALTH.but(help="Health snapshots around each moelab job"),
+        opt.LABEL.but(help="A name for this run"),
+        opt.DB,
+        opt.DRY_RUN.but(help="Print moelab's cases and each library's command, run nothing"),
+        opt.REPORT,
+        opt.OUT,
+    )
 
 
 def _int(value: str, name: str) -> int:
@@ -30,145 +86,154 @@ def _int(value: str, name: str) -> int:
 
 
 @user_errors
+@opt.command(*_flags(library_tests()), panels=False)
 def verify(
-    backend: str = typer.Option(
-        "deepep,hybrid-ep,nccl-tests",
-        "--backend",
-        "-b",
-        help=f"Backends to verify, comma-separated: {', '.join(VERIFY_BACKENDS)}",
-    ),
-    backend_path: list[str] = typer.Option(
-        [],
-        "--backend-path",
-        help="NAME=DIR: the library's source tree, built in place (its tests/ are run; DIR goes first on PYTHONPATH); deepep-ll defaults to deepep's",
-    ),  # fmt: skip
-    nccl_tests_bin: str | None = typer.Option(
-        None, "--nccl-tests-bin", help="alltoall_perf (or its folder); default: PATH"
-    ),
-    hidden: str = typer.Option("8192", help="Hidden size"),
-    tokens_per_rank: str = typer.Option("4096", "--tokens-per-rank", help="Tokens per rank"),
-    topk: str = typer.Option("8", help="Experts per token"),
-    experts_per_rank: str = typer.Option("8", "--experts-per-rank", help="Experts per rank"),
-    dtype: str = typer.Option(
-        "bf16,fp8", help="Dispatch payloads to compare: bf16, fp8 (deepep-ll: fp8 only)"
-    ),
-    sms: str | None = typer.Option(
-        None, help="SMs (default: each library test's own; DeepEP's intranode test runs 24 only)"
-    ),
-    tolerance: float = typer.Option(0.05, help="Pass when moelab / library is within 1 ± this"),
-    gpus: int | None = typer.Option(None, "--gpus", help="Ranks on this host (default: every local GPU)"),
-    cpu: bool = typer.Option(False, "--cpu", help="moelab's side on CPU ranks (gloo)"),
-    iters: int | None = typer.Option(None, help="moelab's timed iterations per op"),
-    warmup: int | None = typer.Option(None, help="moelab's warm-up iterations per op"),
-    trace: str = typer.Option(
-        "none", "--trace", help="none or torch (kernel-only times, needed for deepep-ll's kernel figures)"
-    ),
-    timeout: float = typer.Option(900.0, help="Wall-clock limit of one moelab backend job, seconds"),
-    library_timeout: float = typer.Option(
-        900.0, "--library-timeout", help="Wall-clock limit of one library benchmark, seconds"
-    ),
-    health: bool = typer.Option(True, "--health/--no-health", help="Health snapshots around each moelab job"),
-    label: str | None = typer.Option(None, help="A name for this run"),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print moelab's cases and each library's command, run nothing"
-    ),
-    report: Path | None = typer.Option(
-        None, "--report", help="Also write the HTML report of this run to this file"
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", help="Folder for run directories (default: runs/ in the user's data directory)"
-    ),
+    backends: opt.BackendOptions,
+    workload: opt.WorkloadOptions,
+    launch: opt.LaunchOptions,
+    timing: opt.TimingOptions,
+    store: opt.StoreOptions,
+    tracing: opt.TraceOptions,
+    health: opt.HealthOptions,
+    tolerance: float,
+    library_timeout: float,
+    dry_run: bool,
 ) -> None:
     """Check moelab's figures against each library's own benchmark at the same configuration.
 
     Example: moelab verify --backend deepep,hybrid-ep,nccl-tests --backend-path deepep=.ext/deepep-v1
     --backend-path hybrid-ep=.ext/hybrid-ep --nccl-tests-bin .ext/nccl-tests/build --hidden 7168
     """
-    from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
-
-    names = tuple(parse_list(backend, str, "backend") or [])
-    paths = _parse_backend_paths(backend_path)
-    if "deepep-ll" in names and "deepep-ll" not in paths and "deepep" in paths:
-        paths["deepep-ll"] = paths["deepep"]
-    sms_list = parse_list(sms, int, "sms") if sms else None
-    if sms_list is not None and (len(sms_list) != 1 or sms_list[0] == "default"):
-        raise SpecError(f"--sms takes one SM count (or leave it out for each library's own), got {sms!r}")
-    req = VerifyRequest(
-        backends=names, hidden=_int(hidden, "hidden"), tokens_per_rank=_int(tokens_per_rank, "tokens-per-rank"),
-        topk=_int(topk, "topk"), experts_per_rank=_int(experts_per_rank, "experts-per-rank"),
-        dtypes=tuple(parse_list(dtype, str, "dtype") or []), sms=int(sms_list[0]) if sms_list else None,
-    )  # fmt: skip
-    req.validate()
+    req, paths = _request(backends, workload)
     if not 0 < tolerance < 1:
         raise SpecError(f"--tolerance must be within (0, 1), got {tolerance}")
-    if trace not in ("none", "torch"):
-        raise SpecError(f"verify --trace takes none or torch, got {trace!r}")
+    if tracing.trace not in ("none", "torch"):
+        raise SpecError(f"verify --trace takes none or torch, got {tracing.trace!r}")
     if library_timeout <= 0:
         raise SpecError(f"--library-timeout must be > 0, got {library_timeout}")
-    run = run_request(req, gpus=gpus, cpu=cpu, iters=iters, warmup=warmup, label=label, timeout_s=timeout,
-                      backend_paths=paths, nccl_tests_bin=nccl_tests_bin, trace=trace, health=health,
-                      command=("moelab", *sys.argv[1:]))  # fmt: skip
-    spec = plan_run(run, HostFacts(cuda_devices=_cuda_devices()), new_run_id=new_run_id()).spec
-    if not dry_run:
-        measure.check_available(names, paths, nccl_tests_bin)
+    run = run_request(
+        req,
+        **launch.request_fields(),
+        **timing.request_fields(),
+        **store.request_fields(),
+        **tracing.request_fields(),
+        **health.request_fields(),
+        backend_paths=paths,
+        nccl_tests_bin=backends.nccl_tests_bin,
+        command=("moelab", *sys.argv[1:]),
+    )
+    spec = plan_run(run, HostFacts(cuda_devices=cuda_devices()), new_run_id=new_run_id()).spec
     if dry_run:
-        _print_plan(spec, req, paths, nccl_tests_bin)
-        return
-    db_path = resolve_db_path(db)
-    check_writable(db_path)
-    runs_root = out or (data_dir() / "runs")
-    console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
-    outcome = measure.run_moelab(spec, runs_root, db_path, console.print)
-    ctx = VerifyContext(run_id=spec.run_id, run_dir=outcome.run_dir, spec=spec, world=spec.launch.world, gpus_per_node=spec.launch.gpus_per_node,
-                        trees={k: Path(v) for k, v in paths.items()}, nccl_tests_bin=nccl_tests_bin,
-                        timeout_s=library_timeout, tolerance=tolerance,
-                        connect=lambda: connect(db_path, read_only=True))  # fmt: skip
-    rows: list[VerifyRow] = []
-    for name in names:
-        rows += verify_backend(name, req, ctx, progress=console.print)
-    RunDir(outcome.run_dir).write_library_figures(rows)
-    with open_db(db_path) as con:
-        verify_store.store(con, spec.run_id, rows, VERIFY_DEFINITIONS)
+        return _print_plan(spec, req, paths)
+    measure.check_available(req.backends, paths, spec.launch)
+    rows, run_dir, db_path, jobs_ok = _measure(spec, req, paths, store, tolerance, library_timeout)
     print_verify_rows(rows, f"verify run {spec.run_id} (moelab / library, tolerance ±{tolerance:.0%})")
-    console.print(f"stored run {spec.run_id} in {db_path}; library logs in {outcome.run_dir / 'verify'}")
-    if report is not None:
+    console.print(f"stored run {spec.run_id} in {db_path}; library logs in {run_dir / 'verify'}")
+    if store.report is not None:
         from moelab.reports.html import write_report
 
-        console.print(f"report: {write_report(db_path, [spec.run_id], report)}")
-    if any(r.verdict in FAILING for r in rows) or not outcome.all_jobs_ok:
+        console.print(f"report: {write_report(db_path, [spec.run_id], store.report)}")
+    if any(r.verdict in FAILING for r in rows) or not jobs_ok:
         raise typer.Exit(1)
+
+
+def _request(
+    backends: opt.BackendOptions, workload: opt.WorkloadOptions
+) -> tuple[VerifyRequest, dict[str, str]]:
+    """The configuration verify runs (one whole number per size) and each library's source tree (a test that
+    shares another backend's tree gets it when not given its own)."""
+    names = backends.names()
+    paths = backends.paths()
+    for name, test in library_tests().items():
+        if name in names and name not in paths and test.tree_from in paths:
+            paths[name] = paths[test.tree_from]
+    sms_list = parse_list(workload.sms, int, "sms") if workload.sms else None
+    if sms_list is not None and (len(sms_list) != 1 or sms_list[0] == "default"):
+        raise SpecError(
+            f"--sms takes one SM count (or leave it out for each library's own), got {workload.sms!r}"
+        )
+    req = VerifyRequest(
+        backends=names,
+        hidden=_int(workload.hidden, "hidden"),
+        tokens_per_rank=_int(workload.tokens_per_rank, "tokens-per-rank"),
+        topk=_int(workload.topk, "topk"),
+        experts_per_rank=_int(workload.experts_per_rank, "experts-per-rank"),
+        dtypes=tuple(parse_list(workload.dtype, str, "dtype") or []),
+        sms=int(sms_list[0]) if sms_list else None,
+    )
+    req.validate()
+    return req, paths
+
+
+def _measure(
+    spec: RunSpec,
+    req: VerifyRequest,
+    paths: dict[str, str],
+    store: opt.StoreOptions,
+    tolerance: float,
+    library_timeout: float,
+) -> tuple[list[VerifyRow], Path, Path, bool]:
+    """moelab's run, then each library's test; the rows stored in the run. (rows, run dir, db, jobs ok)"""
+    db_path = resolve_db_path(store.db)
+    check_writable(db_path)
+    console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
+    outcome = measure.run_moelab(spec, store.runs_root(), db_path, console.print)
+    ctx = VerifyContext(
+        run_id=spec.run_id,
+        run_dir=outcome.run_dir,
+        spec=spec,
+        world=spec.launch.world,
+        gpus_per_node=spec.launch.gpus_per_node,
+        trees={k: Path(v) for k, v in paths.items()},
+        timeout_s=library_timeout,
+        tolerance=tolerance,
+        connect=lambda: connect(db_path, read_only=True),
+    )
+    rows = [row for name in req.backends for row in verify_backend(name, req, ctx, progress=console.print)]
+    RunDir(outcome.run_dir).write_library_figures(rows)
+    with open_db(db_path) as con:
+        verify_store.store(con, spec.run_id, rows, verify_definitions())
+    return rows, outcome.run_dir, db_path, outcome.all_jobs_ok
 
 
 def print_verify_rows(rows: list[VerifyRow], title: str) -> None:
     print_table(
         ["backend", "op", "dtype", "figure", "library GB/s", "moelab GB/s", "ratio", "verdict", "note"],
-        [(r.backend, r.op, r.dtype, r.figure, r.library_gbps, r.moelab_gbps, r.ratio, r.verdict,
-          (r.note or "").splitlines()[0][:160] if r.note else None) for r in rows],
+        [
+            (
+                r.backend,
+                r.op,
+                r.dtype,
+                r.figure,
+                r.library_gbps,
+                r.moelab_gbps,
+                r.ratio,
+                r.verdict,
+                (r.note or "").splitlines()[0][:160] if r.note else None,
+            )
+            for r in rows
+        ],
         title=title,
-    )  # fmt: skip
+    )
     for r in rows:
         if r.verdict == "error" and r.note and "\n" in r.note:
             console.print(f"[{r.backend} {r.op} {r.dtype}] {r.note}")
 
 
-def _print_plan(spec: RunSpec, req: VerifyRequest, paths: dict[str, str], nccl_tests_bin: str | None) -> None:
-    from moelab.verify.commands import DEFAULT_MASTER_PORT
-    from moelab.verify.libraries import library_commands, unsupported_reason
-
+def _print_plan(spec: RunSpec, req: VerifyRequest, paths: dict[str, str]) -> None:
     for case in spec.cases:
         skip = f"  (skipped: {case.skip_reason})" if case.skip_reason else ""
         console.print(
             f"# moelab {case.backend}: case {case.case_id} sms={case.sms or 'default'} knobs={case.asked_knobs()}{skip}"
         )
+    trees = {k: Path(v) for k, v in paths.items()}
     for name in spec.backends:
         reason = unsupported_reason(name, req, spec.launch.world, spec.launch.gpus_per_node)
         if reason:
             console.print(f"# {name}: not run: {reason}")
             continue
-        if name != "nccl-tests" and name not in paths:
+        if library_tests()[name].in_tree and name not in paths:
             console.print(f"# {name}: needs --backend-path {name}=DIR")
             continue
-        trees = {k: Path(v) for k, v in paths.items()}
-        for cmd in library_commands(name, req, spec, trees, nccl_tests_bin, DEFAULT_MASTER_PORT).values():
+        for cmd in library_commands(name, req, spec, trees, DEFAULT_MASTER_PORT).values():
             console.print(cmd.shell_line())

@@ -367,6 +367,17 @@ class SpreadFlag:
         )
 
 
+def tool_timed_backends(con: Any, run_id: str) -> list[str]:
+    """Backends of `run_id` whose results are their tool's own timing (host jobs, one figure per size, e.g.
+    an external benchmark binary), which the judgements of moelab's samples here leave out."""
+    from moelab.backends import registry  # the backend classes import torch: only when a run is judged
+
+    stored = con.execute(
+        "SELECT DISTINCT backend FROM results WHERE run_id = ? ORDER BY 1", [run_id]
+    ).fetchall()
+    return registry.host_jobs(r[0] for r in stored)
+
+
 def spread_flags(
     con: Any, run_id: str, noise_target: float = NOISE_TARGET, far_above: float = FAR_ABOVE,
     devices: Sequence[str] = ("cuda",),
@@ -384,7 +395,7 @@ def spread_flags(
         cur AS (
             SELECT r.backend, r.case_id, r.op, r.rel_iqr, g.gpu_name, ru.created_at
             FROM results r JOIN runs ru USING (run_id) LEFT JOIN gpu g USING (run_id, backend)
-            WHERE r.run_id = ? AND r.rel_iqr IS NOT NULL AND r.backend <> 'nccl-tests')
+            WHERE r.run_id = ? AND r.rel_iqr IS NOT NULL AND NOT list_contains(?::VARCHAR[], r.backend))
         SELECT cur.backend, cur.case_id, cur.op, cur.rel_iqr,
                (SELECT list(h.rel_iqr) FROM results h JOIN runs hr USING (run_id) LEFT JOIN gpu hg USING (run_id, backend)
                 WHERE h.backend = cur.backend AND h.case_id = cur.case_id AND h.op = cur.op AND h.run_id <> ?
@@ -392,7 +403,7 @@ def spread_flags(
                   AND hg.gpu_name IS NOT DISTINCT FROM cur.gpu_name AND h.rel_iqr IS NOT NULL) AS history
         FROM cur ORDER BY cur.backend, cur.case_id, cur.op
         """,
-        [run_id, run_id, device[0]],
+        [run_id, tool_timed_backends(con, run_id), run_id, device[0]],
     ).fetchall()
     out = []
     for backend, case_id, op, rel_iqr, history in rows:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from moelab.health.contention import tool_timed_backends
+
 DRIFT_TOLERANCE = 0.05
 
 
@@ -61,7 +63,7 @@ def drift_flags(
             SELECT r.backend, r.case_id, r.op, r.median_us, ru.created_at, f.host, f.gpu_name, f.driver, f.cuda,
                    f.nccl, f.torch, f.libs
             FROM results r JOIN runs ru USING (run_id) JOIN fp f USING (run_id, backend)
-            WHERE r.run_id = ? AND r.median_us > 0 AND r.backend <> 'nccl-tests')
+            WHERE r.run_id = ? AND r.median_us > 0 AND NOT list_contains(?::VARCHAR[], r.backend))
         SELECT cur.backend, cur.case_id, cur.op, cur.median_us,
                (SELECT arg_max([h.run_id, CAST(h.median_us AS VARCHAR)], hr.created_at)
                 FROM results h JOIN runs hr USING (run_id) JOIN fp hf USING (run_id, backend)
@@ -73,7 +75,7 @@ def drift_flags(
                   AND hf.libs IS NOT DISTINCT FROM cur.libs) AS previous
         FROM cur ORDER BY cur.backend, cur.case_id, cur.op
         """,
-        [run_id, run_id, device[0]],
+        [run_id, tool_timed_backends(con, run_id), run_id, device[0]],
     ).fetchall()
     out = []
     for backend, case_id, op, median, previous in rows:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import moelab
 from moelab.backends import registry
+from moelab.backends.base import HostJob
 from moelab.core.errors import MoelabError
 from moelab.core.spec import RunSpec
 from moelab.health import contention
@@ -198,8 +199,8 @@ def execute(
                 f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
             )
             cls = registry.load(backend)
-            if cls.job_kind == "host":
-                outcome = cls.run_host_job(spec, rd.job(backend))
+            if issubclass(cls, HostJob):
+                outcome = cls.run_job(spec, rd.job(backend))
             else:
                 outcome = run_backend(spec, rd, backend, quiet)
             if stop.requested:

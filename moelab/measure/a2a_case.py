@@ -13,6 +13,7 @@ from typing import Any
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.capabilities import library_figures
 from moelab.core.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, TraceFile
 from moelab.core.ops import ops_for
 from moelab.core.record_build import OpMeasurement, op_result
@@ -194,7 +195,7 @@ def build_record(
         )  # fmt: skip
         # a library's figure only from the path and the timing its own test uses (Sampled.library_samples_us)
         library = {
-            op: type(backend).library_figures(op, rows, m.bytes_per_row, s.library_samples_us)
+            op: library_figures(backend, op, rows, m.bytes_per_row, s.library_samples_us)
             if s.library_samples_us
             else []
         }

@@ -122,7 +122,7 @@ def main(argv: list[str]) -> int:
     if spec.launch.device == "cuda" and spec.timing.peaks:
         _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
-    cls = registry.load(backend_name)
+    cls = registry.load_backend(backend_name)
     with events.timed_setup("buffers"):
         backend = cls(ctx, [CaseConfig.of(c) for c in cases if not c.skip_reason])
     env = environment.fingerprint(device) | {

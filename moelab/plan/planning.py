@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from moelab.backends import registry
+from moelab.backends.base import HostJob
+from moelab.backends.capabilities import DefaultWorkload
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.core.validate import dedupe_backends, validate_label, validate_run_id
@@ -21,7 +23,7 @@ from moelab.job.rundir import now_iso
 from moelab.suites.loader import Suite, expand, load_suite
 
 if TYPE_CHECKING:
-    from moelab.backends.base import Backend
+    from moelab.backends.base import Registered
 
 TRACE_MODES = ("none", "torch", "nsys")
 WORKLOAD_FLAGS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "routing", "seed", "dtype", "sms")
@@ -32,7 +34,7 @@ NEAREST_EXPERTS_PER_RANK = 8  # Hybrid-EP's tests' NUM_LOCAL_EXPERTS: the varian
 class RunRequest:
     """What a user asked for, as plain values (None: the default)."""
 
-    backends: Sequence[str] = ("nccl-a2a",)
+    backends: Sequence[str] = (registry.DEFAULT_BACKEND,)
     suite: str | Suite = "dispatch-combine"  # a built-in's name, a file, or one built in code
     workload: Mapping[str, Sequence[Any]] = field(
         default_factory=dict
@@ -162,12 +164,12 @@ def check_suite_backends(suite: Suite) -> None:
             )
 
 
-def load_backends(names: Sequence[str]) -> dict[str, type[Backend]]:
+def load_backends(names: Sequence[str]) -> dict[str, type[Registered]]:
     """Each backend of the run, loaded once: a load scans the entry points, too slow to do per case."""
     return {name: registry.load(name) for name in names}
 
 
-def check_knobs(cases: Sequence[CaseSpec], classes: Mapping[str, type[Backend]]) -> None:
+def check_knobs(cases: Sequence[CaseSpec], classes: Mapping[str, type[Registered]]) -> None:
     """Every case's settings through their owners' checks (an e2e case's layer settings against its
     workload and SMs, the knobs the backend's): an unknown or misspelt knob, or a bad value, is refused here
     with the valid names, never stored as an unsupported case."""
@@ -177,12 +179,12 @@ def check_knobs(cases: Sequence[CaseSpec], classes: Mapping[str, type[Backend]])
         classes[case.backend].check_knobs(case.knobs, case.workload)
 
 
-def host_job_cases(cases: Sequence[CaseSpec], classes: Mapping[str, type[Backend]]) -> list[CaseSpec]:
+def host_job_cases(cases: Sequence[CaseSpec], classes: Mapping[str, type[Registered]]) -> list[CaseSpec]:
     """A backend the launching host runs as one job (nccl-tests) has cases of the host kind; it has no e2e
     layer to run."""
     out = []
     for case in cases:
-        if classes[case.backend].job_kind != "host":
+        if not issubclass(classes[case.backend], HostJob):
             out.append(case)
         elif case.kind == "e2e":
             raise SpecError(f"{case.backend} runs as one job of the launching host: it has no e2e cases")
@@ -249,13 +251,12 @@ def timing_for(req: RunRequest, device: str) -> TimingSpec:
         raise SpecError(str(exc)) from exc
 
 
-def _backend_defaults(classes: Mapping[str, type[Backend]]) -> dict[str, dict[str, Any]]:
+def _backend_defaults(classes: Mapping[str, type[Registered]]) -> dict[str, dict[str, Any]]:
     """Per-backend workload defaults (e.g. the low-latency kernels' own sizes), below the suite's values."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, cls in classes.items():
-        defaults = getattr(cls, "default_workload", None)
-        if defaults:
-            out[name] = dict(defaults)
+        if isinstance(cls, DefaultWorkload) and cls.default_workload:
+            out[name] = dict(cls.default_workload)
     return out
 
 

@@ -8,9 +8,8 @@ from typing import Any
 
 from moelab.core.e2e_spec import resolve_carveout
 from moelab.tune.search import Trial, TuneResult
+from moelab.tune.space import tuning_of
 from moelab.tune.trials import TrialPlan
-
-DEEPEP_DEFAULT_SMS = 20  # deep_ep.Buffer.num_sms
 
 
 def _toml_value(v: Any) -> str:
@@ -51,62 +50,25 @@ def suite_toml(plan: TrialPlan, winner: Trial) -> str:
 
 
 def framework_settings(plan: TrialPlan, winner: Trial) -> list[str]:
-    """Lines a user of Megatron-Core, torchtitan or the library itself sets for the winning configuration."""
+    """Lines a user of Megatron-Core, torchtitan or the library itself sets for the winning configuration:
+    the backend's (its tune space's settings), then the schedule's."""
     c = winner.candidate
     k = c.knob_dict()
-    out: list[str] = []
-    if c.backend == "deepep":
-        s = c.sms if c.sms is not None else DEEPEP_DEFAULT_SMS
-        out.append(f"DeepEP: deep_ep.Buffer.set_num_sms({s})")
-        if "nvl_chunk" in k or "combine_nvl_chunk" in k or c.sms is not None:
-            out.append(
-                f"DeepEP: dispatch config=deep_ep.Config({s}, {k.get('nvl_chunk', 'nvl_chunk')}, nvl_buffer, rdma_chunk, rdma_buffer), "
-                f"combine config=deep_ep.Config({s}, {k.get('combine_nvl_chunk', 'nvl_chunk')}, ...) "
-                "(unnamed values: Buffer.get_dispatch_config / get_combine_config for the rank count)"
-            )
+    tuning = tuning_of(c.backend)
+    out = tuning.settings(c.sms, k, plan.workload_for(c.backend)) if tuning is not None else []
+    if c.mode != "tbo":
+        return [*out, "schedule: serial (no micro-batch overlap)"]
+    out.append(
+        "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
+        "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap"
+    )
+    held = resolve_carveout(k.get("carveout", "auto"), c.mode, c.sms)
+    if held:
         out.append(
-            f"Megatron-Core: --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep --moe-deepep-num-sms {s}"
+            f"expert GEMMs held to the GPU's SMs minus {held} while the communication runs beside them: "
+            f"torch._C._set_sm_carveout_experimental({held}) around the overlapped layer, None after "
+            "(moelab e2e knob carveout)"
         )
-    elif c.backend == "hybrid-ep":
-        hs = c.sms
-        comb = k.get("combine_sms", hs)
-        out.append(
-            f"Hybrid-EP: deep_ep.HybridEPBuffer(..., num_sms_dispatch_api={hs}, num_sms_combine_api={comb})"
-            if hs is not None
-            else "Hybrid-EP: deep_ep.HybridEPBuffer(...) with its default SM counts"
-        )
-        if hs is not None:
-            out.append(
-                f"Megatron-Core: --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms {hs}"
-            )
-    elif c.backend in ("nccl-a2a", "mxfp8-a2a"):
-        if c.sms is not None:
-            out.append(
-                f"NCCL: communicator for the expert-parallel all-to-all with ncclConfig_t min_ctas = max_ctas = {c.sms} "
-                f"(torch: ProcessGroupNCCL.Options().config.min_ctas/max_ctas; or NCCL_MIN_CTAS={c.sms} NCCL_MAX_CTAS={c.sms})"
-            )
-        out.append("Megatron-Core: --moe-token-dispatcher-type alltoall")
-        if c.backend == "mxfp8-a2a":
-            wl = plan.workload_for(c.backend)
-            out.append(
-                "torchtitan: --parallelism.expert_parallel_a2a_dispatch_impl "
-                f"{'mxfp8' if wl.dtype == 'mxfp8' else 'bf16'} --parallelism.expert_parallel_a2a_combine_impl "
-                f"{k.get('combine_impl', 'mxfp8')}"
-            )
-    if c.mode == "tbo":
-        out.append(
-            "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
-            "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap"
-        )
-        held = resolve_carveout(k.get("carveout", "auto"), c.mode, c.sms)
-        if held:
-            out.append(
-                f"expert GEMMs held to the GPU's SMs minus {held} while the communication runs beside them: "
-                f"torch._C._set_sm_carveout_experimental({held}) around the overlapped layer, None after "
-                "(moelab e2e knob carveout)"
-            )
-    else:
-        out.append("schedule: serial (no micro-batch overlap)")
     return out
 
 

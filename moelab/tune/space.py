@@ -4,8 +4,8 @@ grid it starts from, and the neighbours it refines a survivor with.
 SM counts are even (DeepEP V1 runs one channel per two SMs and asserts on odd counts; the others take
 any count) and only searched where the backend can set them (on CPU ranks, gloo has no SM control: the
 search is then over backends, schedules and knobs). Knob variants are each library's chunk and queue
-sizes: DeepEP V1's NVL chunk sizes (Config's num_max_nvl_chunked_send_tokens for dispatch and combine;
-DeepEP's own tuning sweeps them), Hybrid-EP's separate combine SM count.
+sizes, declared by its backend (`tuning`, a moelab.backends.tuning.TuneSpace): e.g. DeepEP V1's NVL chunk
+sizes, Hybrid-EP's separate combine SM count.
 """
 
 from __future__ import annotations
@@ -14,13 +14,32 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-TUNABLE_BACKENDS = ("nccl-a2a", "mxfp8-a2a", "deepep", "hybrid-ep")
+from moelab.backends import registry
+from moelab.backends.base import Backend
+from moelab.backends.tuning import TuneSpace, even_sms
+
 SCHEDULES = ("serial", "tbo")
 COARSE_SMS = (8, 16, 32, 64)
-DEFAULT_DTYPES = {
-    "mxfp8-a2a": "mxfp8",
-    "deepep": "fp8",
-}  # as the e2e suite: DeepEP V1 bf16 traps at hidden 8192
+
+
+def tuning_of(backend: str) -> TuneSpace | None:
+    """What `backend` declares tune may vary and emit (None: schedules and SMs alone)."""
+    cls = registry.load(backend)
+    return cls.tuning if issubclass(cls, Backend) else None
+
+
+def tunable_backends() -> tuple[str, ...]:
+    """The backends tune searches when --backend is not given: those that declare a tune space, in the
+    registry's order."""
+    return tuple(
+        name for name, cls in registry.declared() if issubclass(cls, Backend) and cls.tuning is not None
+    )
+
+
+def default_dtypes() -> dict[str, str]:
+    """The dispatch payload each backend is tuned with unless --dtype is given (others: the workload's)."""
+    spaces = {name: cls.tuning for name, cls in registry.declared() if issubclass(cls, Backend)}
+    return {name: t.dtype for name, t in spaces.items() if t is not None and t.dtype is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +77,6 @@ def coarse(backends: Sequence[str], sms_grid: Sequence[int], sm_control: bool) -
     return [Candidate.make(b, m, s) for b in backends for m in SCHEDULES for s in sms]
 
 
-def _even(n: float) -> int:
-    return max(2, int(round(n / 2)) * 2)
-
-
 def sm_neighbours(sms: int | None, grid: Sequence[int]) -> list[int]:
     """Even SM counts halfway between `sms` and its neighbours on the grid (the library default has none)."""
     if sms is None or not grid:
@@ -70,19 +85,16 @@ def sm_neighbours(sms: int | None, grid: Sequence[int]) -> list[int]:
     i = ordered.index(sms)
     out = []
     if i > 0:
-        out.append(_even((ordered[i - 1] + sms) / 2))
+        out.append(even_sms((ordered[i - 1] + sms) / 2))
     if i + 1 < len(ordered):
-        out.append(_even((ordered[i + 1] + sms) / 2))
+        out.append(even_sms((ordered[i + 1] + sms) / 2))
     return [s for s in out if s != sms]
 
 
 def knob_variants(c: Candidate) -> list[dict[str, Any]]:
     """The backend's chunk/queue settings to try at a survivor's SM count (beyond the library's defaults)."""
-    if c.backend == "deepep":
-        return [{"nvl_chunk": 12}, {"nvl_chunk": 32}, {"combine_nvl_chunk": 4}, {"combine_nvl_chunk": 16}]
-    if c.backend == "hybrid-ep" and c.sms is not None:
-        return [{"combine_sms": s} for s in (_even(c.sms / 2), _even(c.sms * 1.5)) if s != c.sms]
-    return []
+    tuning = tuning_of(c.backend)
+    return tuning.knob_variants(c.sms) if tuning is not None else []
 
 
 def refine(survivors: Iterable[Candidate], grid: Sequence[int], sm_control: bool) -> list[Candidate]:

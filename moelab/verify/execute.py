@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from moelab.verify.commands import LibraryCommand
+from moelab.backends.library_test import LibraryCommand
 
 TAIL_LINES = 15
 

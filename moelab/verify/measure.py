@@ -5,31 +5,30 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from moelab.backends import registry
 from moelab.core.errors import MoelabError
-from moelab.core.spec import RunSpec
+from moelab.core.spec import LaunchSpec, RunSpec
 from moelab.launch.runner import RunOutcome, execute
+from moelab.verify.plan import library_test
 
 
-def check_available(backends: tuple[str, ...], paths: Mapping[str, str], nccl_tests_bin: str | None) -> None:
-    """Raise MoelabError (one line, exit 2) when a backend cannot run here or its library tree lacks its test."""
-    from moelab.verify.libraries import library_test
-
+def check_available(backends: tuple[str, ...], paths: Mapping[str, str], launch: LaunchSpec) -> None:
+    """Raise MoelabError (one line, exit 2) when a backend cannot run here or its library tree lacks its test.
+    A test in the library's source tree needs that tree (--backend-path NAME=DIR), checked in a child process
+    with DIR first, as the backend's job runs; any other is found as the backend's job finds its tool."""
     for name in backends:
-        if name == "nccl-tests":
-            from moelab.backends.nccl_tests_job import availability
-
-            reason = availability(nccl_tests_bin)
+        test = library_test(name)
+        if not test.in_tree:
+            reason = registry.availability(name, launch=launch)
         else:
-            from moelab.backends import registry
-
             if name not in paths:
                 raise MoelabError(
-                    f"verify {name}: give the library's source tree with --backend-path {name}=DIR (its {library_test(name)} is run)"
+                    f"verify {name}: give the library's source tree with --backend-path {name}=DIR (its {test.test} is run)"
                 )
-            test = Path(paths[name]) / library_test(name)
-            if not test.is_file():
+            found = Path(paths[name]) / test.test
+            if not found.is_file():
                 raise MoelabError(
-                    f"verify {name}: {test} not found (--backend-path {name} must be the library's source tree)"
+                    f"verify {name}: {found} not found (--backend-path {name} must be the library's source tree)"
                 )
             reason = registry.availability(name, paths[name])
         if reason:

@@ -11,7 +11,7 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends import registry
-from moelab.backends.deepep import DeepEPSettings
+from moelab.backends.deepep import DeepEPKnobs
 from moelab.backends.deepep_ll import DeepEPLowLatencyBackend, slot_sources, unit_weights
 from moelab.backends.hybrid_ep import HybridEPBackend, HybridSettings, local_topk
 from moelab.backends.input_cache import InputCache
@@ -113,11 +113,11 @@ def test_rdma_pairs_counts_own_node() -> None:
 
 
 def test_settings_parse_and_reject() -> None:
-    assert DeepEPSettings.from_knobs({"nvl_chunk": 8}).nvl_chunk == 8
+    assert DeepEPKnobs.parse({"nvl_chunk": 8}).nvl_chunk == 8
     with pytest.raises(SpecError, match="unknown knob"):
-        DeepEPSettings.from_knobs({"chunk": 1})
+        DeepEPKnobs.parse({"chunk": 1})
     with pytest.raises(SpecError, match="positive"):
-        DeepEPSettings.from_knobs({"nvl_chunk": 0})
+        DeepEPKnobs.parse({"nvl_chunk": 0})
     assert HybridSettings.from_knobs({"fused": True}).path == "fused"
     assert HybridSettings.from_knobs({"permute": True}).path == "permute"
     with pytest.raises(SpecError, match="true or false"):

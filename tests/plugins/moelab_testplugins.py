@@ -1,17 +1,30 @@
-"""Test-only backends that misbehave on one rank, registered through the `moelab.backends` entry point
-by the `plugin_path` fixture. They live in the tests and never stand in for a real backend."""
+"""Test-only backends, registered through the `moelab.backends` entry point by the `plugin_path` fixture:
+ones that misbehave on one rank, and one that brings its library's own benchmark and tune space (verified
+and tuned with no edit of moelab). They live in the tests and never stand in for a real backend."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from moelab.backends.base import Dispatched
+from moelab.backends.base import Dispatched, HostJob
+from moelab.backends.capabilities import LibraryFigures
+from moelab.backends.library_test import CommandContext, Comparison, LibraryCommand, LibraryTest, VerifyConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
+from moelab.backends.tuning import TuneSpace
+from moelab.core.case_record import CaseRecord, Figure, OpResult, Summary
+from moelab.core.library_figures import LibraryFigure
+from moelab.core.rows import RankRows
+from moelab.core.spec import RunSpec
+from moelab.job.local import JobOutcome
+from moelab.job.rundir import JobFiles, now_iso
 
 
 class _OneBadRank(NcclA2ABackend):
@@ -128,3 +141,149 @@ class StopBackend(_OneBadRank):
 
     def misbehave(self) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+# --- a plugin library that brings its own benchmark and tune space ----------------------------------------
+
+LIB_FIGURE = "test_lib_rank0_bytes_over_mean_time"
+_BENCH_LINE = re.compile(r"^<dispatch/(\w+)> ([\d.]+) GB/s in ([\d.]+) us$")
+
+
+class OwnBench(LibraryTest):
+    """The plugin library's own benchmark, bench.py in its source tree (--backend-path test-lib=DIR): its
+    dispatch line per payload against moelab's figure computed its way (LIB_FIGURE)."""
+
+    test = "bench.py"
+
+    def comparisons(self, config: VerifyConfig) -> list[Comparison]:
+        return [
+            Comparison(op="dispatch", library_dtype=d, moelab_dtype=d, figure=LIB_FIGURE)
+            for d in config.dtypes
+        ]
+
+    def commands(self, ctx: CommandContext) -> dict[str, LibraryCommand]:
+        assert ctx.tree is not None
+        c, world = ctx.config, ctx.spec.launch.world
+        argv = (
+            sys.executable,
+            "bench.py",
+            "--ranks",
+            str(world),
+            "--tokens",
+            str(c.tokens_per_rank),
+            "--hidden",
+            str(c.hidden),
+            "--topk",
+            str(c.topk),
+            "--experts",
+            str(c.experts_per_rank * world),
+            "--dtypes",
+            ",".join(c.dtypes),
+        )
+        return {
+            "*": LibraryCommand(
+                library=ctx.backend,
+                test=self.test,
+                argv=argv,
+                cwd=str(ctx.tree),
+                log_name="test_lib_bench.log",
+            )
+        }
+
+    def figures(self, text: str, dtype: str) -> list[LibraryFigure]:
+        out = []
+        for line in text.splitlines():
+            if m := _BENCH_LINE.match(line.strip()):
+                out.append(
+                    LibraryFigure(
+                        library="test-lib",
+                        op="dispatch",
+                        dtype=m[1],
+                        label=line.strip(),
+                        gbps=float(m[2]),
+                        time_us=float(m[3]),
+                        line=line,
+                    )
+                )
+        return out
+
+
+class ExchangeTuning(TuneSpace):
+    """Tries each exchange of the nccl-a2a it is built on; names the setting as its library would."""
+
+    def knob_variants(self, sms: int | None) -> list[dict[str, Any]]:
+        return [{"exchange": "splits"}, {"exchange": "allgather"}]
+
+    def settings(self, sms: int | None, knobs: Mapping[str, Any], workload: Any) -> list[str]:
+        return [f"test-lib: TestLib(exchange={knobs.get('exchange', 'auto')!r}, sms={sms})"]
+
+
+class LibraryTestedBackend(NcclA2ABackend, LibraryFigures):
+    """nccl-a2a as a library of its own: verified against bench.py, tuned over its exchanges, with its own
+    figure (rank 0's received bytes over rank 0's mean time of dispatch, timed back to back)."""
+
+    name = "test-lib"
+    library_ops = ("dispatch",)
+    library_test = OwnBench()
+    tuning = ExchangeTuning()
+
+    @classmethod
+    def library_figures(
+        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+    ) -> list[Figure]:
+        if op not in cls.library_ops or not rows:
+            return []
+        rank0 = float(rows[0].recv_rows * bytes_per_row)
+        mean_us = sum(samples_us[0]) / len(samples_us[0])
+        text = "test-lib's own figure: rank 0's received bytes over rank 0's mean back-to-back dispatch time"
+        return [
+            Figure(
+                definition=LIB_FIGURE,
+                bytes_mean=rank0,
+                bytes_max=rank0,
+                gbps=rank0 / mean_us / 1e3,
+                text=text,
+            )
+        ]
+
+
+class ToolHostJob(HostJob):
+    """A host job as an external tool's would be: the launching host runs the whole job (here it writes each
+    case's one figure itself, TIME_US per call, as a tool would print it), no moelab ranks."""
+
+    name = "test-host"
+    TIME_US = 100.0
+
+    @classmethod
+    def run_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
+        started, t = now_iso(), cls.TIME_US
+        where = {"world": spec.launch.world, "gpus_per_node": spec.launch.gpus_per_node}
+        summary = Summary(
+            n=1,
+            median_us=t,
+            p10_us=t,
+            p90_us=t,
+            p99_us=t,
+            min_us=t,
+            max_us=t,
+            mean_us=t,
+            rank_spread_us=0.0,
+            rel_iqr=0.0,
+        )
+        op = OpResult(op="alltoall", samples_us=((t,),), bytes_per_row=0, summary=summary, figures=())
+        for case in spec.cases_for(cls.name):
+            record = CaseRecord(case=case, status="ok", ops=(op,), **where)
+            files.append_result(
+                CaseRecord.skipped(case, case.skip_reason, **where) if case.skip_reason else record
+            )
+        outcome = JobOutcome(
+            backend=cls.name,
+            argv=[cls.name],
+            returncode=0,
+            signal=None,
+            timed_out=False,
+            duration_s=0.0,
+            started_at=started,
+        )
+        files.write_job(outcome.to_dict())
+        return outcome

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moelab.verify import parse_deepep, parse_hybrid_ep
+from moelab.backends import deepep_own_tests, hybrid_ep_own_test
 
 LOGS = Path(__file__).resolve().parents[2] / "results" / "h200x2-r2" / "call2" / "library_logs"
 
@@ -14,7 +14,7 @@ LOGS = Path(__file__).resolve().parents[2] / "results" / "h200x2-r2" / "call2" /
 def test_deepep_default_chunk_lines() -> None:
     figs = {
         (f.op, f.dtype): f
-        for f in parse_deepep.intranode_figures((LOGS / "deepep_test_intranode.log").read_text())
+        for f in deepep_own_tests.intranode_figures((LOGS / "deepep_test_intranode.log").read_text())
     }
     assert set(figs) == {("dispatch", "fp8"), ("dispatch", "bf16"), ("combine", "bf16")}
     assert (
@@ -30,7 +30,7 @@ def test_deepep_default_chunk_lines() -> None:
 
 
 def test_hybrid_ep_cut_off_log() -> None:
-    figs = parse_hybrid_ep.figures((LOGS / "hybrid_ep_test_hybrid_ep.log").read_text())
+    figs = hybrid_ep_own_test.figures((LOGS / "hybrid_ep_test_hybrid_ep.log").read_text())
     api = {(f.op, f.dtype): f.gbps for f in figs if f.timing == "api" and f.op in ("dispatch", "combine")}
     assert api[("dispatch", "bf16")] == 196.03 and api[("combine", "bf16")] == 315.51
     assert (
@@ -47,12 +47,12 @@ def test_hybrid_ep_host_bound_figures_say_so() -> None:
     48 us in its kernel: the figure times host work, and verify says so beside the mismatch. At the
     reference workload (8192 x 4096) the kernel dominates and no such note is given."""
     small = (R3 / "verify_20261123T025840Z-2dccee" / "hybrid_ep_test_hybrid_ep.log").read_text()
-    note = parse_hybrid_ep.host_bound_note(small, "dispatch", "bf16")
+    note = hybrid_ep_own_test.host_bound_note(small, "dispatch", "bf16")
     assert note is not None and "242 us" in note and "48.1 us" in note and "5.0x" in note
-    assert parse_hybrid_ep.host_bound_note(small, "combine", "bf16") is None  # 82.8 vs 49.4 us
+    assert hybrid_ep_own_test.host_bound_note(small, "combine", "bf16") is None  # 82.8 vs 49.4 us
     reference = (R3 / "verify_20261123T025327Z-8c69b7" / "hybrid_ep_test_hybrid_ep.log").read_text()
-    assert parse_hybrid_ep.host_bound_note(reference, "dispatch", "bf16") is None
-    assert parse_hybrid_ep.host_bound_note("no benchmark here", "dispatch", "bf16") is None
+    assert hybrid_ep_own_test.host_bound_note(reference, "dispatch", "bf16") is None
+    assert hybrid_ep_own_test.host_bound_note("no benchmark here", "dispatch", "bf16") is None
 
 
 def test_a_short_op_whose_host_work_shows_back_to_back_says_so() -> None:

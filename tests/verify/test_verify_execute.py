@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moelab.verify.commands import LibraryCommand
+from moelab.backends.library_test import LibraryCommand
 from moelab.verify.execute import run_library
 
 

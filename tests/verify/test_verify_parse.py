@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moelab.verify import parse_deepep, parse_hybrid_ep
-from moelab.verify.parse_nccl_tests import figures as nccl_figures
+from moelab.backends import deepep_own_tests, hybrid_ep_own_test
+from moelab.backends.nccl_tests_job import figures as nccl_figures
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "results" / "h200x2" / "logs"
@@ -22,7 +22,7 @@ def _by(figs: list, op: str, dtype: str) -> object:
 
 def test_deepep_intranode_recorded_log_uses_default_chunk_lines() -> None:
     text = (LOGS / "deepep_intranode.log").read_text()
-    figs = parse_deepep.intranode_figures(text)
+    figs = deepep_own_tests.intranode_figures(text)
     assert len(figs) == 3
     fp8, bf16, comb = (
         _by(figs, "dispatch", "fp8"),
@@ -34,11 +34,11 @@ def test_deepep_intranode_recorded_log_uses_default_chunk_lines() -> None:
     assert (bf16.gbps, bf16.time_us) == (332.16, 353.57)  # type: ignore[attr-defined]
     assert (comb.gbps, comb.time_us) == (282.51, 415.71)  # type: ignore[attr-defined]
     assert "NVL chunk default" in bf16.line  # type: ignore[attr-defined]
-    assert parse_deepep.intranode_config(text) == {"num_tokens": 4096, "hidden": 7168, "num_topk": 8}
+    assert deepep_own_tests.intranode_config(text) == {"num_tokens": 4096, "hidden": 7168, "num_topk": 8}
 
 
 def test_deepep_intranode_all_tuning_lines_and_best() -> None:
-    lines = parse_deepep.parse_intranode((LOGS / "deepep_intranode.log").read_text())
+    lines = deepep_own_tests.parse_intranode((LOGS / "deepep_intranode.log").read_text())
     assert (
         len(lines) == 16 + 1 + 16 + 1 + 17 + 1
     )  # FP8 and BF16: 15 chunks + default + Best; combine: 16 + default + Best
@@ -46,7 +46,7 @@ def test_deepep_intranode_all_tuning_lines_and_best() -> None:
     assert [(t.op, t.dtype, t.nvl_chunk, t.gbps) for t in best] == [
         ("dispatch", "fp8", "24", 234.41), ("dispatch", "bf16", "24", 332.48), ("combine", "bf16", "8", 297.38),
     ]  # fmt: skip
-    assert {t.sms for t in lines} == {parse_deepep.INTRANODE_SMS}
+    assert {t.sms for t in lines} == {deepep_own_tests.INTRANODE_SMS}
 
 
 DEEPEP_BF16_ONLY = """\
@@ -62,7 +62,7 @@ DEEPEP_BF16_ONLY = """\
 
 
 def test_deepep_without_fp8_starts_with_bf16() -> None:
-    figs = parse_deepep.intranode_figures(DEEPEP_BF16_ONLY)
+    figs = deepep_own_tests.intranode_figures(DEEPEP_BF16_ONLY)
     assert [(f.op, f.dtype, f.gbps) for f in figs] == [
         ("dispatch", "bf16", 241.10),
         ("combine", "bf16", 248.10),
@@ -72,9 +72,9 @@ def test_deepep_without_fp8_starts_with_bf16() -> None:
 def test_deepep_cut_off_run_gives_what_it_printed() -> None:
     text = (LOGS / "deepep_intranode.log").read_text()
     cut = text[: text.index("[tuning] SMs 24, NVL chunk 10: 308.89")]  # died during BF16 tuning
-    figs = parse_deepep.intranode_figures(cut)
+    figs = deepep_own_tests.intranode_figures(cut)
     assert [(f.op, f.dtype) for f in figs] == [("dispatch", "fp8")]
-    assert parse_deepep.intranode_figures("Traceback (most recent call last):\nAssertionError\n") == []
+    assert deepep_own_tests.intranode_figures("Traceback (most recent call last):\nAssertionError\n") == []
 
 
 LOW_LATENCY = """\
@@ -88,15 +88,19 @@ Allocating buffer size: 2116.2912 MB ...
 
 
 def test_deepep_low_latency_rank0_figures() -> None:
-    figs = parse_deepep.low_latency_figures(LOW_LATENCY)
+    figs = deepep_own_tests.low_latency_figures(LOW_LATENCY)
     assert [(f.op, f.timing, f.gbps, f.time_us) for f in figs] == [
         ("pair", "api", 121.31, 170.93), ("dispatch", "kernel", 98.20, 76.70), ("combine", "kernel", 140.10, 57.90),
     ]  # fmt: skip
-    assert [f.gbps for f in parse_deepep.low_latency_figures(LOW_LATENCY, rank=1)] == [120.55, 97.00, 139.00]
+    assert [f.gbps for f in deepep_own_tests.low_latency_figures(LOW_LATENCY, rank=1)] == [
+        120.55,
+        97.00,
+        139.00,
+    ]
 
 
 def test_hybrid_ep_recorded_log_cut_before_fp8() -> None:
-    figs = parse_hybrid_ep.figures((LOGS / "hybrid_own.log").read_text())
+    figs = hybrid_ep_own_test.figures((LOGS / "hybrid_own.log").read_text())
     assert [(f.op, f.dtype, f.gbps, f.time_us) for f in figs] == [
         ("dispatch", "bf16", 368.77, 364.0), ("combine", "bf16", 463.70, 289.5),
     ]  # fmt: skip
@@ -104,11 +108,11 @@ def test_hybrid_ep_recorded_log_cut_before_fp8() -> None:
 
 def test_hybrid_ep_recorded_log_both_payloads() -> None:
     text = (LOGS / "hybrid_own_call2.log").read_text()
-    figs = parse_hybrid_ep.figures(text)
+    figs = hybrid_ep_own_test.figures(text)
     assert [(f.op, f.dtype, f.gbps) for f in figs] == [
         ("dispatch", "bf16", 370.63), ("combine", "bf16", 463.15), ("dispatch", "fp8", 310.62), ("combine", "fp8", 463.32),
     ]  # fmt: skip
-    lines = parse_hybrid_ep.parse(text)
+    lines = hybrid_ep_own_test.parse(text)
     kernel = {(h.label, h.dtype): h.gbps for h in lines if h.timing == "kernel"}
     assert (
         kernel[("dispatch kernel", "bf16")] == 584.21

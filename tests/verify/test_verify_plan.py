@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moelab.backends import deepep_own_tests, hybrid_ep_own_test, nccl_tests_job
 from moelab.core.errors import SpecError
 from moelab.core.library_figures import FAILING, judge
 from moelab.core.spec import CaseSpec
 from moelab.core.workload import Workload
 from moelab.plan.planning import HostFacts, plan_run
-from moelab.verify import commands
 from moelab.verify.libraries import expected, unsupported_reason
 from moelab.verify.plan import VerifyRequest, library_way_knobs, run_request
 
@@ -35,7 +35,7 @@ def _cases(req: VerifyRequest) -> list[CaseSpec]:
 
 def test_deepep_intranode_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    c = commands.deepep_intranode(TREE, WL, 2, python="python3", master_port=29517)
+    c = deepep_own_tests.deepep_intranode(TREE, WL, 2, python="python3", master_port=29517)
     assert c.argv == ("python3", "test_intranode.py", "--num-processes", "2", "--num-tokens", "4096", "--hidden", "7168",
                       "--num-topk", "8", "--num-experts", "16")  # fmt: skip
     assert c.cwd == "/src/DeepEP/tests"
@@ -49,7 +49,7 @@ def test_deepep_intranode_command(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_deepep_low_latency_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/other")
-    c = commands.deepep_low_latency(
+    c = deepep_own_tests.deepep_low_latency(
         TREE, Workload(hidden=7168, tokens_per_rank=128, topk=8, experts_per_rank=16), 2, python="py"
     )
     assert c.argv == ("py", "test_low_latency.py", "--num-processes", "2", "--num-tokens", "128", "--hidden", "7168",
@@ -61,17 +61,17 @@ def test_hybrid_ep_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONPATH", raising=False)
     tree = Path("/src/hybrid")
     wl = Workload(hidden=4096, tokens_per_rank=2048, topk=8, experts_per_rank=16)
-    c = commands.hybrid_ep(tree, wl, 2, sms=None, python="py")
+    c = hybrid_ep_own_test.hybrid_ep(tree, wl, 2, sms=None, python="py")
     assert c.argv == ("py", "test_hybrid_ep.py", "--num-processes", "2") and c.cwd == "/src/hybrid/tests"
     assert c.env == {"PYTHONPATH": "/src/hybrid", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "8361",
                      "WORLD_SIZE": "1", "RANK": "0", "HIDDEN_DIM": "4096", "NUM_TOKENS_PER_RANK": "2048",
                      "MAX_NUM_OF_TOKENS_PER_RANK": "2048", "NUM_LOCAL_EXPERTS": "16", "TOPK": "8"}  # fmt: skip
-    with_sms = commands.hybrid_ep(tree, wl, 2, sms=16, python="py")
+    with_sms = hybrid_ep_own_test.hybrid_ep(tree, wl, 2, sms=16, python="py")
     assert with_sms.env["NUM_SMS_DISPATCH"] == with_sms.env["NUM_SMS_COMBINE"] == "16"
 
 
 def test_alltoall_perf_command() -> None:
-    c = commands.alltoall_perf(Path("/nccl-tests/build/alltoall_perf"), 134217728, 2)
+    c = nccl_tests_job.alltoall_perf(Path("/nccl-tests/build/alltoall_perf"), 134217728, 2)
     assert c.argv == ("/nccl-tests/build/alltoall_perf", "-b", "134217728", "-e", "134217728", "-f", "2", "-g", "2",
                       "-d", "bfloat16", "-n", "20", "-w", "5")  # fmt: skip
     assert c.cwd is None and c.log_name == "nccl_tests_alltoall_perf_134217728.log"

@@ -17,10 +17,10 @@ combine. Grouping needs one host synchronisation per dispatch (the number of pai
 
 Backward: the gradient of dispatch is a combine of the received rows' gradients along the same handle;
 the gradient of combine is a dispatch of the output gradient along the same handle, which needs the
-backend's optional `dispatch_with_handle(rows, handle)` (every built-in backend has it: nccl-a2a and
+backend's capability DispatchAlongHandle, `dispatch_with_handle(rows, handle)` (every built-in backend has it: nccl-a2a and
 mxfp8-a2a an all_to_all_single along the splits, DeepEP V1 `Buffer.dispatch(x, handle=...)`, Hybrid-EP
 `HybridEPBuffer.dispatch(hidden, handle=...)`), and may say why it cannot for a case through
-`dispatch_with_handle_reason()` (asked after prepare). Routing weights are inputs, not parameters: no
+`dispatch_with_handle_reason()` (HandleDispatchReason, asked after prepare). Routing weights are inputs, not parameters: no
 gradient flows to them (the router is not part of the layer).
 
 Layout: where the backend splits the layout step from the payload (`Backend.phases`, with
@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from moelab.backends.base import Backend, Dispatched
+from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 
@@ -236,18 +237,17 @@ def ungroup(y: torch.Tensor, g: Grouped) -> torch.Tensor:
 
 def supports_backward(backend: Backend) -> str | None:
     """None when the layer can run backward through `backend` (prepared for the case), else why not."""
-    if not callable(getattr(backend, "dispatch_with_handle", None)):
+    if not isinstance(backend, DispatchAlongHandle):
         return (
             f"{backend.name} has no dispatch_with_handle(rows, handle): the backward of combine needs "
             "to send output gradients along the forward dispatch's handle"
         )
-    reason = getattr(backend, "dispatch_with_handle_reason", None)
-    return reason() if callable(reason) else None
+    return backend.dispatch_with_handle_reason() if isinstance(backend, HandleDispatchReason) else None
 
 
 def has_phases(backend: Backend) -> bool:
     """The backend splits the layout step from the payload dispatch (the lead's Backend.phases)."""
-    return bool(getattr(backend, "phases", False))
+    return backend.phases
 
 
 def backend_dispatch(

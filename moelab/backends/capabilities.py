@@ -1,0 +1,69 @@
+"""What a backend may do beyond dispatch and combine, each a protocol checked by type (isinstance on the
+backend, or on its class for what a class declares): a built-in says so by subclassing the protocol, a
+plugin may subclass it too or just have its members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from moelab.core.case_record import Figure
+from moelab.core.rows import RankRows
+
+
+@runtime_checkable
+class DefaultWorkload(Protocol):
+    """Workload values this backend's kernels are built for (e.g. the low-latency kernels' own sizes): the
+    planner puts them below the suite's values, so a suite or a flag still sets them."""
+
+    default_workload: ClassVar[Mapping[str, Any]]
+
+
+@runtime_checkable
+class DispatchAlongHandle(Protocol):
+    """Sends rows along an earlier dispatch's handle: the backward of combine in the e2e layer."""
+
+    def dispatch_with_handle(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
+        """One row per source token (`rows` [T, H], e.g. the gradient of combine's output) to where the
+        dispatch of `handle` sent that token: [R, H] in that dispatch's received order."""
+        ...
+
+
+@runtime_checkable
+class HandleDispatchReason(Protocol):
+    """A backend with DispatchAlongHandle that cannot use it in some cases says why (asked after prepare)."""
+
+    def dispatch_with_handle_reason(self) -> str | None:
+        """Why the prepared case cannot send rows along a handle, or None (it can)."""
+        ...
+
+
+@runtime_checkable
+class LibraryFigures(Protocol):
+    """The figures the library's own test prints, computed its way, for the ops that test times
+    (`library_ops`, timed as it times them: back-to-back calls after one L2 flush). Only the path the
+    library's test times may carry the library's name."""
+
+    library_ops: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def library_figures(
+        cls, op: str, rows: Sequence[RankRows], bytes_per_row: int, samples_us: Sequence[Sequence[float]]
+    ) -> list[Figure]: ...
+
+
+def library_figures(
+    backend: object,
+    op: str,
+    rows: Sequence[RankRows],
+    bytes_per_row: int,
+    samples_us: Sequence[Sequence[float]],
+) -> list[Figure]:
+    """The own-test figures of `op` of `backend` (a backend or its class): none where it computes none."""
+    if not isinstance(backend, LibraryFigures):
+        return []
+    owner = backend if isinstance(backend, type) else type(backend)
+    return owner.library_figures(op, rows, bytes_per_row, samples_us)

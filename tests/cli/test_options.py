@@ -1,0 +1,77 @@
+"""`run`, `verify` and `tune` take their shared flags from one declaration each (moelab/cli/options.py): the
+same option names and, where a command does not say otherwise, the same help; a flag a command does not
+offer keeps its group's default, the RunRequest's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from moelab.cli import options as opt
+from moelab.cli.main import COMMANDS, build_command
+from moelab.plan.planning import RunRequest
+
+
+def _params(name: str) -> dict[str, Any]:
+    return {p.name: p for p in build_command(name, COMMANDS[name]).params}
+
+
+def test_the_commands_share_each_flags_declaration() -> None:
+    run, verify, tune = _params("run"), _params("verify"), _params("tune")
+    shared = {
+        "backend",
+        "backend_path",
+        "hidden",
+        "tokens_per_rank",
+        "topk",
+        "experts_per_rank",
+        "dtype",
+        "sms",
+        "gpus",
+        "cpu",
+        "iters",
+        "warmup",
+        "timeout",
+        "db",
+        "out",
+    }
+    assert shared <= set(run) & set(verify) & set(tune)
+    for name in shared:
+        assert set(verify[name].opts) <= set(run[name].opts) and set(tune[name].opts) <= set(
+            run[name].opts
+        ) | {"--nproc"}
+    assert run["db"].help == verify["db"].help == tune["db"].help == opt.DB.help
+    assert (
+        run["cpu"].help == tune["cpu"].help == opt.CPU.help != verify["cpu"].help
+    )  # verify says what it means
+    assert run["report"].help == verify["report"].help and run["health"].opts == verify["health"].opts
+
+
+def test_a_flag_a_command_does_not_offer_keeps_the_request_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    fields = {
+        **opt.LaunchOptions().request_fields(),
+        **opt.TimingOptions().request_fields(),
+        **opt.StoreOptions().request_fields(),
+        **opt.TraceOptions().request_fields(),
+        **opt.HealthOptions().request_fields(),
+    }
+    defaults = RunRequest()
+    assert fields == {k: getattr(defaults, k) for k in fields}
+    assert (
+        opt.LaunchOptions(launcher="auto").request_fields()["launcher"] == "slurm"
+    )  # run's default, resolved
+
+
+def test_a_command_takes_exactly_the_flags_it_lists() -> None:
+    def shows(launch: opt.LaunchOptions, quiet: bool) -> tuple[opt.LaunchOptions, bool]:
+        return launch, quiet
+
+    quiet = opt.Flag("quiet", bool, False, ("--quiet",), "Say less")
+    built = opt.command(opt.GPUS, opt.CPU, quiet)(shows)
+    assert list(built.__signature__.parameters) == ["gpus", "cpu", "quiet"]  # type: ignore[attr-defined]
+    launch, said = built(gpus=4, cpu=True, quiet=False)
+    assert (launch, said) == (opt.LaunchOptions(gpus=4, cpu=True), False)
+    with pytest.raises(TypeError, match="do not match"):
+        opt.command(opt.GPUS)(shows)
