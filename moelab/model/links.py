@@ -41,9 +41,13 @@ NVLINK4_LINK = 26.56  # GB/s per link and direction: 2 x 53.125 Gb/s lanes (NVLi
 INTRA_KINDS = ("nvlink", "pcie")
 
 H100_SOURCE = "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s bidirectional, 18 NVLink4 links; PCIe Gen5"
-H200_SOURCE = "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5"
+H200_SOURCE = (
+    "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5"
+)
 H800_SOURCE = "NVIDIA H800 SXM5 datasheet: NVLink 400 GB/s bidirectional (8 NVLink4 links); PCIe Gen5"
-A100_SOURCE = "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s (12 NVLink3 links); PCIe Gen4"
+A100_SOURCE = (
+    "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s (12 NVLink3 links); PCIe Gen4"
+)
 BLACKWELL_SOURCE = "NVIDIA HGX B200/GB200/B300 specifications: NVLink5 1.8 TB/s bidirectional (18 links)"
 PCIE_SOURCE = "PCI-SIG base specification: x16 at 16 GT/s (Gen4) / 32 GT/s (Gen5), 128b/130b"
 CX_SOURCE = "NVIDIA ConnectX / BlueField datasheets (nvidia.com/en-us/networking): port rate, one direction"
@@ -65,21 +69,34 @@ def _gpu(pattern: str, link: str, gbps: float, source: str, host: float = PCIE_G
 
 def _pcie_gpu(pattern: str, gbps: float, source: str) -> LinkPeak:
     gen = "Gen4" if gbps == PCIE_GEN4_X16 else "Gen5"
-    return LinkPeak(pattern=pattern, link=f"PCIe {gen} x16", gbps=gbps, source=source, intra="pcie", host_gbps=gbps)
+    return LinkPeak(
+        pattern=pattern, link=f"PCIe {gen} x16", gbps=gbps, source=source, intra="pcie", host_gbps=gbps
+    )
 
 
 BUILTIN_GPUS: tuple[LinkPeak, ...] = (
     _gpu("A100", "NVLink3 12 x 25 GB/s", 12 * 25.0, A100_SOURCE, host=PCIE_GEN4_X16),
     _pcie_gpu("A100-PCIE", PCIE_GEN4_X16, A100_SOURCE),
     _pcie_gpu("A100 PCIe", PCIE_GEN4_X16, A100_SOURCE),
-    _gpu("A800", "NVLink3 8 x 25 GB/s", 8 * 25.0, "NVIDIA A800 datasheet: NVLink 400 GB/s; PCIe Gen4", host=PCIE_GEN4_X16),
+    _gpu(
+        "A800",
+        "NVLink3 8 x 25 GB/s",
+        8 * 25.0,
+        "NVIDIA A800 datasheet: NVLink 400 GB/s; PCIe Gen4",
+        host=PCIE_GEN4_X16,
+    ),
     _gpu("H100", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H100_SOURCE),
     _pcie_gpu("H100 PCIe", PCIE_GEN5_X16, H100_SOURCE),
     _gpu("H100 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H100_SOURCE),
     _gpu("H200", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H200_SOURCE),
     _gpu("H200 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H200_SOURCE),
     _gpu("H800", f"NVLink4 8 x {NVLINK4_LINK} GB/s", 8 * NVLINK4_LINK, H800_SOURCE),
-    _gpu("GH200", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, "NVIDIA GH200 datasheet: NVLink 900 GB/s"),
+    _gpu(
+        "GH200",
+        f"NVLink4 18 x {NVLINK4_LINK} GB/s",
+        18 * NVLINK4_LINK,
+        "NVIDIA GH200 datasheet: NVLink 900 GB/s",
+    ),
     _gpu("B200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
     _gpu("GB200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
     _gpu("B300", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE + "; PCIe Gen6", host=PCIE_GEN6_X16),
@@ -132,8 +149,12 @@ def _entry(kind: str, pattern: str, body: Any, path: Path) -> LinkPeak:
         raise MoelabError(f"{where}: intra must be one of {', '.join(INTRA_KINDS)}, got {intra!r}")
     gbps = float(body["gbps"])
     return LinkPeak(
-        pattern=str(pattern), link=str(body.get("link", "user-defined")), gbps=gbps, source=str(path),
-        intra=intra, host_gbps=float(body.get("host_gbps", gbps if intra == "pcie" else PCIE_GEN5_X16)),
+        pattern=str(pattern),
+        link=str(body.get("link", "user-defined")),
+        gbps=gbps,
+        source=str(path),
+        intra=intra,
+        host_gbps=float(body.get("host_gbps", gbps if intra == "pcie" else PCIE_GEN5_X16)),
     )
 
 
