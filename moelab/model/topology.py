@@ -48,8 +48,11 @@ class Topology:
         return self.intra.name == "pcie"
 
     def links(self) -> list[Link]:
-        out = [self.intra] if self.pcie_only else [self.intra, self.host]
-        return out + ([self.nic] if self.nic is not None else [])
+        """The links that carry bytes: the intra-node link, and across nodes the NIC and (NVLink nodes) the
+        PCIe link it sits behind."""
+        if self.nic is None:
+            return [self.intra]
+        return [self.intra, self.nic] if self.pcie_only else [self.intra, self.host, self.nic]
 
     def to_dict(self) -> dict[str, object]:
         return {

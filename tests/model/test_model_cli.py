@@ -66,9 +66,8 @@ def test_default_is_every_family_on_one_h100_node() -> None:
     doc = _json([])
     topo = doc["topology"]
     assert (topo["nodes"], topo["gpus_per_node"], topo["gpu"]) == (1, 8, "H100")
-    assert [k["name"] for k in topo["links"]] == ["nvlink", "pcie"] and "datasheet H100" in topo["links"][0][
-        "source"
-    ]
+    (nvlink,) = topo["links"]  # one node: only the intra-node link carries bytes
+    assert nvlink["name"] == "nvlink" and "datasheet H100" in nvlink["source"]
     assert [(b["family"], b["op"]) for b in doc["bounds"]] == [
         (f, op) for f in ("flat", "hierarchical", "low_latency") for op in ("dispatch", "combine")
     ]
@@ -149,6 +148,20 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
         "gbps": 301.5,
         "source": "measured peer copy of run r-peaks",
     }
+    res = _invoke(["--from-run", "r-missing", "--db", str(db)])
+    assert res.exit_code == 2 and res.stderr.startswith("error: 'r-missing' is neither a label nor a run id")
+
+
+def test_nic_rails_nic_and_pcie_figures_and_a_peaks_file(tmp_path: Path) -> None:
+    doc = _json(["--nodes", "2", "--nics-per-node", "4", "--nic-gbps", "40", "--pcie-gbps", "30"])
+    links = {k["name"]: k for k in doc["topology"]["links"]}
+    assert links["nic"]["gbps"] == 40 * 4 / 8 and "4 NIC(s) per 8 GPUs" in links["nic"]["source"]
+    assert links["pcie"] == {"name": "pcie", "gbps": 30.0, "source": "flag --pcie-gbps"}
+    peaks = tmp_path / "peaks.toml"
+    peaks.write_text('[gpu."Z9000"]\nlink = "NVLink9"\ngbps = 1000.0\n')
+    custom = _json(["--peaks", str(peaks), "--gpu", "Z9000"])
+    nvlink = custom["topology"]["links"][0]
+    assert nvlink["gbps"] == 1000.0 and "peaks.toml" in nvlink["source"]
 
 
 @pytest.mark.parametrize(
@@ -158,6 +171,7 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
         (["--experts", "255"], "--experts 255 does not divide over 8 ranks"),
         (["--experts", "256", "--experts-per-rank", "2"], "not both"),
         (["--gpu", "Z9000"], "no link figures for GPU 'Z9000'"),
+        (["--nodes", "2", "--nic", "Myrinet"], "no link figure for NIC 'Myrinet'"),
         (["--combine-dtype", "fp16"], "unknown --combine-dtype 'fp16'"),
         (
             ["--routing", "grouped", "--group-ranks", "3"],

@@ -94,6 +94,10 @@ def test_without_measured_peaks_the_datasheet_gives_the_bound(db: Path) -> None:
     same = case_bound(rows[0], rows[0]["op"], "NVIDIA H200", None, PeakTable())
     assert same is not None and same.time_us == rows[0]["bound_us"]
     assert case_bound(rows[0], rows[0]["op"], None, None, PeakTable()) is None  # a CPU run has no bound
+    plugin = case_bound(rows[0] | {"backend": "my-plugin"}, rows[0]["op"], "NVIDIA H200", None, PeakTable())
+    assert (
+        plugin is not None and plugin.family.endswith("(fastest family)") and plugin.time_us <= same.time_us
+    )
 
 
 def test_report_shows_percent_of_bound_beside_percent_measured(db: Path, tmp_path: Path) -> None:
