@@ -470,6 +470,7 @@ def print_bounds(spec: RunSpec) -> None:
             "experts_per_rank": wl.experts_per_rank,
             "dtype": wl.dtype,
             "routing": wl.routing.kind,
+            "routing_params": wl.to_dict()["routing"],
         }
         published = [
             f"{p.op} {p.gbps:g} GB/s {p.definition} ({p.library} {p.commit[:7]})"

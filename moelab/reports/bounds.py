@@ -9,9 +9,11 @@ table). `moelab run`, the report and `moelab compare` read these fields.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from moelab.core.workload import RoutingSpec
 from moelab.model.bound import bytes_per_row
 from moelab.model.links import PeakTable
 from moelab.model.published import PublishedRow, load_rows
@@ -50,13 +52,28 @@ def bound_sources(results: Sequence[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(f"{r['run_id']}: {r['bound_links']}" for r in results if r.get("bound_links")))
 
 
+def _routing_key(spec: RoutingSpec, world: int) -> tuple[Any, ...]:
+    """What a routing is at `world` ranks, seed aside: grouped routing that keeps every group is uniform."""
+    if spec.kind == "grouped":
+        if world % spec.group_ranks or spec.groups_per_token(world) >= spec.groups(world):
+            return ("uniform",)
+        return ("grouped", spec.group_ranks, spec.groups_per_token(world))
+    if spec.kind == "zipf":
+        return ("zipf", spec.zipf_s)
+    if spec.kind == "hot":
+        return ("hot", spec.hot_experts, spec.hot_share)
+    return (spec.kind,)
+
+
+def _routing_of(r: dict[str, Any]) -> RoutingSpec:
+    params = r.get("routing_params") or {}
+    params = json.loads(params) if isinstance(params, str) else dict(params)
+    known = {k: v for k, v in params.items() if k in RoutingSpec.__dataclass_fields__ and k != "kind"}
+    return RoutingSpec(**{**known, "kind": r["routing"]})
+
+
 def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
     wl = row.workload
-    routing_ok = r["routing"] == wl.routing.kind or (
-        wl.routing.kind == "grouped"
-        and wl.routing.groups_per_token(row.ep) >= wl.routing.groups(row.ep)
-        and r["routing"] == "uniform"
-    )  # grouped routing choosing every group is uniform routing
     return (
         r["backend"] in row.backends
         and r["op"] in ((row.op,) if row.op == "combine" else ("dispatch",))
@@ -66,13 +83,13 @@ def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
         and r["topk"] == wl.topk
         and r["experts_per_rank"] * r["world"] == wl.experts
         and r["dtype"] == wl.dtype
-        and routing_ok
+        and _routing_key(_routing_of(r), row.ep) == _routing_key(wl.routing, row.ep)
     )
 
 
 def published_for(r: dict[str, Any]) -> list[PublishedRow]:
     """The published rows a case's op matches (r: backend, op, world, hidden, tokens_per_rank, topk,
-    experts_per_rank, dtype, routing)."""
+    experts_per_rank, dtype, routing and, where given, routing_params)."""
     return [p for p in load_rows() if _matches(p, r)]
 
 

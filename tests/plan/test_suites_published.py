@@ -131,3 +131,17 @@ def test_grouped_routing_errors_say_what_works() -> None:
         ).validate(4)
     with pytest.raises(SpecError, match="topk_groups must be a positive integer"):
         Workload(routing=RoutingSpec(kind="grouped", topk_groups=0)).validate(8)
+
+
+def test_a_grouped_row_matches_only_its_own_grouping() -> None:
+    (case,) = expand(load_suite("deepep-v1-normal"), ["deepep"], 64)
+    fields = _fields(case, 64, "dispatch")
+    params = case.workload.to_dict()["routing"]
+    assert [p.ep for p in published_for({**fields, "routing_params": params})] == [64]
+    assert published_for({**fields, "routing_params": {**params, "topk_groups": 2}}) == []
+    assert (
+        published_for({**fields, "routing": "uniform", "routing_params": {}}) == []
+    )  # EP64 limits to 4 of 8 nodes
+    (ep16,) = expand(load_suite("deepep-v1-normal"), ["deepep"], 16)
+    uniform = {**_fields(ep16, 16, "dispatch"), "routing": "uniform", "routing_params": {}}
+    assert [p.ep for p in published_for(uniform)] == [16]  # both groups kept: uniform routing
