@@ -17,7 +17,7 @@ from moelab.core.case_record import CaseRecord, CheckResult
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import RankRows
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import RoutingSpec, Workload, payload_bytes_per_token
 from moelab.job.rundir import RunDir
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
@@ -58,6 +58,7 @@ class RunModel:
     seed: int = 0
     incorrect: Sequence[str] = ()  # backend names whose cases fail the correctness check
     gpus_per_node: int | None = None
+    dtype: str = "bf16"  # dispatch payload (combine is bf16)
 
 
 def _rows(tokens: int, topk: int, world: int, epr: int) -> list[dict[str, int]]:
@@ -84,7 +85,7 @@ def write_run(root: Path, m: RunModel) -> Path:
                     topk=m.topk,
                     experts_per_rank=m.experts_per_rank,
                     routing=RoutingSpec(kind="uniform", seed=0),
-                    dtype="bf16",
+                    dtype=m.dtype,
                 )
                 cases.append(
                     CaseSpec(
@@ -129,7 +130,7 @@ def write_run(root: Path, m: RunModel) -> Path:
             rows = tuple(
                 RankRows(**r) for r in _rows(wl.tokens_per_rank, wl.topk, m.world, wl.experts_per_rank)
             )
-            bpr = wl.hidden * 2
+            bpr = payload_bytes_per_token(wl.hidden, wl.dtype)
             where = {"world": m.world, "gpus_per_node": m.world}
             check = CheckResult(dispatch_err=0.0, combine_err=0.001)
             if b.name in m.incorrect:
@@ -160,10 +161,28 @@ def write_run(root: Path, m: RunModel) -> Path:
                     )
                 )
             files.append_result(
-                CaseRecord(case=case, status="ok", check=check, ops=tuple(ops), rows=rows, **where)  # type: ignore[arg-type]
+                CaseRecord(
+                    case=case,
+                    status="ok",
+                    check=check,
+                    ops=tuple(ops),
+                    rows=rows,  # type: ignore[arg-type]
+                    backend_record=_family_record(b.name),
+                    **where,
+                )
             )
     rd.set_status("complete")
     return rd.path
+
+
+def _family_record(name: str) -> dict[str, str]:
+    """What a real run stores of a built-in backend for its bound (Backend.case_record)."""
+    from moelab.backends import registry
+
+    if name not in registry.BUILTIN:
+        return {}
+    family = registry.load(name).dispatch_family
+    return {"dispatch_family": family} if family else {}
 
 
 def build_db(db_path: Path, root: Path, models: Sequence[RunModel]) -> list[str]:

@@ -98,6 +98,15 @@ class Registered(abc.ABC):
     description: ClassVar[str] = ""
     knobs: ClassVar[type[Knobs]] = Knobs  # its knobs as one typed config; validated before anything launches
     library_test: ClassVar[LibraryTest | None] = None  # the library's own benchmark, for `moelab verify`
+    # how its dispatch moves rows, for moelab model's bound (moelab.model.traffic.FAMILIES): "flat" (one
+    # copy per (token, rank)), "hierarchical" (one RDMA copy per (token, node), then NVLink forwarding) or
+    # "low_latency" (one message per (token, expert)); None: not said, bound by the fastest family
+    dispatch_family: ClassVar[str | None] = None
+
+    @classmethod
+    def stored_combine_dtype(cls, knobs: Mapping[str, Any]) -> str:
+        """Combine's payload type for a case with these knobs (bf16 unless the backend quantizes it)."""
+        return "bf16"
 
     @classmethod
     def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:
@@ -214,3 +223,8 @@ class Backend(Registered):
     def record(self, case: CaseConfig) -> dict[str, Any]:
         """Knobs and paths this backend actually used for `case` (stored with each number)."""
         return {}
+
+    def case_record(self, case: CaseConfig) -> dict[str, Any]:
+        """`record`, and what moelab model needs to bound the stored case (the dispatch family)."""
+        family = {"dispatch_family": self.dispatch_family} if self.dispatch_family else {}
+        return self.record(case) | family

@@ -235,6 +235,7 @@ class DeepEPTuning(TuneSpace):
 
 class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures):
     name = "deepep"
+    dispatch_family = "hierarchical"
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"

@@ -230,6 +230,10 @@ class Mxfp8A2ABackend(NcclA2ABackend):
     def combine_dtype(self, case: CaseConfig) -> str:
         return Mxfp8Settings.from_case(case).combine_impl
 
+    @classmethod
+    def stored_combine_dtype(cls, knobs: Mapping[str, Any]) -> str:
+        return str(knobs.get("combine_impl", DEFAULT_COMBINE_IMPL))
+
     def library_versions(self) -> dict[str, str]:
         versions = super().library_versions()
         try:

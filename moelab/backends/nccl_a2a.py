@@ -136,6 +136,7 @@ class _Counted:
 
 class NcclA2ABackend(Backend, DispatchAlongHandle):
     name = "nccl-a2a"
+    dispatch_family = "flat"
     description = (
         "torch.distributed all_to_all with exact splits, or all_gather where every token goes everywhere"
     )

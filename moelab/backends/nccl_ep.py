@@ -162,6 +162,7 @@ def recv_counts_of(total: torch.Tensor, world: int) -> torch.Tensor:
 
 class NcclEPBackend(Backend):
     name = "nccl-ep"
+    dispatch_family = "flat"
     description = "NVIDIA NCCL EP (nccl.ep) high-throughput dispatch/combine, flat layout"
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "nccl.ep GroupConfig.max_num_sms, one EP group per SM count"

@@ -190,6 +190,7 @@ class NcclTestsJob(HostJob):
     binary launches the GPUs), no moelab ranks."""
 
     name = NAME
+    dispatch_family = "flat"  # alltoall_perf: every rank sends each peer its share
     description = (
         "nccl-tests alltoall_perf at each case's dispatch bytes (raw NCCL baseline; --nccl-tests-bin)"
     )

@@ -6,9 +6,10 @@ test, its tune space, its capabilities) is read from the class, never from its n
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from typing import Any
 
 from moelab.backends.base import Backend, HostJob, Registered
 from moelab.core.errors import BackendUnavailable, MoelabError
@@ -94,6 +95,16 @@ def declared() -> list[tuple[str, type[Registered]]]:
         except Exception:  # a broken plugin or a missing library must not break the others
             continue
     return out
+
+
+def bound_traits(name: str, knobs: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """(dispatch family, combine payload type) of backend `name` for moelab model's bound; (None, "bf16")
+    for a backend that is not installed here or does not say."""
+    try:
+        cls = load(name)
+    except MoelabError:
+        return None, "bf16"
+    return cls.dispatch_family, cls.stored_combine_dtype(knobs or {})
 
 
 def host_jobs(names: Iterable[str]) -> list[str]:

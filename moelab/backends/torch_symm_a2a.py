@@ -106,6 +106,7 @@ class SymmHandle:
 
 class TorchSymmA2ABackend(Backend):
     name = "torch-symm-a2a"
+    dispatch_family = "flat"
     description = "torch symmetric memory all_to_all_vdev (NVSHMEM): device-side splits, no host sync"
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = None

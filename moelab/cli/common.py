@@ -19,6 +19,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 console = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
 
 DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the user's data directory)"
+PEAKS_OPTION_HELP = "TOML file of link peaks adding to or replacing the built-in table"
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

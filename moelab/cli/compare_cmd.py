@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.errors import MoelabError
+from moelab.model.links import load_peaks
+from moelab.reports import bounds, compare_select, query
 from moelab.reports import compare as cmp
-from moelab.reports import compare_select, query
-from moelab.reports.peaks import load_peaks
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import resolve_run
 
@@ -35,9 +35,7 @@ def compare(
     html: Path | None = typer.Option(
         None, "--html", help="Also write the comparison as a self-contained HTML page"
     ),
-    peaks: Path | None = typer.Option(
-        None, "--peaks", help="TOML file of link peaks adding to or replacing the built-in table"
-    ),
+    peaks: Path | None = typer.Option(None, "--peaks", help=PEAKS_OPTION_HELP),
     groups: int = typer.Option(
         8,
         "--groups",
@@ -51,6 +49,9 @@ def compare(
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Compare cases side by side, matched on workload and SMs, with bandwidth as a fraction of each GPU's link peak.
+
+    `% bound` is moelab model's lower-bound time for the case's own topology and backend family over the
+    measured time (link figures from the run's measured peaks where it stored them, else the named table).
 
     Example: moelab compare --by gpu --run h100-main --run h200-main --html compare.html
     """
@@ -74,9 +75,11 @@ def compare(
         if by != "run":
             label_of = compare_select.label_groups(con) if by == "label" else None
             compare_select.newest_runs_only(con, by, label_of)
+        results, environment = query.results(con), query.environment(con)
+        bounds.annotate_bounds(results, environment, table_peaks)
         table = cmp.build(
-            query.results(con),
-            query.environment(con),
+            results,
+            environment,
             query.runs(con),
             table_peaks,
             by=by,

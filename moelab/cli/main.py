@@ -57,6 +57,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "moelab.cli.compare_cmd:compare",
         "Compare cases side by side, matched on workload and SMs, with bandwidth as a fraction of each GPU's link peak.",
     ),
+    "model": LazyCommand(
+        "moelab.cli.model_cmd:model",
+        "Compute the lower-bound dispatch and combine time of a topology and workload, per dispatch family, from the bytes each link carries.",
+    ),
     "check": LazyCommand(
         "moelab.cli.check_cmd:check",
         "Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.",

@@ -213,6 +213,70 @@ def _print_or_submit(spec: RunSpec, runs_root: Path, dry_run: bool, sbatch: opt.
         )
         for argv in argvs:
             console.print(launchers.command_line(argv))
+    if dry_run:
+        print_bounds(spec)
+
+
+def print_bounds(spec: RunSpec) -> None:
+    """--dry-run: each planned case's lower-bound dispatch and combine time on the planned topology (moelab
+    model), and the published figure its configuration has, if any."""
+    from moelab.model.links import PeakTable
+    from moelab.model.stored import workload_bound
+    from moelab.model.topology import DEFAULT_GPU
+    from moelab.reports.bounds import published_for
+
+    launch, table = spec.launch, PeakTable()
+    gpu = _local_gpu_name() if launch.device == "cuda" else None
+    world = launch.nproc_per_node * launch.nodes
+    rows = []
+    for case in (c for c in spec.cases if not c.skip_reason):
+        wl = case.workload
+        family, combine = registry.bound_traits(case.backend, case.knobs)
+        b = {
+            op: workload_bound(
+                wl, family, combine, op, world, launch.gpus_per_node, gpu or DEFAULT_GPU, table
+            )
+            for op in ("dispatch", "combine")
+        }
+        fields = {
+            "backend": case.backend,
+            "world": world,
+            "hidden": wl.hidden,
+            "tokens_per_rank": wl.tokens_per_rank,
+            "topk": wl.topk,
+            "experts_per_rank": wl.experts_per_rank,
+            "dtype": wl.dtype,
+            "routing": wl.routing.kind,
+            "routing_params": wl.to_dict()["routing"],
+        }
+        published = [
+            f"{p.op} {p.gbps:g} GB/s {p.definition} ({p.library} {p.commit[:7]})"
+            for op in ("dispatch", "combine")
+            for p in published_for({**fields, "op": op})
+        ]
+        rows.append(
+            [
+                case.backend,
+                case.case_id,
+                b["dispatch"].family if b["dispatch"] else None,
+                b["dispatch"].time_us if b["dispatch"] else None,
+                b["combine"].time_us if b["combine"] else None,
+                b["dispatch"].bottleneck if b["dispatch"] else None,
+                "; ".join(published) or None,
+            ]
+        )
+    where = gpu or f"{DEFAULT_GPU} (no GPU in use here; `moelab model --gpu` for others)"
+    print_table(
+        ["backend", "case", "family", "dispatch bound µs", "combine bound µs", "bottleneck", "published"],
+        rows,
+        title=f"lower bound per planned case (moelab model): {launch.nodes} node(s) x {launch.gpus_per_node} ranks, {where}",
+    )
+
+
+def _local_gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOptions) -> None:
@@ -251,34 +315,59 @@ def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOp
 
 
 def print_run_summary(db_path: Path, run_id: str) -> int:
-    """Print the results table and any failures; returns how many cases failed or were incorrect."""
-    from moelab.store.order import case_order, op_order
+    """Print the results table and any failures; returns how many cases failed or were incorrect. Beside
+    the bandwidths: % of this machine's measured all-to-all peak and % of moelab model's bound."""
+    from moelab.model.links import PeakTable
+    from moelab.reports import bounds, query
+    from moelab.reports.sections import measured_fraction
+    from moelab.store.order import case_order
 
     with open_db(db_path, read_only=True) as con:
-        rows = con.execute(
-            f"""
-            SELECT c.backend, c.case_id, r.op, r.median_us, r.p10_us, r.p90_us, recv.gbps, remote.gbps
-            FROM cases c JOIN results r USING (run_id, backend, case_id)
-            LEFT JOIN bandwidths recv ON recv.run_id = r.run_id AND recv.backend = r.backend
-                 AND recv.case_id = r.case_id AND recv.op = r.op AND recv.definition = 'nvl_recv'
-            LEFT JOIN bandwidths remote ON remote.run_id = r.run_id AND remote.backend = r.backend
-                 AND remote.case_id = r.case_id AND remote.op = r.op AND remote.definition = 'nvl_remote'
-            WHERE c.run_id = ? ORDER BY {case_order("c")}, {op_order("r.op")}
-            """,
-            [run_id],
-        ).fetchall()
+        query.select_runs(con, [run_id])
+        results, environment = query.results(con), query.environment(con)
         other = con.execute(
             f"SELECT backend, case_id, status, reason FROM cases WHERE run_id = ? AND status <> 'ok' ORDER BY {case_order()}",
             [run_id],
         ).fetchall()
+    bounds.annotate_bounds(results, environment, PeakTable())
+    rows = [
+        [
+            r["backend"],
+            r["case_id"],
+            r["op"],
+            r["median_us"],
+            r["p10_us"],
+            r["p90_us"],
+            r["nvl_gbps"],
+            r["remote_gbps"],
+            _pct(measured_fraction(r)),
+            _pct(r["frac_bound"]),
+        ]
+        for r in results
+    ]
     print_table(
-        ["backend", "case", "op", "median µs", "p10 µs", "p90 µs", "NVL GB/s", "remote GB/s"],
+        [
+            "backend",
+            "case",
+            "op",
+            "median µs",
+            "p10 µs",
+            "p90 µs",
+            "NVL GB/s",
+            "remote GB/s",
+            "% measured",
+            "% bound",
+        ],
         rows,
         title=f"run {run_id}",
     )
     if other:
         print_table(["backend", "case", "status", "reason"], other, title="not measured")
     return sum(1 for r in other if r[2] in ("failed", "incorrect", "crashed", "timeout"))
+
+
+def _pct(fraction: float | None) -> str | None:
+    return None if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def print_case_list(cases: Sequence[CaseSpec]) -> None:

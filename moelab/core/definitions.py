@@ -10,7 +10,7 @@ class Definition:
     name: str
     rows_field: str
     text: str
-    source: str = "time"  # "time": rows x bytes over the op's median; "kernel": over its kernel-only time; "external": another tool's own figure
+    source: str = "time"  # "time": rows x bytes over the op's median; "kernel": over its kernel-only time; "external": another tool's own figure; "model": moelab model's and published tables' only
 
 
 DEFINITIONS: dict[str, Definition] = {
@@ -59,6 +59,12 @@ DEFINITIONS: dict[str, Definition] = {
             source="external",
             rows_field="send_rows",
             text="nccl-tests alltoall_perf busbw (out-of-place): algbw x (n-1)/n",
+        ),
+        Definition(
+            name="ll_selections",
+            source="model",
+            rows_field="selections",
+            text="DeepEP low-latency 'RDMA bandwidth' (tests/test_low_latency.py, v1.2.1): (token, expert) selections of this rank, its own rank included, x bytes per message (dispatch: the payload + a 16-byte header, hidden + hidden/128*4 + 16 in FP8; combine: hidden*2) / time; the low-latency kernels send one message per selection. Used by moelab model and the published tables, not stored per case",
         ),
         Definition(
             name="algbw_send",

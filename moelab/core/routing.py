@@ -54,6 +54,8 @@ def route(workload: Workload, rank: int, world: int) -> Routing:
         probs[order] = probs_by_popularity
         probs = (probs / probs.sum()).expand(num_tokens, num_experts)
         topk_idx = torch.multinomial(probs, topk, replacement=False, generator=gen)
+    elif spec.kind == "grouped":
+        topk_idx = _grouped_topk(torch.rand(num_tokens, num_experts, generator=gen), workload, world)
     else:  # hot
         order = expert_popularity_order(workload, world)
         hot = order[: spec.hot_experts]
@@ -67,6 +69,19 @@ def route(workload: Workload, rank: int, world: int) -> Routing:
     raw = torch.rand(num_tokens, topk, generator=gen, dtype=torch.float32) + 0.1
     topk_weights = raw / raw.sum(dim=1, keepdim=True)
     return Routing(topk_idx.to(torch.int64).contiguous(), topk_weights.contiguous())
+
+
+def _grouped_topk(scores: torch.Tensor, workload: Workload, world: int) -> torch.Tensor:
+    """DeepEP tests/test_internode.py (v1.2.1): a group's score is its best expert's; the token keeps its
+    best groups and takes its topk experts among theirs (the other groups' scores masked below any score)."""
+    spec = workload.routing
+    groups = spec.groups(world)
+    group_best = scores.view(scores.shape[0], groups, -1).amax(dim=2)
+    chosen = group_best.topk(spec.groups_per_token(world), dim=1).indices
+    keep = torch.zeros(scores.shape[0], groups, dtype=torch.bool)
+    keep.scatter_(1, chosen, True)
+    keep = keep.repeat_interleave(scores.shape[1] // groups, dim=1)
+    return scores.masked_fill(~keep, -1.0).topk(workload.topk, dim=1).indices
 
 
 def route_all(workload: Workload, world: int) -> list[Routing]:

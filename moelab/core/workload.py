@@ -13,7 +13,7 @@ from typing import Any
 
 from moelab.core.errors import SpecError
 
-ROUTING_KINDS = ("uniform", "zipf", "hot")
+ROUTING_KINDS = ("uniform", "zipf", "hot", "grouped")
 MAX_SEED = 2**31 - 1  # routing seeds are stored as INTEGER
 PAYLOAD_DTYPES = ("bf16", "fp8", "mxfp8")
 
@@ -27,6 +27,11 @@ class RoutingSpec:
     zipf_s: float = 1.2  # zipf: skew exponent; expert popularity ~ 1 / rank^s
     hot_experts: int = 1  # hot: how many experts are hot
     hot_share: float = 0.5  # hot: share of tokens whose first choice is a hot expert
+    # grouped (DeepSeek-V3's group-limited gating, as DeepEP's tests/test_internode.py routes): a group is the
+    # experts of `group_ranks` consecutive ranks (8: one 8-GPU node), each token picks its best `topk_groups`
+    # groups by their best expert's score (fewer when there are fewer groups), then its topk experts among them
+    group_ranks: int = 8
+    topk_groups: int = 4
 
     def check_values(self) -> None:
         """Raise SpecError for a value of the wrong type or out of what the store keeps (the seed is an
@@ -39,8 +44,10 @@ class RoutingSpec:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise SpecError(f"{name} must be a finite number, got {value!r}")
-        if not isinstance(self.hot_experts, int) or isinstance(self.hot_experts, bool):
-            raise SpecError(f"hot_experts must be a whole number, got {self.hot_experts!r}")
+        for name in ("hot_experts", "group_ranks", "topk_groups"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise SpecError(f"{name} must be a whole number, got {value!r}")
 
     def validate(self) -> None:
         if self.kind not in ROUTING_KINDS:
@@ -52,13 +59,28 @@ class RoutingSpec:
                 raise SpecError(f"hot_experts must be >= 1, got {self.hot_experts}")
             if not 0.0 <= self.hot_share <= 1.0:
                 raise SpecError(f"hot_share must be within [0, 1], got {self.hot_share}")
+        if self.kind == "grouped":
+            for name in ("group_ranks", "topk_groups"):
+                value = getattr(self, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise SpecError(f"{name} must be a positive integer, got {value!r}")
 
     def label(self) -> str:
         if self.kind == "zipf":
             return f"zipf{self.zipf_s:g}"
         if self.kind == "hot":
             return f"hot{self.hot_experts}x{self.hot_share:g}"
+        if self.kind == "grouped":
+            return f"grouped{self.topk_groups}of{self.group_ranks}r"
         return self.kind
+
+    def groups(self, world: int) -> int:
+        """grouped: how many expert groups `world` ranks hold."""
+        return world // self.group_ranks
+
+    def groups_per_token(self, world: int) -> int:
+        """grouped: how many groups each token chooses among (never more than there are)."""
+        return min(self.topk_groups, self.groups(world))
 
 
 LIMITS = {"hidden": 1 << 18, "tokens_per_rank": 1 << 20, "topk": 256, "experts_per_rank": 1 << 12}
@@ -126,6 +148,23 @@ class Workload:
                     f"topk {self.topk} > total experts {total} ({world} ranks x {self.experts_per_rank} "
                     f"experts/rank): use --experts-per-rank >= {min_epr} or >= {min_world} ranks"
                 )
+            self._check_groups(world)
+
+    def _check_groups(self, world: int) -> None:
+        spec = self.routing
+        if spec.kind != "grouped":
+            return
+        if world % spec.group_ranks:
+            raise SpecError(
+                f"grouped routing: {world} ranks are not groups of group_ranks {spec.group_ranks}: "
+                "use a world size that is a multiple of it, or set group_ranks"
+            )
+        reachable = spec.groups_per_token(world) * spec.group_ranks * self.experts_per_rank
+        if self.topk > reachable:
+            raise SpecError(
+                f"grouped routing: topk {self.topk} > the {reachable} experts of {spec.groups_per_token(world)} "
+                f"group(s) of {spec.group_ranks} ranks x {self.experts_per_rank} experts/rank"
+            )
 
     def bytes_per_token(self) -> int:
         """Bytes of one token's dispatch payload, by the libraries' conventions (docs/design.md)."""

@@ -89,7 +89,7 @@ def measure_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     )
     with first_call, nvtx_range(range_name(backend.name, "check", case.case_id), counts):
         checked = check_case(backend, cfg, inputs, ctx)
-    backend_record = backend.record(cfg)
+    backend_record = backend.case_record(cfg)
     if not checked.ok:
         return CaseRecord(
             case=case, status="incorrect", reason="; ".join(checked.check.messages)[:2000], check=checked.check,

@@ -1,8 +1,9 @@
 """Side-by-side comparison of measured cases grouped by one key (backend, GPU model, a software version,
 label or run), matched on the workload and SM count.
 
-Bandwidth is also given as a fraction of each group's own link peak (peaks.py, by the GPU name each run
-recorded), so hardware generations compare by how much of their link they use, not only by GB/s.
+Bandwidth is also given as a fraction of each group's own link peak (moelab.model.links, by the GPU name each
+run recorded), so hardware generations compare by how much of their link they use, not only by GB/s, and
+as a fraction of moelab model's bound for the case's own topology (`% bound`, moelab.reports.bounds).
 When several runs give the same group the same case, the newest run's number is used.
 """
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.errors import MoelabError
+from moelab.model.links import PeakTable
 from moelab.reports.analysis import fraction_of_peak
-from moelab.reports.peaks import PeakTable
 
 BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
 METRICS = {"nvl_recv": "nvl_gbps", "nvl_remote": "remote_gbps"}
@@ -38,6 +39,9 @@ class Cell:
     gbps: float | None
     frac_peak: float | None
     gpu_name: str | None
+    frac_bound: float | None = (
+        None  # moelab model's bound time over the measured time (moelab.reports.bounds)
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,7 +70,7 @@ class CompareTable:
     def header(self) -> list[str]:
         cols = ["case", "op", "SMs"]
         for g in self.groups:
-            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak"]
+            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
             if g != self.reference:
                 cols.append(f"{g} / {self.reference}")
         return cols
@@ -81,6 +85,7 @@ class CompareTable:
                     c.median_us if c else None,
                     c.gbps if c else None,
                     None if c is None or c.frac_peak is None else 100 * c.frac_peak,
+                    None if c is None or c.frac_bound is None else 100 * c.frac_bound,
                 ]
                 if g != self.reference:
                     line.append(self.ratio(row, g))
@@ -159,7 +164,12 @@ def build(
             else None
         )
         row.cells[g] = Cell(
-            run_id=r["run_id"], median_us=r["median_us"], gbps=gbps, frac_peak=frac, gpu_name=gpu
+            run_id=r["run_id"],
+            median_us=r["median_us"],
+            gbps=gbps,
+            frac_peak=frac,
+            gpu_name=gpu,
+            frac_bound=r.get("frac_bound"),
         )
     groups.sort()
     if reference is not None and reference not in groups:

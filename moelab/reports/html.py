@@ -16,8 +16,8 @@ import markupsafe
 
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
-from moelab.reports import compare, e2e_section, query, sections, verification
-from moelab.reports.peaks import PeakTable, load_peaks
+from moelab.model.links import PeakTable, load_peaks
+from moelab.reports import bounds, compare, e2e_section, query, sections, verification
 from moelab.store.db import open_db
 
 OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")
@@ -47,6 +47,9 @@ class ReportData:
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
     above_peak_note: str = sections.ABOVE_PEAK_NOTE
+    bound_note: str = bounds.BOUND_NOTE
+    bound_sources: list[str] = field(default_factory=list)
+    published: list[dict[str, Any]] = field(default_factory=list)  # measured cases beside published rows
 
     @property
     def bad_jobs(self) -> list[dict[str, Any]]:
@@ -81,6 +84,9 @@ def load(
     )  # fmt: skip
     data.nodes = sections.nodes_panel(env, peaks)
     data.flags = sections.annotate_results(results, env, peaks)
+    bounds.annotate_bounds(results, env, peaks)
+    data.bound_sources = bounds.bound_sources(results)
+    data.published = bounds.published_beside(results)
     ids: list[int] = []
     sm_charts, data.knees = sections.sm_sweeps(results, ids, draw)
     tok_charts, data.fits = sections.token_sweeps(results, ids, draw)

@@ -73,11 +73,16 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         f"""WITH bw AS ({BANDWIDTH_PIVOT})
            SELECT c.run_id, c.backend, c.case_id, c.status, c.hidden, c.tokens_per_rank, c.topk, c.experts_per_rank,
                   c.routing, c.routing_seed, c.dtype, c.sms, c.world, CAST(c.knobs AS VARCHAR) AS knobs,
+                  json_extract_string(c.backend_record, '$.dispatch_family') AS dispatch_family,
+                  c.gpus_per_node, CAST(c.routing_params AS VARCHAR) AS routing_params,
                   c.dispatch_err, c.combine_err, c.suspect, c.suspect_reason,
                   r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us, r.rel_iqr, r.kernel_us,
+                  r.bytes_per_row,
                   r.noise, r.host_sync, r.stability,
                   (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name = 'a2a_remote')
                       AS measured_remote_peak_gbps,
+                  (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name LIKE 'peer_copy_shift%')
+                      AS measured_peer_peak_gbps,
                   bw.nvl_gbps, bw.remote_gbps, bw.rdma_gbps, bw.rdma_remote_gbps, bw.nvl_bytes,
                   bw.nvl_bytes / r.p90_us / 1e3 AS nvl_gbps_p90t, bw.nvl_bytes / r.p10_us / 1e3 AS nvl_gbps_p10t
            FROM cases_judged c JOIN results_judged r USING (run_id, backend, case_id)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moelab.model.links import PeakTable
 from moelab.reports import charts
 from moelab.reports.analysis import fit_alpha_beta, fraction_of_peak, knee
-from moelab.reports.peaks import PeakTable
 
 ABOVE_PEAK_NOTE = (
     "nvl_recv counts the rows a rank sends to itself, which never cross NVLink, so it can exceed the link "
@@ -30,6 +30,14 @@ class Flag:
     severity: str  # "warn" | "fail"
     where: str
     text: str
+
+
+def measured_fraction(r: dict[str, Any]) -> float | None:
+    """nvl_remote against what this machine's large all_to_all_single moved to other ranks at the start of
+    the run (moelab.measure.peaks); dispatch and combine only."""
+    if r["op"] not in FLAGGED_OPS:
+        return None
+    return fraction_of_peak(r["remote_gbps"], r.get("measured_remote_peak_gbps"))
 
 
 def env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -82,9 +90,7 @@ def annotate_results(
         bounded = r["op"] in FLAGGED_OPS
         r["frac_recv"] = fraction_of_peak(r["nvl_gbps"], r["peak_gbps"]) if bounded else None
         r["frac_remote"] = fraction_of_peak(r["remote_gbps"], r["peak_gbps"]) if bounded else None
-        # against what this machine's large all_to_all_single really moved (moelab.measure.peaks)
-        measured = r.get("measured_remote_peak_gbps")
-        r["frac_remote_measured"] = fraction_of_peak(r["remote_gbps"], measured) if bounded else None
+        r["frac_remote_measured"] = measured_fraction(r)
         r["above_peak"] = None
         where = f"{r['backend']} {r['case_id']} {r['op']}"
         if r["frac_remote"] is not None and r["frac_remote"] > 1:

@@ -3,7 +3,9 @@
 A suite has a base `[workload]`, `[axes]` whose cartesian product gives the cases, optional
 `[[exclude]]` tables (a case matching every key of one is dropped), and per-backend sections
 `[backend.NAME.workload]` (base overrides, e.g. the low-latency kernels' own defaults) and
-`[backend.NAME.axes]` (extra axes; names that are not workload fields become backend knobs).
+`[backend.NAME.axes]` (extra axes; names that are not workload fields become backend knobs). A workload
+may give `experts` (total) instead of `experts_per_rank`, as published configurations do (256 experts at
+any EP): each run divides it by its ranks.
 A combination the workload rejects becomes a case with `skip_reason`, stored as skipped, never a gap.
 
 A suite built in code (verify, tune) may instead list its cases explicitly, in order: `cases`, one mapping per
@@ -37,8 +39,13 @@ ROUTING_KEYS = {
     "zipf_s": "zipf_s",
     "hot_experts": "hot_experts",
     "hot_share": "hot_share",
+    "group_ranks": "group_ranks",
+    "topk_groups": "topk_groups",
 }
-CASE_KEYS = set(WORKLOAD_KEYS) | set(ROUTING_KEYS) | {"sms"}
+TOTAL_EXPERTS_KEY = (
+    "experts"  # total experts; experts per rank = experts / the run's ranks (published configurations)
+)
+CASE_KEYS = set(WORKLOAD_KEYS) | set(ROUTING_KEYS) | {"sms", TOTAL_EXPERTS_KEY}
 MAX_SUITE_BYTES = 1 << 20  # a suite is a page of TOML; more is a wrong path (or /dev/zero)
 MAX_DEPTH = 8  # top level > backend > NAME > axes > key > values: deeper is no suite
 MAX_CASES = 100_000  # planned cases of one run (a run of this many takes days on a GPU)
@@ -134,6 +141,8 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:
             raise SpecError(f"{source}: unknown workload key {key!r}")
+    if TOTAL_EXPERTS_KEY in workload and "experts_per_rank" in workload:
+        raise SpecError(f"{source}: [workload] sets both experts (total) and experts_per_rank: keep one")
     axes = {k: _as_list(k, v) for k, v in dict(data.get("axes", {})).items()}
     for key in axes:
         if key not in CASE_KEYS:
@@ -254,7 +263,22 @@ def expand(
     return cases
 
 
+def _experts_per_rank(suite: Suite, values: dict[str, Any], world: int) -> str | None:
+    """A suite's `experts` (total) becomes experts per rank for this world; a value set per rank (a flag)
+    wins. Returns the skip reason when `world` does not divide it."""
+    experts = values.pop(TOTAL_EXPERTS_KEY, None)
+    if experts is None or "experts_per_rank" in values:
+        return None
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 1:
+        raise SpecError(
+            f"{suite.source}: experts must be a positive integer (total experts), got {experts!r}"
+        )
+    values["experts_per_rank"] = max(1, experts // world)
+    return None if experts % world == 0 else f"{experts} experts do not divide over {world} ranks"
+
+
 def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> CaseSpec:
+    experts_skip = _experts_per_rank(suite, values, world)
     sms = _parse_sms(values.pop("sms", None))
     knobs = {k: values.pop(k) for k in list(values) if k not in CASE_KEYS}
     try:
@@ -262,11 +286,11 @@ def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> Cas
     except TypeError as exc:
         raise SpecError(f"{suite.source}: bad workload values {values}: {exc}") from exc
     workload.check_values()  # a value no run could use is an error, not a skipped case
-    skip: str | None = None
+    skip: str | None = experts_skip
     try:
         workload.validate(world)
     except SpecError as exc:
-        skip = str(exc)
+        skip = skip or str(exc)
     return CaseSpec.from_asked(
         knobs=knobs,
         case_id=case_id_for(workload, sms, knobs),

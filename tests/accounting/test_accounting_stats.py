@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moelab.core.bandwidth import DEFINITIONS, RankRows, bandwidths, count_rows
-from moelab.core.internode import internode_bytes
 from moelab.core.routing import Routing, route_all
 from moelab.core.stats import iteration_times, summarize
 from moelab.core.workload import RoutingSpec, Workload
+from moelab.model.traffic import count
 
 # world 4, 2 experts per rank (expert e lives on rank e // 2), topk 2, 2 tokens per rank.
 # Destination ranks per token, written out:
@@ -109,14 +109,14 @@ def test_count_rows_conservation_and_internode_agreement(
     for r in rows:
         assert wl.tokens_per_rank <= r.send_rows <= wl.tokens_per_rank * min(topk, world)
         assert r.rdma_pairs_remote <= r.rdma_pairs <= r.send_rows
-    # an independent oracle (sets, not masks) for the one RDMA counter, and internode_bytes reports it
+    # an independent oracle (sets, not masks) for the one RDMA counter, and the model counts the same
     oracle = []
     for src, routing in enumerate(routings):
         nodes = [{e // epr // gpus_per_node for e in row} for row in routing.topk_idx.tolist()]
         oracle.append((sum(len(n) for n in nodes), sum(len(n - {src // gpus_per_node}) for n in nodes)))
     assert [(r.rdma_pairs, r.rdma_pairs_remote) for r in rows] == oracle
-    other = internode_bytes(routings, experts_per_rank=epr, gpus_per_node=gpus_per_node, bytes_per_token=1)
-    assert [(r.rdma_rows, r.rdma_rows_remote) for r in other.ranks] == oracle
+    other = count(routings, experts_per_rank=epr, gpus_per_node=gpus_per_node)
+    assert [(r.definitions["rdma_pairs"], r.definitions["rdma_pairs_remote"]) for r in other.ranks] == oracle
 
 
 def test_bandwidths_arithmetic() -> None:

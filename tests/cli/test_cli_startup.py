@@ -71,6 +71,7 @@ def _cases(db: Path, tmp: Path) -> list[list[str]]:
         ["doctor", "--help"],
         ["trace", "--help"],
         ["trace", "summarize", "--help"],
+        ["model", "--nodes", "2", "--json"],  # uniform routing: the closed form, no generator
     ]
 
 

@@ -97,7 +97,10 @@ def _wl(kind: str, seed: int, tokens: int, topk: int, epr: int) -> Workload:
         tokens_per_rank=tokens,
         topk=topk,
         experts_per_rank=epr,
-        routing=RoutingSpec(kind=kind, seed=seed, hot_experts=1, hot_share=0.5),
+        # grouped: one rank per group, as few groups per token as hold topk experts (the tightest limit)
+        routing=RoutingSpec(
+            kind=kind, seed=seed, hot_experts=1, hot_share=0.5, group_ranks=1, topk_groups=-(-topk // epr)
+        ),
     )
 
 

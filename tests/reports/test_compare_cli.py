@@ -9,9 +9,9 @@ import typer
 from typer.testing import CliRunner
 
 from moelab.cli.compare_cmd import compare
+from moelab.model.links import PeakTable
 from moelab.reports import compare as cmp
 from moelab.reports import query
-from moelab.reports.peaks import PeakTable
 from moelab.store.db import connect
 from tests.synthetic_runs import BackendModel, RunModel, build_db
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from moelab.core.errors import MoelabError
+from moelab.model.links import load_peaks
 from moelab.reports.analysis import fit_alpha_beta, knee
 from moelab.reports.html import write_report
-from moelab.reports.peaks import load_peaks
 from tests.report_fixture import HOSTILE, build_report_db
 
 SECTIONS = (

@@ -75,7 +75,7 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     if isinstance(prepared, str):
         return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
-    backend_record = backend.record(cfg) | {"e2e": settings.to_record(gemm)}
+    backend_record = backend.case_record(cfg) | {"e2e": settings.to_record(gemm)}
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:

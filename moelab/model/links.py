@@ -1,0 +1,195 @@
+"""The one named table of link figures: per GPU model its GPU-to-GPU link inside a node (NVLink, or PCIe on
+PCIe-only cards) and its PCIe host link, per NIC model its port rate; per direction, in GB/s (1e9 bytes/s),
+each with the datasheet it comes from.
+
+A measured bandwidth is read against the link that carries it: NVLink (or PCIe) for intranode traffic,
+the NIC for internode traffic. The numbers are per GPU and per direction, the way DeepEP and nccl-tests
+count a rank's bytes. The roofline (moelab.model.bound) and the reports read this table; a user TOML file
+adds or overrides entries (`--peaks FILE`):
+
+    [gpu."H200"]            # matched case-insensitively as a substring of the GPU name
+    link = "NVLink4 18 x 26.56 GB/s"
+    gbps = 478.08
+    host_gbps = 63.0        # optional: the GPU's PCIe link (default PCIe Gen5 x16)
+    intra = "nvlink"        # optional: "pcie" for a card whose peers talk over PCIe
+
+    [nic."ConnectX-7"]
+    link = "NDR 400 Gb/s"
+    gbps = 50.0
+
+Longer patterns win, so "H100 PCIe" beats "H100".
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moelab.core.errors import MoelabError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PCIE_GEN4_X16 = 16e9 * 16 * 128 / 130 / 8 / 1e9  # 31.5 GB/s: 16 GT/s per lane, 128b/130b encoding
+PCIE_GEN5_X16 = 2 * PCIE_GEN4_X16  # 63.0 GB/s
+PCIE_GEN6_X16 = 2 * PCIE_GEN5_X16  # 126.0 GB/s (PAM4, FLIT encoding counted as Gen5's, a slight overestimate)
+NVLINK4_LINK = 26.56  # GB/s per link and direction: 2 x 53.125 Gb/s lanes (NVLink4 as 18 x 26.56 = 478 GB/s)
+INTRA_KINDS = ("nvlink", "pcie")
+
+H100_SOURCE = "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s bidirectional, 18 NVLink4 links; PCIe Gen5"
+H200_SOURCE = (
+    "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5"
+)
+H800_SOURCE = "NVIDIA H800 SXM5 datasheet: NVLink 400 GB/s bidirectional (8 NVLink4 links); PCIe Gen5"
+A100_SOURCE = (
+    "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s (12 NVLink3 links); PCIe Gen4"
+)
+BLACKWELL_SOURCE = "NVIDIA HGX B200/GB200/B300 specifications: NVLink5 1.8 TB/s bidirectional (18 links)"
+PCIE_SOURCE = "PCI-SIG base specification: x16 at 16 GT/s (Gen4) / 32 GT/s (Gen5), 128b/130b"
+CX_SOURCE = "NVIDIA ConnectX / BlueField datasheets (nvidia.com/en-us/networking): port rate, one direction"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkPeak:
+    pattern: str  # substring of the device name that selects this entry
+    link: str  # which link and how the figure is made
+    gbps: float  # per direction, per GPU (or per NIC port): the GPU's peer link, NVLink or PCIe
+    source: str = "user-defined"
+    intra: str = "nvlink"  # "pcie": the GPU reaches its peers over PCIe only
+    host_gbps: float = PCIE_GEN5_X16  # the GPU's PCIe link (NIC traffic crosses it: GPUDirect RDMA)
+
+
+def _gpu(pattern: str, link: str, gbps: float, source: str, host: float = PCIE_GEN5_X16) -> LinkPeak:
+    return LinkPeak(pattern=pattern, link=link, gbps=gbps, source=source, host_gbps=host)
+
+
+def _pcie_gpu(pattern: str, gbps: float, source: str) -> LinkPeak:
+    gen = "Gen4" if gbps == PCIE_GEN4_X16 else "Gen5"
+    return LinkPeak(
+        pattern=pattern, link=f"PCIe {gen} x16", gbps=gbps, source=source, intra="pcie", host_gbps=gbps
+    )
+
+
+BUILTIN_GPUS: tuple[LinkPeak, ...] = (
+    _gpu("A100", "NVLink3 12 x 25 GB/s", 12 * 25.0, A100_SOURCE, host=PCIE_GEN4_X16),
+    _pcie_gpu("A100-PCIE", PCIE_GEN4_X16, A100_SOURCE),
+    _pcie_gpu("A100 PCIe", PCIE_GEN4_X16, A100_SOURCE),
+    _gpu(
+        "A800",
+        "NVLink3 8 x 25 GB/s",
+        8 * 25.0,
+        "NVIDIA A800 datasheet: NVLink 400 GB/s; PCIe Gen4",
+        host=PCIE_GEN4_X16,
+    ),
+    _gpu("H100", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H100_SOURCE),
+    _pcie_gpu("H100 PCIe", PCIE_GEN5_X16, H100_SOURCE),
+    _gpu("H100 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H100_SOURCE),
+    _gpu("H200", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H200_SOURCE),
+    _gpu("H200 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H200_SOURCE),
+    _gpu("H800", f"NVLink4 8 x {NVLINK4_LINK} GB/s", 8 * NVLINK4_LINK, H800_SOURCE),
+    _gpu(
+        "GH200",
+        f"NVLink4 18 x {NVLINK4_LINK} GB/s",
+        18 * NVLINK4_LINK,
+        "NVIDIA GH200 datasheet: NVLink 900 GB/s",
+    ),
+    _gpu("B200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
+    _gpu("GB200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
+    _gpu("B300", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE + "; PCIe Gen6", host=PCIE_GEN6_X16),
+    _pcie_gpu("L40S", PCIE_GEN4_X16, "NVIDIA L40S datasheet: PCIe Gen4 x16, no NVLink"),
+)
+
+BUILTIN_NICS: tuple[LinkPeak, ...] = (
+    LinkPeak(pattern="ConnectX-6", link="HDR 200 Gb/s", gbps=25.0, source=CX_SOURCE),
+    LinkPeak(pattern="ConnectX-7", link="NDR 400 Gb/s", gbps=50.0, source=CX_SOURCE),
+    LinkPeak(pattern="ConnectX-8", link="XDR 800 Gb/s", gbps=100.0, source=CX_SOURCE),
+    LinkPeak(pattern="BlueField-3", link="NDR 400 Gb/s", gbps=50.0, source=CX_SOURCE),
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeakTable:
+    gpus: tuple[LinkPeak, ...] = BUILTIN_GPUS
+    nics: tuple[LinkPeak, ...] = BUILTIN_NICS
+    source: str = "built-in"
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+
+    def gpu(self, name: str | None) -> LinkPeak | None:
+        return _match(self.gpus, name)
+
+    def nic(self, name: str | None) -> LinkPeak | None:
+        return _match(self.nics, name)
+
+
+def _match(entries: tuple[LinkPeak, ...], name: str | None) -> LinkPeak | None:
+    if not name:
+        return None
+    lowered = name.lower()
+    hits = [e for e in entries if e.pattern.lower() in lowered]
+    return max(hits, key=lambda e: len(e.pattern)) if hits else None
+
+
+def _positive(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key)
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def _entry(kind: str, pattern: str, body: Any, path: Path) -> LinkPeak:
+    where = f"{path}: [{kind}.{pattern!r}]"
+    if not isinstance(body, dict) or not _positive(body, "gbps"):
+        raise MoelabError(f"{where} needs gbps = a positive number (GB/s per direction)")
+    if "host_gbps" in body and not _positive(body, "host_gbps"):
+        raise MoelabError(f"{where}: host_gbps must be a positive number (GB/s per direction)")
+    intra = body.get("intra", "nvlink")
+    if intra not in INTRA_KINDS:
+        raise MoelabError(f"{where}: intra must be one of {', '.join(INTRA_KINDS)}, got {intra!r}")
+    gbps = float(body["gbps"])
+    return LinkPeak(
+        pattern=str(pattern),
+        link=str(body.get("link", "user-defined")),
+        gbps=gbps,
+        source=str(path),
+        intra=intra,
+        host_gbps=float(body.get("host_gbps", gbps if intra == "pcie" else PCIE_GEN5_X16)),
+    )
+
+
+def _entries(section: Any, kind: str, path: Path) -> list[LinkPeak]:
+    if section is None:
+        return []
+    if not isinstance(section, dict):
+        raise MoelabError(f"{path}: [{kind}] must be a table of named entries")
+    return [_entry(kind, pattern, body, path) for pattern, body in section.items()]
+
+
+def _merge(base: tuple[LinkPeak, ...], extra: list[LinkPeak]) -> tuple[LinkPeak, ...]:
+    replaced = {e.pattern.lower() for e in extra}
+    return tuple(e for e in base if e.pattern.lower() not in replaced) + tuple(extra)
+
+
+def load_peaks(path: Path | None = None) -> PeakTable:
+    """The built-in table, with the entries of a user TOML file added or replacing built-in ones."""
+    if path is None:
+        return PeakTable()
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise MoelabError(f"cannot read peaks file {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise MoelabError(f"{path} is not valid TOML: {exc}") from exc
+    unknown = set(doc) - {"gpu", "nic"}
+    if unknown:
+        raise MoelabError(
+            f'{path}: unknown section(s) {", ".join(sorted(unknown))}; use [gpu."NAME"] and [nic."NAME"]'
+        )
+    gpus, nics = _entries(doc.get("gpu"), "gpu", path), _entries(doc.get("nic"), "nic", path)
+    return PeakTable(
+        gpus=_merge(BUILTIN_GPUS, gpus),
+        nics=_merge(BUILTIN_NICS, nics),
+        source=str(path),
+        overrides=tuple(e.pattern for e in gpus + nics),
+    )

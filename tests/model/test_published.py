@@ -1,0 +1,145 @@
+"""The published tables as data (moelab/model/published_tables/*.toml): the figures, their sources, and each row
+held against the bound of its own hardware."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moelab.core.errors import MoelabError
+from moelab.model.links import PeakTable
+from moelab.model.published import LOW_RATIO, check_row, load_rows, parse_dataset
+
+# DeepEP's tables as issue 28 lists them (docs/legacy.md of deepseek-ai/DeepEP)
+NORMAL = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}
+LOW_LATENCY = {  # EP: (dispatch us, GB/s, combine us, GB/s)
+    8: (77, 98, 114, 127),
+    16: (118, 63, 195, 74),
+    32: (155, 48, 273, 53),
+    64: (173, 43, 314, 46),
+    128: (192, 39, 369, 39),
+    256: (194, 39, 360, 40),
+}
+
+
+@pytest.fixture(scope="module")
+def checked() -> list[Any]:
+    return [check_row(r, PeakTable()) for r in load_rows()]
+
+
+def test_the_deepep_tables_are_stored_as_published() -> None:
+    rows = {(r.table, r.ep, r.op): r for r in load_rows() if r.dataset == "deepep-v1"}
+    for ep, (dispatch, combine) in NORMAL.items():
+        assert (rows[("normal", ep, "dispatch")].gbps, rows[("normal", ep, "combine")].gbps) == (
+            dispatch,
+            combine,
+        )
+        assert rows[("normal", ep, "dispatch")].definition == ("nvl_recv" if ep == 8 else "rdma_pairs")
+    for ep, (d_us, d_gbps, c_us, c_gbps) in LOW_LATENCY.items():
+        d, c = rows[("low_latency", ep, "dispatch")], rows[("low_latency", ep, "combine")]
+        assert (d.time_us, d.gbps, c.time_us, c.gbps) == (d_us, d_gbps, c_us, c_gbps)
+        assert d.definition == c.definition == "ll_selections"
+    assert len(rows) == 2 * (len(NORMAL) + len(LOW_LATENCY))
+
+
+def test_every_row_says_where_it_comes_from() -> None:
+    for r in load_rows():
+        assert r.library and r.document and r.repository.startswith("https://github.com/")
+        assert re.fullmatch(r"[0-9a-f]{40}", r.commit) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", r.date)
+        assert r.test and r.hardware_text and r.version
+    deepep = [r for r in load_rows() if r.library == "DeepEP"]
+    assert all("v1.2.1" in r.version and "H800" in r.hardware_text for r in deepep)
+    assert {r.commit[:7] for r in deepep} == {"3b1045d", "de8cfca"}
+
+
+def test_no_published_row_is_above_its_bound(checked: list[Any]) -> None:
+    assert all(c.ratio <= 1.0 for c in checked), [(c.row.row_id, c.ratio) for c in checked if c.ratio > 1]
+    assert all(c.problem is None for c in checked)
+    low = [c for c in checked if c.ratio < LOW_RATIO]
+    assert all(c.row.reason for c in low)
+
+
+def test_low_latency_rows_imply_the_models_bytes(checked: list[Any]) -> None:
+    """A row with a time and a bandwidth implies its bytes. DeepEP's test masks 10 of its 1024 selections to
+    -1 (tests/test_low_latency.py: `topk_idx[random token, random k] = -1`, ten times), so its bytes are
+    about 1% under the model's; the rest is the rounding of two-digit figures (under 1.3%)."""
+    for c in checked:
+        if c.implied_bytes is not None:
+            masked = c.bound.definitions[c.row.definition] * (1 - 10 / (128 * 8))
+            assert c.implied_bytes == pytest.approx(masked, rel=0.013), c.row.row_id
+
+
+def test_the_bottlenecks_are_the_links_expected(checked: list[Any]) -> None:
+    by_id = {c.row.row_id: c for c in checked}
+    assert by_id["deepep-v1/normal/ep8/dispatch"].bound.bottleneck.startswith("nvlink")
+    assert by_id["deepep-v1/normal/ep16/dispatch"].bound.bottleneck.startswith(
+        "nvlink"
+    )  # H800's 8 links forward
+    assert by_id["deepep-v1/normal/ep64/dispatch"].bound.bottleneck.startswith("nic")
+    assert by_id["deepep-v1/low_latency/ep256/combine"].bound.bottleneck.startswith("nic")
+
+
+def _doc(**row: Any) -> dict[str, Any]:
+    base = {
+        k: v
+        for k, v in {"table": "t", "ep": 8, "op": "dispatch", "gbps": 1.0, "definition": "nvl_recv"}.items()
+    }
+    return {
+        "dataset": {
+            "library": "L",
+            "version": "v1",
+            "repository": "https://github.com/x/y",
+            "hardware_text": "h",
+            "gpu": "H100",
+            "nic": "ConnectX-7",
+            "gpus_per_node": 8,
+            "nics_per_node": 8,
+        },
+        "tables": {
+            "t": {
+                "title": "T",
+                "document": "README.md",
+                "commit": "0" * 40,
+                "date": "2026-01-01",
+                "history": "",
+                "family": "flat",
+                "backends": ["nccl-a2a"],
+                "figure": "f",
+                "test": "t",
+                "workload_text": "w",
+                "workload": {
+                    "hidden": 1024,
+                    "tokens_per_rank": 256,
+                    "topk": 8,
+                    "experts": 64,
+                    "dtype": "bf16",
+                },
+            }
+        },
+        "rows": [base | row],
+    }
+
+
+def test_a_row_above_its_bound_is_a_problem_and_a_low_row_needs_a_reason() -> None:
+    high = check_row(parse_dataset("x", _doc(gbps=10_000.0), "x.toml")[0], PeakTable())
+    assert high.ratio > 1 and high.problem and "above its bound" in high.problem
+    low = check_row(parse_dataset("x", _doc(gbps=1.0), "x.toml")[0], PeakTable())
+    assert low.ratio < LOW_RATIO and low.problem and "gives no reason" in low.problem
+    explained = check_row(parse_dataset("x", _doc(gbps=1.0, reason="host-bound"), "x.toml")[0], PeakTable())
+    assert explained.problem is None
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ({"color": "red"}, "unknown keys"),
+        ({"table": "nope"}, "no table 'nope'"),
+        ({"op": "shuffle"}, "unknown"),
+    ],
+)
+def test_a_malformed_dataset_is_one_error(row: dict[str, Any], needle: str, tmp_path: Path) -> None:
+    with pytest.raises(MoelabError, match=needle):
+        parse_dataset("x", _doc(**row), "x.toml")
