@@ -26,10 +26,10 @@ from moelab.measure.e2e.layer import (
     resolve_gemm,
     supports_backward,
     swiglu_ffn,
-    ungroup,
 )
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
+from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.e2e.settings import E2ESettings, backend_case_config, backend_knobs, is_e2e
 from moelab.measure.reference import relative_error
@@ -145,11 +145,12 @@ def test_grouping_replicates_rows_per_local_expert_and_sums_back() -> None:
     x = torch.arange(4 * 2, dtype=torch.float32).view(4, 2) + 1
     g = group_by_expert(x, recv_idx, recv_w, 3)
     assert g.offsets.tolist() == [1, 3, 5] and g.offsets.dtype == torch.int32
-    assert g.row.tolist() == [0, 0, 2, 1, 2]  # expert 0: row 0; expert 1: rows 0, 2; expert 2: rows 1, 2
-    assert torch.equal(g.x, x[g.row])
+    assert g.map.pair_row.tolist() == [0, 0, 2, 1, 2]  # expert 0: row 0; expert 1: rows 0, 2; expert 2: rows 1, 2
+    assert g.map.slot_pair.tolist() == [[1, -1, 0], [-1, -1, 3], [4, 2, -1], [-1, -1, -1]]
+    assert torch.equal(g.x, x[g.map.pair_row])
     # per-expert function e -> (e + 1) * x, weighted and summed per row
     scale = torch.repeat_interleave(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 2, 2]))
-    out = ungroup(g.x * scale.unsqueeze(1), g)
+    out = unpermute(g.x * scale.unsqueeze(1), g.map, "torch")
     want = torch.stack(
         [(0.5 * 2 + 0.25 * 1) * x[0], 1.0 * 3 * x[1], (0.75 * 3 + 0.125 * 2) * x[2], torch.zeros(2)]
     )

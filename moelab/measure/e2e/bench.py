@@ -46,7 +46,7 @@ from moelab.job.rundir import JobFiles
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
-from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward, swiglu_ffn
+from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
 from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings, backend_case_config
@@ -87,8 +87,10 @@ def run_e2e_case(
     if isinstance(prepared, str):
         return record | {"status": "unsupported", "reason": prepared}
     settings, gemm = prepared
-    record["backend_record"] = backend.record(cfg) | {"e2e": settings.to_record(gemm)}
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
+    record["backend_record"] = backend.record(cfg) | {
+        "e2e": settings.to_record(gemm) | {"permute": inputs.permute}
+    }
     check = record["check"] = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
         return record | {"status": "incorrect", "reason": "; ".join(check["messages"])[:2000]}
@@ -126,7 +128,7 @@ def prepare_case(
 
 def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> E2ECalls:
     """The ops the case's settings time (see the module docstring), over dispatches made once here."""
-    settings, layer, weights, gemm = inputs.settings, inputs.layer, inputs.weights, inputs.gemm
+    settings, layer = inputs.settings, inputs.layer
     x, idx, w = inputs.x, inputs.topk_idx, inputs.topk_weights
     with torch.no_grad():
         full = layer.dispatch(x, idx, w)
@@ -140,7 +142,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
 
     def gemm_mb() -> object:
-        return swiglu_ffn(first.x, first.offsets, weights, gemm)
+        return layer.ffn(first)
 
     def gemm_mb_carved() -> object:  # as the overlapped layer launches them: with its carve-out
         with inputs.carved():
@@ -152,7 +154,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     forward: dict[str, Callable[[], object]] = {
         "layer": lambda: inputs.forward(x),
         "compute_only": lambda: layer.experts(full),
-        "gemm": lambda: swiglu_ffn(g.x, g.offsets, weights, gemm),
+        "gemm": lambda: layer.ffn(g),
         "gemm_mb": gemm_mb,
         "dispatch": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, full.handle),
