@@ -14,6 +14,7 @@ from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import MODELS
 from moelab.core.spec import CaseSpec, RunSpec
 from moelab.job import launchers
 from moelab.launch.runner import execute, is_launching_host, new_run_id
@@ -68,6 +69,12 @@ def run(
     ),
     routing: str | None = typer.Option(
         None, help="Routing kind(s): uniform, zipf, hot", rich_help_panel="Workload"
+    ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help=f"A model's MoE layer shape (hidden, topk, experts / ranks, e2e expert width): {', '.join(MODELS)}",
+        rich_help_panel="Workload",
     ),
     seed: str | None = typer.Option(None, help="Routing seed(s)", rich_help_panel="Workload"),
     dtype: str | None = typer.Option(
@@ -278,7 +285,7 @@ def run(
     }
     req = RunRequest(
         backends=parse_list(backend, str, "backend") or [], suite=suite, workload=workload, cases=case, gpus=gpus,
-        gpus_per_node=gpus_per_node, cpu=cpu, nodes=nodes,
+        gpus_per_node=gpus_per_node, cpu=cpu, nodes=nodes, model=model,
         launcher=launchers.auto_launcher(os.environ) if launcher == "auto" else launcher, iters=iters, warmup=warmup,
         noise_target=noise_target, max_iters=max_iters, label=label, run_id=run_id, timeout_s=timeout,
         collective_timeout_s=collective_timeout, rdzv_endpoint=rdzv_endpoint, node_rank=node_rank,

@@ -14,13 +14,13 @@ from moelab.backends import registry
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.cli.run_cmd import _cuda_devices, _parse_backend_paths
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import MODELS, model_shape
 from moelab.core.spec import TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure.e2e.layer import default_intermediate
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, data_dir, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
-from moelab.tune.presets import preset as get_preset
 from moelab.tune.search import TuneConfig, tune
 from moelab.tune.space import COARSE_SMS, DEFAULT_DTYPES, TUNABLE_BACKENDS, coarse
 from moelab.tune.trials import plan_trials, run_round
@@ -44,7 +44,7 @@ def tune_command(
         help=f"Backends to search, comma-separated (default: the available ones of {', '.join(TUNABLE_BACKENDS)})",
     ),
     preset: str | None = typer.Option(
-        None, help="Layer shape of a model: deepseek-v3, mixtral-8x7b, qwen3-moe"
+        None, help=f"Layer shape of a model (as moelab run --model): {', '.join(MODELS)}"
     ),
     hidden: int | None = typer.Option(None, help="Hidden size (default 8192, or the preset's)"),
     intermediate: int | None = typer.Option(
@@ -93,7 +93,7 @@ def tune_command(
 
     Example: moelab tune --preset deepseek-v3 --backend deepep,hybrid-ep --backend-path deepep=.ext/deepep-v1
     """
-    p = get_preset(preset) if preset else None
+    p = model_shape(preset) if preset else None
     paths = _parse_backend_paths(backend_path)
     asked = parse_list(backend, str, "backend")
     names: list[str] = []
@@ -118,7 +118,11 @@ def tune_command(
     h = hidden if hidden is not None else (p.hidden if p else 8192)
     inter = intermediate if intermediate is not None else (p.intermediate if p else default_intermediate(h))
     k = topk if topk is not None else (p.topk if p else 8)
-    epr = experts_per_rank if experts_per_rank is not None else (p.experts_per_rank(world) if p else 8)
+    epr = (
+        experts_per_rank
+        if experts_per_rank is not None
+        else (p.experts_per_rank(world, "--preset") if p else 8)
+    )
     wl = Workload(
         hidden=h, tokens_per_rank=tokens_per_rank, topk=k, experts_per_rank=epr, dtype=dtype or "bf16",
         routing=RoutingSpec(kind=routing, seed=seed),
