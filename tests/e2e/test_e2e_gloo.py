@@ -15,6 +15,7 @@ from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.core.routing import Routing, route_all
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
+from moelab.job.rundir import JobFiles
 from moelab.measure.e2e.bench import run_e2e_case
 from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Streams, forward_pipelined
@@ -134,7 +135,9 @@ class HalvedCombine(NcclA2ABackend):
 BACKENDS = {"nccl-a2a": NcclA2ABackend, "mxfp8-a2a": Mxfp8A2ABackend, "halved": HalvedCombine}
 
 
-def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[dict[str, Any]]:
+def _bench_rank(
+    rank: int, world: int, backend_name: str, cases: list[CaseSpec], files: JobFiles | None = None
+) -> list[dict[str, Any]]:
     ctx = gloo_context(rank, world)
     backend = BACKENDS[backend_name](ctx, [backend_case_config(c) for c in cases if not c.skip_reason])
     spec = RunSpec(
@@ -142,7 +145,7 @@ def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec])
         timing=TimingSpec(warmup=1, iters=3, pair_reps=1, pair_iters=1, flush_l2=False), launch=LaunchSpec(nproc_per_node=world, gpus_per_node=world),
     )  # fmt: skip
     clock = Clock(ctx.device, ctx.group, False)
-    records = [run_e2e_case(backend, c, ctx, spec, clock) for c in cases]
+    records = [run_e2e_case(backend, c, ctx, spec, clock, files) for c in cases]
     backend.close()
     return records
 

@@ -270,8 +270,17 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
             "SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM cases WHERE run_id IN (SELECT run_id FROM runs)"
         ).fetchone()
         labels = {r[0] for r in con.execute("SELECT label FROM labels").fetchall()}
+        roofline = con.execute(
+            "SELECT DISTINCT value, definition FROM case_metrics WHERE name = 'roofline_share'"
+        ).fetchall()
     assert len(runs) >= 2 and all(r[2] == "tune" and r[1].startswith("tune-") for r in runs)
     assert labels == {r[1] for r in runs}
+    # CPU ranks measure no GPU rates: the e2e roofline is stored as NULL with the reason, never invented
+    assert roofline and all(
+        v is None
+        and d.endswith("not formed: this run measured no GPU rates (a CPU run, or peaks not measured)")
+        for v, d in roofline
+    )
     assert (
         trials is not None and trials[0] == trials[1] >= 4
     )  # round 1: 2 schedules; final: both again, the default among them

@@ -49,6 +49,7 @@ from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.roofline import DeviceRates, run_rates
 from moelab.measure.e2e.settings import OVERLAPPED, E2ESettings, backend_case_config
 from moelab.measure.timing import Clock
 
@@ -99,7 +100,8 @@ def run_e2e_case(
     if spec.trace.mode == "torch" and files is not None:
         record["traces"] = trace_layers(backend.name, case, spec, ctx, files, calls.forward)
     samples, pairs = gather_samples(ctx, local, calls.pairs)
-    measured = build_record(backend, cfg, settings, ctx, inputs, samples, pairs, check)
+    rates = run_rates(files.run_dir if files is not None else None)  # the roofline's (RUN_DIR/rates.json)
+    measured = build_record(backend, cfg, settings, ctx, inputs, samples, pairs, check, rates)
     return record | measured | {"status": "ok", "reason": None}
 
 
@@ -257,9 +259,11 @@ def build_record(
     samples: dict[str, list[list[float]]],
     pairs: list[int],
     check: Mapping[str, Any],
+    rates: tuple[DeviceRates | None, str] = (None, "no measured GPU rates"),
 ) -> dict[str, Any]:
     """The record's measured part (moelab.measure.e2e.record turns the whole into a CaseRecord): each op's
-    samples with the bytes a row carries, the derived metrics, the row counts and the host syncs."""
+    samples with the bytes a row carries, the derived metrics (the roofline's from `rates`: the run's
+    measured GPU rates, or None and why not), the row counts and the host syncs."""
     wl = cfg.workload
     bytes_per_row = {
         "dispatch": backend.bytes_per_token(cfg, "dispatch"),
@@ -270,7 +274,16 @@ def build_record(
     return {
         "ops": ops,
         "pairs_per_rank": pairs,
-        "metrics": e2e_metrics(ops, settings, wl, pairs, check),
+        "metrics": e2e_metrics(
+            ops,
+            settings,
+            wl,
+            pairs,
+            check,
+            rows_per_rank=[r.recv_rows for r in rows],
+            rates=rates[0],
+            no_rates_reason=rates[1],
+        ),
         "rows": [dataclasses.asdict(r) for r in rows],
         "host_sync": f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
     }
