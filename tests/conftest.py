@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # triton's kernels (moelab.measure.e2e.triton_kernels) run on its CPU interpreter in these tests; triton
+    # reads the switch when it is first imported, so it is set before any test can import it.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PLUGIN_SRC = Path(__file__).parent / "plugins" / "moelab_testplugins.py"
 

@@ -16,6 +16,7 @@ from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import MODELS
 from moelab.core.spec import CaseSpec, RunSpec
 from moelab.job import launchers
 from moelab.launch.runner import execute, is_launching_host, new_run_id
@@ -48,6 +49,14 @@ LIST_CASES = opt.Flag(
     "Print the case ids this run would measure and exit",
     opt.WORKLOAD_PANEL,
 )
+MODEL = opt.Flag(
+    "model",
+    str | None,
+    None,
+    ("--model",),
+    f"A model's MoE layer shape (hidden, topk, experts / ranks, e2e expert width): {', '.join(MODELS)}",
+    opt.WORKLOAD_PANEL,
+)
 QUIET = opt.Flag(
     "quiet", bool, False, ("--quiet", "-q"), "No per-case progress while jobs run", opt.LAUNCH_PANEL
 )
@@ -65,7 +74,9 @@ RUN_FLAGS = (
     opt.SMS,
     *opt.BACKEND_FLAGS[1:],
     SUITE,
-    *opt.WORKLOAD_FLAGS,
+    *opt.WORKLOAD_FLAGS[:5],  # hidden, tokens, topk, experts per rank, routing
+    MODEL,
+    *opt.WORKLOAD_FLAGS[5:],
     CASE,
     LIST_CASES,
     *opt.RANK_FLAGS,
@@ -93,6 +104,7 @@ def run(
     tracing: opt.TraceOptions,
     health: opt.HealthOptions,
     suite: str,
+    model: str | None,
     case: list[str],
     list_cases: bool,
     dry_run: bool,
@@ -109,6 +121,7 @@ def run(
         backends=backends.names(),
         suite=suite,
         workload=workload.axes(),
+        model=model,
         cases=case,
         backend_paths=backends.paths(),
         nccl_tests_bin=backends.nccl_tests_bin,

@@ -13,13 +13,12 @@ from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
 from moelab.core.e2e_spec import default_intermediate
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import MODELS, ModelShape, model_shape
 from moelab.core.spec import TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
-from moelab.tune.presets import PRESETS, Preset
-from moelab.tune.presets import preset as get_preset
 from moelab.tune.search import TuneConfig, TuneResult, tune
 from moelab.tune.space import COARSE_SMS, coarse, default_dtypes, tunable_backends
 from moelab.tune.trials import TrialPlan, plan_trials, run_round
@@ -45,7 +44,13 @@ def _flags() -> tuple[opt.Flag, ...]:
             decls=(),
             help=f"Backends to search, comma-separated (default: the available ones of {', '.join(tunable)})",
         ),
-        opt.Flag("preset", str | None, None, (), f"Layer shape of a model: {', '.join(PRESETS)}"),
+        opt.Flag(
+            "preset",
+            str | None,
+            None,
+            (),
+            f"Layer shape of a model (as moelab run --model): {', '.join(MODELS)}",
+        ),
         opt.HIDDEN.but(annotation=int | None, help="Hidden size (default 8192, or the preset's)"),
         opt.Flag(
             "intermediate", int | None, None, (), "Expert FFN width (default hidden/4, or the preset's)"
@@ -97,7 +102,7 @@ def tune_command(
 
     Example: moelab tune --preset deepseek-v3 --backend deepep,hybrid-ep --backend-path deepep=.ext/deepep-v1
     """
-    p = get_preset(preset) if preset else None
+    p = model_shape(preset) if preset else None
     paths = backends.paths()
     names = _available(backends, paths)
     grid = tuple(parse_list(workload.sms, int, "sms") or COARSE_SMS)
@@ -160,7 +165,7 @@ def _available(backends: opt.BackendOptions, paths: dict[str, str]) -> tuple[str
 
 
 def _layer(
-    workload: opt.WorkloadOptions, intermediate: int | None, p: Preset | None, world: int
+    workload: opt.WorkloadOptions, intermediate: int | None, p: ModelShape | None, world: int
 ) -> tuple[Workload, int]:
     """The layer's workload and expert FFN width: the flags, else the preset's, else the defaults."""
     h = workload.hidden if workload.hidden is not None else (p.hidden if p else 8192)
@@ -169,7 +174,7 @@ def _layer(
     epr = (
         workload.experts_per_rank
         if workload.experts_per_rank is not None
-        else (p.experts_per_rank(world) if p else 8)
+        else (p.experts_per_rank(world, "--preset") if p else 8)
     )
     wl = Workload(
         hidden=h,

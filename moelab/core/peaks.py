@@ -1,4 +1,5 @@
-"""Measured link figures of a run (RUN_DIR/peaks.json): the type, and reading and writing it, without torch."""
+"""Measured figures of a run, without torch: link peaks (RUN_DIR/peaks.json) and the GPU's dense matmul and
+memory copy rates (RUN_DIR/rates.json); the types, and reading and writing them."""
 
 from __future__ import annotations
 
@@ -23,3 +24,24 @@ def read_peaks(path: Path) -> list[MeasuredPeak]:
     if not path.exists():
         return []
     return [MeasuredPeak(**d) for d in json.loads(path.read_text())]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredRate:
+    """One GPU's achievable compute or memory rate (RUN_DIR/rates.json): the e2e layer's roofline."""
+
+    name: str  # dense_bf16_matmul, hbm_copy
+    value: float
+    unit: str  # TFLOP/s, GB/s
+    work: float  # FLOPs or bytes of one timed call
+    definition: str
+
+
+def write_rates(path: Path, rates: list[MeasuredRate]) -> None:
+    path.write_text(json.dumps([asdict(r) for r in rates], indent=2))
+
+
+def read_rates(path: Path) -> list[MeasuredRate]:
+    if not path.exists():
+        return []
+    return [MeasuredRate(**d) for d in json.loads(path.read_text())]

@@ -5,6 +5,7 @@ RUN_DIR/spec.json                      the RunSpec every rank reads
 RUN_DIR/run.json                       status (running / complete / failed / interrupted), timestamps,
                                        and the launching process (pid, host) while it runs
 RUN_DIR/peaks.json                     the machine's link figures, measured by the run's first GPU job
+RUN_DIR/rates.json                     and its GPUs' dense matmul and HBM copy rates (the e2e roofline's)
 RUN_DIR/<backend>/progress.jsonl       the writing rank's progress events (cases, one-time costs)
 RUN_DIR/<backend>/results.jsonl        one record per case, appended by rank 0 as each case ends
 RUN_DIR/<backend>/env.json             per-rank environment fingerprints
@@ -258,6 +259,10 @@ class RunDir:
     @property
     def peaks_file(self) -> Path:
         return self.path / "peaks.json"
+
+    @property
+    def rates_file(self) -> Path:
+        return self.path / "rates.json"
 
     @property
     def verify_dir(self) -> Path:

@@ -7,6 +7,10 @@ read as "% of what the hardware really does" beside "% of the datasheet peak".
 - `a2a_algbw_gbps` / `a2a_remote_gbps`: one large all_to_all_single with equal splits: every byte a rank
   sends (its own share included) and only the bytes to other ranks, over the slowest rank's median time.
 Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json; ingest stores it as it is.
+
+The same job measures each GPU's achievable rates for the e2e layer's roofline (RUN_DIR/rates.json,
+table measured_rates; moelab.measure.e2e.roofline): `dense_bf16_matmul` (a large square bf16 matmul,
+FLOPs over time) and `hbm_copy` (a large device-to-device copy, bytes read + written over time).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moelab.core.peaks import MeasuredPeak
+from moelab.core.peaks import MeasuredPeak, MeasuredRate
 from moelab.measure.timing import Clock
 
 PEAK_BYTES = 256 * 1024 * 1024  # per rank and transfer: well past the link's latency, several times L2
 ITERS = 20
+MATMUL_N = 8192  # 2 x 8192^3 = 1.1 TFLOP a call: past the launch cost, the shape cuBLAS runs at its best
+COPY_BYTES = 1 << 30  # per copy: many times L2, so every byte comes from and goes to HBM
 
 
 def _median_slowest(clock: Clock, fn: Callable[[], object]) -> float:
@@ -65,3 +71,39 @@ def measure_peaks(clock: Clock, rank: int, world: int) -> list[MeasuredPeak]:
     out.append(MeasuredPeak(name="a2a_remote", gbps=remote / (t * 1e-6) / 1e9, bytes=remote,
                             definition="the same all_to_all_single: only the bytes sent to other ranks / the slowest rank's median time"))  # fmt: skip
     return out
+
+
+def _matmul_us(clock: Clock) -> float:
+    a = torch.ones(MATMUL_N, MATMUL_N, dtype=torch.bfloat16, device=clock.device)
+    b = torch.ones_like(a)
+    c = torch.empty_like(a)
+    return _median_slowest(clock, lambda: torch.matmul(a, b, out=c))
+
+
+def _copy_us(clock: Clock) -> float:
+    src = torch.ones(COPY_BYTES // 2, dtype=torch.bfloat16, device=clock.device)
+    dst = torch.empty_like(src)
+    return _median_slowest(clock, lambda: dst.copy_(src))
+
+
+def measure_device_rates(clock: Clock) -> list[MeasuredRate]:
+    """This GPU's dense bf16 matmul rate and HBM copy rate (every rank its own GPU, at the same time; the
+    slowest rank's median). Each measurement's buffers are freed before the next."""
+    flops, moved = 2.0 * MATMUL_N**3, 2.0 * COPY_BYTES
+    t_mm, t_copy = _matmul_us(clock), _copy_us(clock)
+    return [
+        MeasuredRate(
+            name="dense_bf16_matmul",
+            value=flops / (t_mm * 1e-6) / 1e12,
+            unit="TFLOP/s",
+            work=flops,
+            definition=f"torch.matmul of two {MATMUL_N}x{MATMUL_N} bf16 matrices: 2 n^3 FLOPs / the slowest rank's median time",
+        ),
+        MeasuredRate(
+            name="hbm_copy",
+            value=moved / (t_copy * 1e-6) / 1e9,
+            unit="GB/s",
+            work=moved,
+            definition=f"a {COPY_BYTES >> 20} MiB device-to-device copy: bytes read + bytes written / the slowest rank's median time",
+        ),
+    ]

@@ -64,20 +64,25 @@ def _redirect_output(log_path: Path) -> None:
 
 
 def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> None:
-    """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json); later jobs see
-    the file and skip. Rank 0 decides, so every rank runs the same collectives."""
-    from moelab.core.peaks import write_peaks
-    from moelab.measure.peaks import measure_peaks
+    """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json) and its GPUs'
+    matmul and copy rates (RUN_DIR/rates.json); later jobs see the file and skip. Rank 0 decides, so
+    every rank runs the same collectives."""
+    from moelab.core.peaks import write_peaks, write_rates
+    from moelab.measure.peaks import measure_device_rates, measure_peaks
 
-    path = RunDir(run_dir).peaks_file
-    decision: list[Any] = [not path.exists()] if ctx.rank == 0 else [None]
+    rd = RunDir(run_dir)
+    decision: list[Any] = [not rd.peaks_file.exists()] if ctx.rank == 0 else [None]
     dist.broadcast_object_list(decision, src=0, group=ctx.group)
     if not decision[0]:
         return
-    peaks = measure_peaks(Clock(ctx.device, ctx.group, spec.timing.flush_l2), ctx.rank, ctx.world)
+    clock = Clock(ctx.device, ctx.group, spec.timing.flush_l2)
+    peaks = measure_peaks(clock, ctx.rank, ctx.world)
+    rates = measure_device_rates(clock)
     if ctx.local_rank == 0:
-        write_peaks(path, peaks)
+        write_rates(rd.rates_file, rates)  # first: peaks.json says the measurement is done
+        write_peaks(rd.peaks_file, peaks)
     print("measured peaks: " + ", ".join(f"{p.name} {p.gbps:.1f} GB/s" for p in peaks), flush=True)
+    print("measured rates: " + ", ".join(f"{r.name} {r.value:.1f} {r.unit}" for r in rates), flush=True)
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ prints; tests and other commands (verify, tune) build runs the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,11 +17,12 @@ from moelab.backends import registry
 from moelab.backends.base import HostJob
 from moelab.backends.capabilities import DefaultWorkload
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import ModelShape, model_shape
 from moelab.core.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
 from moelab.core.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.job import launchers
 from moelab.job.rundir import now_iso
-from moelab.suites.loader import Suite, expand, load_suite
+from moelab.suites.loader import Suite, case_id_for, expand, load_suite
 
 if TYPE_CHECKING:
     from moelab.backends.base import Registered
@@ -40,6 +42,7 @@ class RunRequest:
         default_factory=dict
     )  # axis -> values, replaces the suite's
     cases: Sequence[str] = ()  # only these case ids
+    model: str | None = None  # a layer shape of moelab.core.models; the workload flags above it win
     gpus: int | None = None
     gpus_per_node: int | None = None
     cpu: bool = False
@@ -212,6 +215,35 @@ def plan_world(req: RunRequest, host: HostFacts) -> tuple[str, int]:
     return device, nproc * req.nodes
 
 
+def _model_request(req: RunRequest, world: int) -> tuple[RunRequest, ModelShape | None, list[str]]:
+    """`req` with its model's hidden, topk and experts per rank (experts / ranks) as workload flags, where
+    the user did not give those flags; the model; and the note that says what it set and from where."""
+    if req.model is None:
+        return req, None, []
+    shape = model_shape(req.model)
+    workload = {k: list(v) for k, v in req.workload.items()}
+    workload.setdefault("hidden", [shape.hidden])
+    workload.setdefault("topk", [shape.topk])
+    if "experts_per_rank" not in workload:
+        workload["experts_per_rank"] = [shape.experts_per_rank(world)]
+    return dataclasses.replace(req, workload=workload), shape, [f"note: {shape.describe(world)}"]
+
+
+def _with_intermediate(cases: list[CaseSpec], intermediate: int) -> list[CaseSpec]:
+    """The model's expert width for every e2e case (its `intermediate`); other cases have no experts."""
+    out: list[CaseSpec] = []
+    seen: set[tuple[str, str]] = set()
+    for case in cases:
+        if case.e2e is not None:
+            e2e = dataclasses.replace(case.e2e, intermediate=intermediate)
+            case = dataclasses.replace(case, e2e=e2e)
+            case = dataclasses.replace(case, case_id=case_id_for(case.workload, case.sms, case.asked_knobs()))
+        if (case.backend, case.case_id) not in seen:
+            seen.add((case.backend, case.case_id))
+            out.append(case)
+    return out
+
+
 def _fit_experts(req: RunRequest, suite: Suite, world: int) -> tuple[dict[str, list[Any]], list[str]]:
     """The reference workload needs topk <= experts/rank x ranks. When the user did not set experts per rank
     and the suite's value cannot fit this world size, use the documented nearest variant (8 per rank, as
@@ -267,7 +299,9 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
     world = nproc * req.nodes
     suite = req.suite if isinstance(req.suite, Suite) else load_suite(req.suite)
     check_suite_backends(suite)
+    req, shape, model_notes = _model_request(req, world)
     overrides, notes = _fit_experts(req, suite, world)
+    notes = model_notes + notes
     classes = load_backends(req.backends)
     try:
         cases = expand(suite, list(req.backends), world, overrides, _backend_defaults(classes))
@@ -275,6 +309,8 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
         raise
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{suite.source}: {exc}") from exc
+    if shape is not None:
+        cases = _with_intermediate(cases, shape.intermediate)
     if req.cases:
         ids = {c.case_id for c in cases}
         unknown = sorted(set(req.cases) - ids)

@@ -1,7 +1,7 @@
 """The report's end-to-end section: for each MoE-layer workload, tokens/s per rank against the SMs the
 communication holds, every backend and schedule on one chart, each line's best SM count marked, the
 winning backend+S named, and the figures behind it (exposed communication, overlap efficiency, the GEMM
-slowdown the communication's SMs cause). Rows come from the e2e cases' stored metrics (moelab.measure.e2e)."""
+slowdown the communication's SMs cause, the layer's and its compute's % of roofline). Rows come from the e2e cases' stored metrics (moelab.measure.e2e)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ METRICS = (
     "gemm_slowdown",
     "speedup_vs_serial",
     "tokens_per_s_per_rank_fwd_bwd",
+    "roofline_share",
+    "compute_roofline_share",
 )
 
 

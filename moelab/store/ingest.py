@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 
 from moelab.core.case_record import CaseRecord, OpResult
-from moelab.core.peaks import read_peaks
+from moelab.core.peaks import read_peaks, read_rates
 from moelab.core.spec import CaseSpec, RunSpec
 from moelab.health.contention import job_suspect_reason
 from moelab.job.diagnosis import diagnosis_rows
@@ -241,6 +241,10 @@ def collect(run_dir: Path) -> RunRows:
     rows.tables["library_figures"] = [r.to_dict() for r in RunDir(run_dir).library_figures()]
     for p in read_peaks(RunDir(run_dir).peaks_file):
         rows.add("measured_peaks", name=p.name, gbps=p.gbps, bytes=p.bytes, definition=p.definition)
+    for r in read_rates(RunDir(run_dir).rates_file):
+        rows.add(
+            "measured_rates", name=r.name, value=r.value, unit=r.unit, work=r.work, definition=r.definition
+        )
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     rows.add(
         "runs", created_at=created, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None), label=spec.label,

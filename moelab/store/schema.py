@@ -173,10 +173,21 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        9,
+        "measured GPU rates of each GPU run (dense bf16 matmul, HBM copy): the e2e layer's roofline",
+        (
+            """CREATE TABLE measured_rates (
+                run_id VARCHAR, name VARCHAR, value DOUBLE, unit VARCHAR, work DOUBLE, definition VARCHAR)""",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
-    "failure_diagnosis",
+    "failure_diagnosis", "measured_rates",
 )  # fmt: skip
 # an export carries the judgments too; ingest leaves them to moelab.store.judgments (judging replaces them)
 EXPORT_TABLES = (*RUN_TABLES, "judgments")

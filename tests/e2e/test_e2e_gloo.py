@@ -16,6 +16,7 @@ from moelab.core.case_record import CaseRecord
 from moelab.core.routing import Routing, route_all
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import RoutingSpec, Workload
+from moelab.job.rundir import JobFiles
 from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.bench import run_e2e_case
 from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
@@ -135,7 +136,9 @@ class HalvedCombine(NcclA2ABackend):
 BACKENDS = {"nccl-a2a": NcclA2ABackend, "mxfp8-a2a": Mxfp8A2ABackend, "halved": HalvedCombine}
 
 
-def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec]) -> list[CaseRecord]:
+def _bench_rank(
+    rank: int, world: int, backend_name: str, cases: list[CaseSpec], files: JobFiles | None = None
+) -> list[CaseRecord]:
     ctx = gloo_context(rank, world)
     backend = BACKENDS[backend_name](ctx, [CaseConfig.of(c) for c in cases if not c.skip_reason])
     spec = RunSpec(
@@ -143,7 +146,7 @@ def _bench_rank(rank: int, world: int, backend_name: str, cases: list[CaseSpec])
         timing=TimingSpec(warmup=1, iters=3, pair_reps=1, pair_iters=1, flush_l2=False), launch=LaunchSpec(nproc_per_node=world, gpus_per_node=world),
     )  # fmt: skip
     clock = Clock(ctx.device, ctx.group, False)
-    cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=None)
+    cc = CaseContext(backend=backend, ctx=ctx, spec=spec, clock=clock, files=files)
     records = [run_e2e_case(cc, c) for c in cases]
     backend.close()
     return records

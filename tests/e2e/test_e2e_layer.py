@@ -27,10 +27,10 @@ from moelab.measure.e2e.layer import (
     resolve_gemm,
     supports_backward,
     swiglu_ffn,
-    ungroup,
 )
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
+from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
 from moelab.suites.loader import expand, load_suite
@@ -145,11 +145,18 @@ def test_grouping_replicates_rows_per_local_expert_and_sums_back() -> None:
     x = torch.arange(4 * 2, dtype=torch.float32).view(4, 2) + 1
     g = group_by_expert(x, recv_idx, recv_w, 3)
     assert g.offsets.tolist() == [1, 3, 5] and g.offsets.dtype == torch.int32
-    assert g.row.tolist() == [0, 0, 2, 1, 2]  # expert 0: row 0; expert 1: rows 0, 2; expert 2: rows 1, 2
-    assert torch.equal(g.x, x[g.row])
+    assert g.map.pair_row.tolist() == [
+        0,
+        0,
+        2,
+        1,
+        2,
+    ]  # expert 0: row 0; expert 1: rows 0, 2; expert 2: rows 1, 2
+    assert g.map.slot_pair.tolist() == [[1, -1, 0], [-1, -1, 3], [4, 2, -1], [-1, -1, -1]]
+    assert torch.equal(g.x, x[g.map.pair_row])
     # per-expert function e -> (e + 1) * x, weighted and summed per row
     scale = torch.repeat_interleave(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1, 2, 2]))
-    out = ungroup(g.x * scale.unsqueeze(1), g)
+    out = unpermute(g.x * scale.unsqueeze(1), g.map, "torch")
     want = torch.stack(
         [(0.5 * 2 + 0.25 * 1) * x[0], 1.0 * 3 * x[1], (0.75 * 3 + 0.125 * 2) * x[2], torch.zeros(2)]
     )
@@ -419,18 +426,31 @@ def test_metrics_definitions() -> None:
 LAYER_METRICS = ["layer_us", "tokens_per_s_per_rank"]
 COMM_METRICS = ["comm_us", "exposed_comm_us", "exposed_comm_share", "overlap_efficiency", "gemm_tflops_per_rank",
                 "gemm_slowdown"]  # fmt: skip
+SPLIT = ["speedup_vs_serial", "split_overhead_us", "split_overhead_share", "schedule_overhead_us"]
+ROOFLINE = [
+    "dense_matmul_tflops",
+    "hbm_copy_gbps",
+    "gemm_roofline_share",
+    "permute_over_floor",
+    "compute_roofline_us",
+    "compute_roofline_share",
+    "roofline_us",
+    "roofline_share",
+]
+ROOFLINE_FWD_BWD = ["roofline_us_fwd_bwd", "roofline_share_fwd_bwd"]
 
 
 @pytest.mark.parametrize(
     ("knobs", "names"),
     [
-        ({}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err"]),
-        ({"mode": "chunked"}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "speedup_vs_serial", "split_overhead_us"]),
+        ({}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", *ROOFLINE]),
+        ({"mode": "chunked"}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", *SPLIT, *ROOFLINE]),
         ({"backward": True}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "tokens_per_s_per_rank_fwd_bwd",
-                              "grad_x_rel_err", "grad_w_rel_err"]),
-        ({"mode": "tbo", "backward": True}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", "speedup_vs_serial",
-                                             "split_overhead_us", "tokens_per_s_per_rank_fwd_bwd", "grad_x_rel_err",
-                                             "grad_w_rel_err", "speedup_vs_serial_fwd_bwd"]),
+                              "grad_x_rel_err", "grad_w_rel_err", *ROOFLINE, *ROOFLINE_FWD_BWD]),
+        ({"mode": "tbo", "backward": True}, [*LAYER_METRICS, *COMM_METRICS, "layer_rel_err", *SPLIT,
+                                             "tokens_per_s_per_rank_fwd_bwd", "grad_x_rel_err",
+                                             "grad_w_rel_err", "speedup_vs_serial_fwd_bwd", *ROOFLINE,
+                                             *ROOFLINE_FWD_BWD]),
         ({"profile": "layer"}, [*LAYER_METRICS, "layer_rel_err"]),
         ({"mode": "tbo", "profile": "layer", "backward": True},
          [*LAYER_METRICS, "layer_rel_err", "tokens_per_s_per_rank_fwd_bwd"]),

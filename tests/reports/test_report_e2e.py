@@ -17,13 +17,13 @@ def _row(backend: str, mode: str, sms: int | None, tps: float, **extra: Any) -> 
         "backend_record": "{}", "mode": mode, "intermediate": 2048, "knob_text": extra.pop("knob_text", ""),
         "layer_us": 4096 / tps * 1e6, "tokens_per_s_per_rank": tps, "exposed_comm_us": 100.0,
         "overlap_efficiency": 0.5, "gemm_slowdown": 0.04, "speedup_vs_serial": None,
-        "tokens_per_s_per_rank_fwd_bwd": None, **extra,
+        "tokens_per_s_per_rank_fwd_bwd": None, "roofline_share": None, "compute_roofline_share": None, **extra,
     }  # fmt: skip
 
 
 ROWS = [
     _row("deepep", "tbo", 16, 400e3),
-    _row("deepep", "tbo", 24, 450e3),
+    _row("deepep", "tbo", 24, 450e3, roofline_share=0.62, compute_roofline_share=0.81),
     _row("deepep", "tbo", 32, 430e3),
     _row("deepep", "serial", None, 380e3),
     _row("nccl-a2a", "tbo", 16, 360e3),
@@ -66,8 +66,9 @@ def test_rendered_report_says_who_wins() -> None:
         and "Winner: deepep tbo at 24 SMs" in html
         and "7% over the best other backend" in html
     )
+    assert "<td>62%</td><td>81%</td>" in html and "% of roofline" in html  # where measured; — elsewhere
     md = render(data, "md")
-    assert "**deepep tbo at 24 SMs wins" in md
+    assert "**deepep tbo at 24 SMs wins" in md and "| 62% |" in md
 
 
 def test_workloads_are_kept_apart() -> None:

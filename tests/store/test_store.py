@@ -190,6 +190,17 @@ def test_ingest_of_a_run_directory(tmp_path: Path, con: duckdb.DuckDBPyConnectio
             assert stored[bw.definition] == pytest.approx(bw.bytes_mean)
 
 
+def test_ingest_stores_the_measured_rates(tmp_path: Path, con: duckdb.DuckDBPyConnection) -> None:
+    """RUN_DIR/rates.json (a GPU run's dense matmul and copy rates, the e2e roofline's) into measured_rates."""
+    from tests.e2e.test_roofline import rates_file
+
+    run_dir = write_run(tmp_path / "runs", "run-a")
+    rates_file(run_dir)
+    ingest(con, run_dir)
+    got = con.execute("SELECT name, value, unit, work FROM measured_rates ORDER BY name").fetchall()
+    assert got == [("dense_bf16_matmul", 800.0, "TFLOP/s", 1.0), ("hbm_copy", 3000.0, "GB/s", 2.0)]
+
+
 def test_reingest_replaces_the_run_and_only_it(tmp_path: Path, con: duckdb.DuckDBPyConnection) -> None:
     run_a = write_run(tmp_path / "runs", "run-a")
     ingest(con, run_a)

@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 from moelab.cli.main import app
 from moelab.cli.tune_cmd import round_timings
 from moelab.core.errors import MoelabError, SpecError
+from moelab.core.models import MODELS, model_shape
 from moelab.core.spec import LaunchSpec, TimingSpec
 from moelab.core.workload import Workload
 from moelab.plan.planning import HostFacts, RunRequest
 from moelab.reports.html import write_report
 from moelab.suites.loader import expand, load_suite
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
-from moelab.tune.presets import PRESETS, preset
 from moelab.tune.search import ROUNDS, Trial, TuneConfig, TuneResult, full_product, tune
 from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine, sm_neighbours
 from moelab.tune.trials import TrialPlan, plan_trials
@@ -166,19 +166,20 @@ def test_summary_states_margins(tmp_path: Path) -> None:
     assert "+20.0%" in text and "+50.0%" in text and "3 trials" in text and "40" in text
 
 
-def test_presets() -> None:
-    assert preset("deepseek-v3").experts_per_rank(8) == 32 and PRESETS["deepseek-v3"].hidden == 7168
-    assert preset("mixtral-8x7b").topk == 2 and preset("qwen3-moe").intermediate == 1536
-    with pytest.raises(SpecError, match="do not split evenly"):
-        preset("mixtral-8x7b").experts_per_rank(3)
-    with pytest.raises(SpecError, match="unknown preset"):
-        preset("gpt-5")
+def test_presets_are_the_model_table() -> None:
+    assert model_shape("deepseek-v3").experts_per_rank(8) == 32 and MODELS["deepseek-v3"].hidden == 7168
+    assert model_shape("mixtral-8x7b").topk == 2 and model_shape("qwen3-moe") is MODELS["qwen3-235b-a22b"]
+    with pytest.raises(SpecError, match="--preset mixtral-8x7b: 8 experts do not split evenly over 3 ranks"):
+        model_shape("mixtral-8x7b").experts_per_rank(3, "--preset")
+    with pytest.raises(SpecError, match="unknown model"):
+        model_shape("gpt-5")
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--preset", "gpt-5"], "unknown preset"),
+        (["--preset", "gpt-5"], "unknown model 'gpt-5'"),
+        (["--preset", "mixtral-8x7b", "--gpus", "3"], "8 experts do not split evenly over 3 ranks"),
         (["--backend", "nope"], "unknown backend"),
         (["--sms", "8,x"], "whole numbers"),
         (["--intermediate", "0"], "intermediate"),
@@ -269,8 +270,17 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
             "SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM cases WHERE run_id IN (SELECT run_id FROM runs)"
         ).fetchone()
         labels = {r[0] for r in con.execute("SELECT label FROM labels").fetchall()}
+        roofline = con.execute(
+            "SELECT DISTINCT value, definition FROM case_metrics WHERE name = 'roofline_share'"
+        ).fetchall()
     assert len(runs) >= 2 and all(r[2] == "tune" and r[1].startswith("tune-") for r in runs)
     assert labels == {r[1] for r in runs}
+    # CPU ranks measure no GPU rates: the e2e roofline is stored as NULL with the reason, never invented
+    assert roofline and all(
+        v is None
+        and d.endswith("not formed: this run measured no GPU rates (a CPU run, or peaks not measured)")
+        for v, d in roofline
+    )
     assert (
         trials is not None and trials[0] == trials[1] >= 4
     )  # round 1: 2 schedules; final: both again, the default among them

@@ -47,9 +47,10 @@ from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
-from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward, swiglu_ffn
+from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.roofline import run_rates
 from moelab.measure.timing import Clock
 
 
@@ -75,8 +76,10 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     if isinstance(prepared, str):
         return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
-    backend_record = backend.case_record(cfg) | {"e2e": settings.to_record(gemm)}
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
+    backend_record = backend.case_record(cfg) | {
+        "e2e": settings.to_record(gemm) | {"permute": inputs.permute}
+    }
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
         reason = "; ".join(check["messages"])[:2000]
@@ -124,7 +127,7 @@ def prepare_case(
 
 def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> E2ECalls:
     """The ops the case's settings time (see the module docstring), over dispatches made once here."""
-    settings, layer, weights, gemm = inputs.settings, inputs.layer, inputs.weights, inputs.gemm
+    settings, layer = inputs.settings, inputs.layer
     x, idx, w = inputs.x, inputs.topk_idx, inputs.topk_weights
     with torch.no_grad():
         full = layer.dispatch(x, idx, w)
@@ -138,7 +141,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
 
     def gemm_mb() -> object:
-        return swiglu_ffn(first.x, first.offsets, weights, gemm)
+        return layer.ffn(first)
 
     def gemm_mb_carved() -> object:  # as the overlapped layer launches them: with its carve-out
         with inputs.carved():
@@ -150,7 +153,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     forward: dict[str, Callable[[], object]] = {
         "layer": lambda: inputs.forward(x),
         "compute_only": lambda: layer.experts(full),
-        "gemm": lambda: swiglu_ffn(g.x, g.offsets, weights, gemm),
+        "gemm": lambda: layer.ffn(g),
         "gemm_mb": gemm_mb,
         "dispatch": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, full.handle),
@@ -256,7 +259,8 @@ def build_record(
     measured: Measured,
     backend_record: dict[str, Any],
 ) -> CaseRecord:
-    """Each op summarised with the bytes a row carries, the derived metrics, the row counts, the host syncs."""
+    """Each op summarised with the bytes a row carries, the derived metrics (the roofline's from the run's
+    measured GPU rates, or NULL and why not), the row counts, the host syncs."""
     backend, ctx, wl = cc.backend, cc.ctx, cfg.workload
     bytes_per_row = {
         "dispatch": backend.bytes_per_token(cfg, "dispatch"),
@@ -270,7 +274,11 @@ def build_record(
         op_result(OpMeasurement(op=op, samples_us=s, bytes_per_row=bytes_per_row.get(op, 0)), rows)
         for op, s in measured.samples.items()
     )
-    metrics = e2e_metrics(ops, settings, wl, measured.pairs, measured.check)
+    rates, no_rates = run_rates(cc.files.run_dir if cc.files is not None else None)  # RUN_DIR/rates.json
+    metrics = e2e_metrics(
+        ops, settings, wl, measured.pairs, measured.check, rows_per_rank=[r.recv_rows for r in rows],
+        rates=rates, no_rates_reason=no_rates,
+    )  # fmt: skip
     return CaseRecord(
         case=case, status="ok", world=ctx.world, gpus_per_node=ctx.gpus_per_node, backend_record=backend_record,
         check=check_result(measured.check), ops=results, rows=tuple(rows), traces=measured.traces,

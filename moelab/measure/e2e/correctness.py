@@ -17,6 +17,7 @@ from moelab.core.workload import Workload
 from moelab.measure.e2e.carveout import gemm_carveout
 from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Streams, forward_pipelined
+from moelab.measure.e2e.permute import resolve_permute
 from moelab.measure.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
 
@@ -36,6 +37,7 @@ class LayerInputs:
     streams: Streams
     settings: E2ESettings
     gemm: str  # the GEMM implementation `auto` resolved to
+    permute: str  # the permute/un-permute (and SwiGLU) implementation: triton on CUDA with triton, else torch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The layer in the case's mode, on the whole batch's routing."""
@@ -58,6 +60,7 @@ def make_layer_inputs(
     backend: Backend, wl: Workload, settings: E2ESettings, gemm: str, ctx: BackendContext
 ) -> LayerInputs:
     seed, device = wl.routing.seed, ctx.device
+    permute = resolve_permute("auto", device)
     routings = route_all(wl, ctx.world)
     routing = routings[ctx.rank].to(device)
     weights = local_expert_weights(
@@ -67,8 +70,8 @@ def make_layer_inputs(
     return LayerInputs(
         routings=routings, topk_idx=routing.topk_idx, topk_weights=routing.topk_weights,
         x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device), weights=weights,
-        layer=MoELayer(backend, weights, wl.experts_per_rank, gemm), streams=Streams(device),
-        settings=settings, gemm=gemm,
+        layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute), streams=Streams(device),
+        settings=settings, gemm=gemm, permute=permute,
     )  # fmt: skip
 
 

@@ -11,9 +11,11 @@ models use are narrow (DeepSeek-V3: hidden 7168, expert 2048; Qwen3-235B-A22B: h
 1536, i.e. 0.29 and 0.375 of hidden); the knob `intermediate` sets it.
 
 Rows are grouped by local expert: a received row with several local experts is replicated once per
-expert (a (row, expert) pair), the pairs sorted by expert, the grouped GEMMs run over contiguous
-groups, and each pair's output, scaled by its routing weight, is summed back into its row before
-combine. Grouping needs one host synchronisation per dispatch (the number of pairs sizes the gather).
+expert (a (row, expert) pair), the pairs sorted by expert (the permute), the grouped GEMMs run over
+contiguous groups, and each row's pair outputs are gathered back in token order and summed with their
+routing weights in float32 before combine (the un-permute; moelab.measure.e2e.permute, deterministic
+forward and backward, Triton kernels on CUDA where triton is installed). Grouping needs one host
+synchronisation per dispatch (the number of pairs sizes the gather).
 
 Backward: the gradient of dispatch is a combine of the received rows' gradients along the same handle;
 the gradient of combine is a dispatch of the output gradient along the same handle, which needs the
@@ -35,12 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from moelab.backends.base import Backend, Dispatched
 from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
+from moelab.measure.e2e.activation import swiglu
+from moelab.measure.e2e.permute import PairMap, pair_map, permute, unpermute
 
 GEMM_ALIGN = 8  # _grouped_mm's CUTLASS path wants 16-byte aligned rows: bf16 dims that are multiples of 8
 
@@ -174,27 +177,34 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl
     return torch.cat(outs) if outs else x.new_empty(0, w.shape[2])
 
 
-def swiglu_ffn(x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights, impl: str) -> torch.Tensor:
-    """The grouped GEMMs and the activation: expert-sorted rows [P, H] -> [P, H]."""
+def swiglu_ffn(
+    x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights, impl: str, act: str = "torch"
+) -> torch.Tensor:
+    """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's): expert-sorted rows
+    [P, H] -> [P, H]."""
     h = grouped_matmul(x, weights.w13, offsets, impl)
-    inter = weights.intermediate
-    a = F.silu(h[:, :inter]) * h[:, inter:]
-    return grouped_matmul(a, weights.w2, offsets, impl)
+    return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl)
 
 
 @dataclass(slots=True)
 class Grouped:
-    """Received rows replicated per local expert and sorted by expert."""
+    """Received rows replicated per local expert and sorted by expert, and the map back to the rows."""
 
     x: torch.Tensor  # [P, H] bf16
-    row: torch.Tensor  # [P] int64: the received row of each pair
-    weight: torch.Tensor  # [P] routing weight of each pair (the payload dtype)
+    map: PairMap
     offsets: torch.Tensor  # [E] int32 cumulative pair counts
-    num_rows: int  # R, received rows
 
     @property
     def num_pairs(self) -> int:
-        return int(self.row.numel())
+        return self.map.num_pairs
+
+    @property
+    def num_rows(self) -> int:
+        return self.map.num_rows
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the expert compute reads (handed over between streams)."""
+        return (self.x, self.offsets, *self.map.tensors())
 
 
 @dataclass(slots=True)
@@ -213,26 +223,15 @@ def received_payload(d: Dispatched) -> torch.Tensor:
 
 
 def group_by_expert(
-    recv_x: torch.Tensor, recv_topk_idx: torch.Tensor, recv_topk_weights: torch.Tensor, experts_per_rank: int
+    recv_x: torch.Tensor,
+    recv_topk_idx: torch.Tensor,
+    recv_topk_weights: torch.Tensor,
+    experts_per_rank: int,
+    impl: str = "torch",
 ) -> Grouped:
-    num_rows, topk = recv_topk_idx.shape
-    idx = recv_topk_idx.reshape(-1).to(torch.int64)
-    valid = (idx >= 0) & (idx < experts_per_rank)
-    key = torch.where(valid, idx, experts_per_rank)  # pairs of other ranks' experts sort last
-    order = torch.sort(key, stable=True).indices
-    counts = torch.bincount(key, minlength=experts_per_rank + 1)[:experts_per_rank]
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
-    num_pairs = int(offsets[-1].item()) if experts_per_rank else 0  # host sync: sizes the gather
-    pairs = order[:num_pairs]
-    row = torch.div(pairs, topk, rounding_mode="floor")
-    weight = recv_topk_weights.reshape(-1).index_select(0, pairs).to(recv_x.dtype)
-    return Grouped(x=recv_x.index_select(0, row), row=row, weight=weight, offsets=offsets, num_rows=num_rows)
-
-
-def ungroup(y: torch.Tensor, g: Grouped) -> torch.Tensor:
-    """Each pair's output times its routing weight, summed into its received row: [P, H] -> [R, H]."""
-    out = torch.zeros(g.num_rows, y.shape[1], dtype=y.dtype, device=y.device)
-    return out.index_add(0, g.row, y * g.weight.unsqueeze(1))
+    """The permute of the received rows (`impl`: moelab.measure.e2e.permute's, resolved)."""
+    m, offsets = pair_map(recv_topk_idx, recv_topk_weights, experts_per_rank)
+    return Grouped(x=permute(recv_x, m, impl), map=m, offsets=offsets)
 
 
 def supports_backward(backend: Backend) -> str | None:
@@ -303,11 +302,19 @@ class MoELayer:
     the input requires grad); otherwise the backend is called directly.
     """
 
-    def __init__(self, backend: Backend, weights: ExpertWeights, experts_per_rank: int, gemm: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        weights: ExpertWeights,
+        experts_per_rank: int,
+        gemm: str,
+        permute: str = "torch",
+    ) -> None:
         self.backend = backend
         self.weights = weights
         self.experts_per_rank = experts_per_rank
         self.gemm = gemm
+        self.permute = permute  # resolved by moelab.measure.e2e.permute; triton fuses SwiGLU too
 
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
         """The backend's layout of this routing (None when the backend has no layout step of its own)."""
@@ -325,13 +332,19 @@ class MoELayer:
         else:
             d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
             recv_x = received_payload(d)
-        grouped = group_by_expert(recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank)
+        grouped = group_by_expert(
+            recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute
+        )
         return Received(grouped=grouped, handle=d.handle)
 
     def experts(self, received: Received) -> torch.Tensor:
         """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""
         g = received.grouped
-        return ungroup(swiglu_ffn(g.x, g.offsets, self.weights, self.gemm), g)
+        return unpermute(self.ffn(g), g.map, self.permute)
+
+    def ffn(self, g: Grouped) -> torch.Tensor:
+        """The grouped GEMMs and activation of already-grouped rows: [P, H]."""
+        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute)
 
     def combine(self, expert_out: torch.Tensor, received: Received) -> torch.Tensor:
         if torch.is_grad_enabled() and expert_out.requires_grad:

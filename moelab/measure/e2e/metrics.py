@@ -4,7 +4,8 @@ Every figure is a median of the slowest rank per iteration (moelab.core.stats.su
 its unit and a definition that says how it was made; a figure that cannot be formed (a zero time) is
 stored as None. Which metrics a case gets depends on its settings: `profile = layer` timed the layer
 alone, the overlapped modes add the comparison with the serial layer, `backward` the forward+backward
-figures and gradient errors.
+figures and gradient errors. The roofline figures (moelab.measure.e2e.roofline) need this GPU's measured
+matmul and copy rates: without them they are stored as None, their definition saying why.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.stats import summarize
 from moelab.core.workload import Workload
+from moelab.measure.e2e.roofline import DeviceRates, LayerWork, busiest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,6 +30,8 @@ class MetricInputs:
     workload: Workload
     pairs_per_rank: Sequence[int]
     check: Mapping[str, Any]
+    rows_per_rank: Sequence[int] = ()
+    rates: DeviceRates | None = None
 
     @property
     def layer(self) -> float:
@@ -46,6 +50,15 @@ class MetricInputs:
         hidden, inter, pairs = self.workload.hidden, self.settings.intermediate, self.pairs_per_rank
         return sum(6.0 * p * hidden * inter for p in pairs) / max(len(pairs), 1)
 
+    def work(self, backward: bool) -> LayerWork:
+        """The busiest rank's pairs and received rows (needs `rates`)."""
+        assert self.rates is not None
+        works = [
+            LayerWork(pairs=p, rows=r, hidden=self.workload.hidden, intermediate=self.settings.intermediate)
+            for p, r in zip(self.pairs_per_rank, self.rows_per_rank, strict=True)
+        ]
+        return busiest(works, self.rates, backward)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MetricDef:
@@ -53,6 +66,7 @@ class MetricDef:
     unit: str
     definition: str  # a template: {mode} and {chunks} are the case's
     value: Callable[[MetricInputs], float | None]
+    needs_rates: bool = False  # a roofline figure: None, with the reason, where the run measured no rates
 
 
 def _tokens_per_s(m: MetricInputs, op: str) -> float | None:
@@ -83,6 +97,28 @@ def _ratio_of(num_op: str, den_op: str) -> Callable[[MetricInputs], float | None
     return ratio
 
 
+def _share(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def _compute_floor(m: MetricInputs, backward: bool) -> float:
+    assert m.rates is not None
+    return m.work(backward).compute_floor_us(m.rates, backward)
+
+
+def _gemm_op_floor(m: MetricInputs) -> float:
+    """The `gemm` op's least time: the GEMMs at the matmul rate, the activation's bytes at the copy rate."""
+    assert m.rates is not None
+    w = m.work(False)
+    return w.gemm_floor_us(m.rates, False) + w.bytes_floor_us(w.activation_bytes(False), m.rates)
+
+
+def _outside_gemm_over_floor(m: MetricInputs) -> float | None:
+    assert m.rates is not None
+    w = m.work(False)
+    return _share(m.med["compute_only"] - m.med["gemm"], w.bytes_floor_us(w.permute_bytes(False), m.rates))
+
+
 LAYER = (
     MetricDef(name="layer_us", unit="us", value=lambda m: m.layer,
               definition="median forward layer time ({mode}), slowest rank per iteration"),
@@ -107,6 +143,67 @@ COMM = (
               definition="one micro-batch's GEMMs under the whole batch's dispatch+combine (concurrent, on another "
                          "stream) / the same GEMMs alone - 1: what the communication's SMs cost the GEMMs"),
 )  # fmt: skip
+ROOFLINE = (
+    MetricDef(
+        name="dense_matmul_tflops",
+        unit="TFLOP/s",
+        needs_rates=True,
+        value=lambda m: m.rates.matmul_tflops if m.rates else None,
+        definition="this GPU's dense bf16 matmul rate, measured once per run (table measured_rates)",
+    ),
+    MetricDef(
+        name="hbm_copy_gbps",
+        unit="GB/s",
+        needs_rates=True,
+        value=lambda m: m.rates.copy_gbps if m.rates else None,
+        definition="this GPU's device-to-device copy rate (bytes read + written), measured once per run",
+    ),
+    MetricDef(
+        name="gemm_roofline_share",
+        unit="ratio",
+        needs_rates=True,
+        value=lambda m: _share(_gemm_op_floor(m), m.med["gemm"]),
+        definition="(GEMM FLOPs / dense_matmul_tflops + SwiGLU bytes / hbm_copy_gbps) / gemm time, busiest "
+        "rank: 1 = the grouped GEMMs at the dense matmul rate",
+    ),
+    MetricDef(
+        name="permute_over_floor",
+        unit="ratio",
+        needs_rates=True,
+        value=_outside_gemm_over_floor,
+        definition="(compute_only - gemm time: grouping, permute, un-permute) / (their bytes / hbm_copy_gbps), "
+        "busiest rank: 1 = at copy speed",
+    ),
+    MetricDef(
+        name="compute_roofline_us",
+        unit="us",
+        needs_rates=True,
+        value=lambda m: _compute_floor(m, False),
+        definition="GEMM FLOPs / dense_matmul_tflops + non-GEMM bytes (permute, SwiGLU, un-permute) / "
+        "hbm_copy_gbps, busiest rank (moelab.measure.e2e.roofline)",
+    ),
+    MetricDef(
+        name="compute_roofline_share",
+        unit="ratio",
+        needs_rates=True,
+        value=lambda m: _share(_compute_floor(m, False), m.med["compute_only"]),
+        definition="compute_roofline_us / compute_only time: the expert compute's % of roofline",
+    ),
+    MetricDef(
+        name="roofline_us",
+        unit="us",
+        needs_rates=True,
+        value=lambda m: _compute_floor(m, False) + m.comm,
+        definition="compute_roofline_us + dispatch + combine (each timed alone)",
+    ),
+    MetricDef(
+        name="roofline_share",
+        unit="ratio",
+        needs_rates=True,
+        value=lambda m: _share(_compute_floor(m, False) + m.comm, m.layer),
+        definition="roofline_us / layer time ({mode}): the layer's % of roofline",
+    ),
+)
 LAYER_CHECK = (
     MetricDef(name="layer_rel_err", unit="ratio", value=lambda m: m.check.get("layer_err"),
               definition="max over ranks of ||out - ref|| / ||ref|| (float32 reference)"),
@@ -117,6 +214,14 @@ OVERLAP = (
     MetricDef(name="split_overhead_us", unit="us",
               value=lambda m: m.med["compute_only_split"] - m.med["compute_only"],
               definition="expert compute in {chunks} micro-batches - in one"),
+    MetricDef(name="split_overhead_share", unit="ratio",
+              value=lambda m: _share(m.med["compute_only_split"] - m.med["compute_only"], m.med["compute_only"]),
+              definition="split_overhead_us / compute_only time: what splitting into {chunks} costs the expert "
+                         "compute (smaller GEMMs, more launches)"),
+    MetricDef(name="schedule_overhead_us", unit="us",
+              value=lambda m: m.layer - m.med["layer_serial"] - (m.med["compute_only_split"] - m.med["compute_only"]),
+              definition="({mode} layer - serial layer) - split_overhead_us: what the overlapped schedule adds beyond "
+                         "its split (streams, events, host syncs) less the communication it hides"),
 )  # fmt: skip
 BACKWARD = (
     MetricDef(name="tokens_per_s_per_rank_fwd_bwd", unit="tokens/s",
@@ -129,6 +234,23 @@ GRAD_CHECK = (
     MetricDef(name="grad_w_rel_err", unit="ratio", value=lambda m: m.check.get("grad_w_err"),
               definition="max over ranks of the local expert weight gradients' relative error"),
 )  # fmt: skip
+ROOFLINE_BACKWARD = (
+    MetricDef(
+        name="roofline_us_fwd_bwd",
+        unit="us",
+        needs_rates=True,
+        value=lambda m: _compute_floor(m, True) + 2 * m.comm,
+        definition="forward+backward: GEMM FLOPs (3x forward) / dense_matmul_tflops + non-GEMM bytes / "
+        "hbm_copy_gbps + 2 x (dispatch + combine)",
+    ),
+    MetricDef(
+        name="roofline_share_fwd_bwd",
+        unit="ratio",
+        needs_rates=True,
+        value=lambda m: _share(_compute_floor(m, True) + 2 * m.comm, m.med["layer_fwd_bwd"]),
+        definition="roofline_us_fwd_bwd / forward+backward layer time ({mode})",
+    ),
+)
 OVERLAP_BACKWARD = (
     MetricDef(name="speedup_vs_serial_fwd_bwd", unit="ratio",
               value=_ratio_of("layer_fwd_bwd_serial", "layer_fwd_bwd"),
@@ -144,7 +266,7 @@ def metric_defs(settings: E2ESettings) -> tuple[MetricDef, ...]:
     out = LAYER + COMM + LAYER_CHECK + (OVERLAP if overlapped else ())
     if settings.backward:
         out += BACKWARD + GRAD_CHECK + (OVERLAP_BACKWARD if overlapped else ())
-    return out
+    return out + ROOFLINE + (ROOFLINE_BACKWARD if settings.backward else ())
 
 
 def metric(name: str, value: float | None, unit: str, definition: str) -> dict[str, Any]:
@@ -158,15 +280,29 @@ def e2e_metrics(
     workload: Workload,
     pairs_per_rank: list[int],
     check: Mapping[str, Any],
+    *,
+    rows_per_rank: Sequence[int] = (),
+    rates: DeviceRates | None = None,
+    no_rates_reason: str = "no measured GPU rates",
 ) -> list[dict[str, Any]]:
-    """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration)."""
+    """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration);
+    the roofline's from `rates` and each rank's received rows, or None with `no_rates_reason`."""
     med = {op: summarize(data["samples_us"]).median_us for op, data in ops.items()}
+    usable = rates if rates is not None and len(rows_per_rank) == len(pairs_per_rank) else None
     inputs = MetricInputs(
-        med=med, settings=settings, workload=workload, pairs_per_rank=pairs_per_rank, check=check
+        med=med,
+        settings=settings,
+        workload=workload,
+        pairs_per_rank=pairs_per_rank,
+        check=check,
+        rows_per_rank=rows_per_rank,
+        rates=usable,
     )
-    return [
-        metric(
-            d.name, d.value(inputs), d.unit, d.definition.format(mode=settings.mode, chunks=settings.chunks)
-        )
-        for d in metric_defs(settings)
-    ]
+    out = []
+    for d in metric_defs(settings):
+        definition = d.definition.format(mode=settings.mode, chunks=settings.chunks)
+        if d.needs_rates and usable is None:
+            out.append(metric(d.name, None, d.unit, f"{definition}; not formed: {no_rates_reason}"))
+        else:
+            out.append(metric(d.name, d.value(inputs), d.unit, definition))
+    return out

@@ -129,7 +129,7 @@ def forward_pipelined(
         assert r is not None
         with streams.on(streams.compute):
             streams.wait(streams.compute, dispatched[i])
-            for t in (r.grouped.x, r.grouped.row, r.grouped.weight, r.grouped.offsets):
+            for t in r.grouped.tensors():
                 streams.hand_over(t, streams.compute)
             y = layer.experts(r)
             computed = streams.record(streams.compute)
