@@ -299,10 +299,35 @@ def derive(
     return out
 
 
-def run_shape(
+def run_shape_fitting(
     ctx: BackendContext, m: ModelShape, a: argparse.Namespace, t: Timer, rates: DeviceRates | None
 ) -> ShapeResult:
-    tokens, note = fitted_tokens(m, a.tokens, ctx.device)
+    """run_shape, with half the tokens after an out-of-memory (the estimate of fitted_tokens is rough), and
+    the halving said in the shape's note."""
+    tokens, halved = a.tokens, []
+    while True:
+        try:
+            res = run_shape(ctx, m, tokens, a.no_check, t, rates)
+        except torch.OutOfMemoryError:
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+            fitted, _ = fitted_tokens(m, tokens, ctx.device)
+            tokens = fitted // 2
+            halved.append(str(fitted))
+            if tokens < 64:
+                return ShapeResult(
+                    name=m.name, tokens=0, note=f"skipped: out of memory at {', '.join(halved)} tokens"
+                )
+            continue
+        if halved:
+            res.note = "; ".join(n for n in (res.note, f"out of memory at {', '.join(halved)} tokens") if n)
+        return res
+
+
+def run_shape(
+    ctx: BackendContext, m: ModelShape, tokens: int, no_check: bool, t: Timer, rates: DeviceRates | None
+) -> ShapeResult:
+    tokens, note = fitted_tokens(m, tokens, ctx.device)
     res = ShapeResult(name=m.name, tokens=tokens, note=note)
     if tokens == 0:
         return res
@@ -311,7 +336,7 @@ def run_shape(
     impls = variants(ctx.device)
     with shape_backend(ctx, wl, m.intermediate) as (backend, settings):
         inputs = make_layer_inputs(backend, wl, settings, gemm, ctx)
-        if not a.no_check:
+        if not no_check:
             checked, why = checkable(inputs, m, ctx.device)
             res.note = "; ".join(n for n in (res.note, why) if n)
             res.check = check_layer(checked, wl, ctx, "bf16")
@@ -416,8 +441,19 @@ def main() -> None:
             f"{m.name}: hidden {m.hidden}, intermediate {m.intermediate}, {m.num_experts} experts, topk {m.topk}",
             flush=True,
         )
-        results.append(run_shape(ctx, m, a, timer, rates))
+        results.append(run_shape_fitting(ctx, m, a, timer, rates))
+        print_tables(
+            results[-1:], rates
+        )  # each shape as it ends: a later one running out of time loses nothing
+        write_json(a, name, rates, results)
     print_tables(results, rates)
+    print(f"wrote {a.json}")
+    dist.destroy_process_group()
+
+
+def write_json(
+    a: argparse.Namespace, name: str, rates: DeviceRates | None, results: list[ShapeResult]
+) -> None:
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(
         json.dumps(
@@ -436,8 +472,6 @@ def main() -> None:
             default=str,
         )
     )
-    print(f"wrote {a.json}")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

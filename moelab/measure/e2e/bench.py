@@ -77,9 +77,8 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
         return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
-    backend_record = backend.case_record(cfg) | {
-        "e2e": settings.to_record(gemm) | {"permute": inputs.permute}
-    }
+    e2e_record = settings.to_record(gemm) | {"permute": inputs.permute, "schedule": inputs.schedule()}
+    backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
         reason = "; ".join(check["messages"])[:2000]

@@ -38,10 +38,14 @@ class LayerInputs:
     settings: E2ESettings
     gemm: str  # the GEMM implementation `auto` resolved to
     permute: str  # the permute/un-permute (and SwiGLU) implementation: triton on CUDA with triton, else torch
+    overlaps: bool = True  # False at EP = 1: no row leaves the rank, so an overlapped mode runs unsplit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The layer in the case's mode, on the whole batch's routing."""
-        if self.settings.mode in OVERLAPPED:
+        """The layer in the case's mode, on the whole batch's routing. An overlapped mode with nothing to
+        hide (one rank: dispatch and combine are local copies) runs the batch whole, as a production layer
+        would: splitting it would only cost smaller GEMMs and twice the launches (the record's
+        split_overhead_share says how much)."""
+        if self.settings.mode in OVERLAPPED and self.overlaps:
             with self.carved():
                 return forward_pipelined(
                     self.layer, x, self.topk_idx, self.topk_weights, self.settings.chunks, self.streams
@@ -54,6 +58,14 @@ class LayerInputs:
 
     def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer.forward(x, self.topk_idx, self.topk_weights)
+
+    def schedule(self) -> str:
+        """What the layer's forward runs, for the record."""
+        if self.settings.mode not in OVERLAPPED:
+            return "serial"
+        if not self.overlaps:
+            return "unsplit: nothing to overlap on one rank (dispatch and combine are local copies)"
+        return f"{self.settings.chunks} micro-batches, communication beside compute"
 
 
 def make_layer_inputs(
@@ -71,7 +83,7 @@ def make_layer_inputs(
         routings=routings, topk_idx=routing.topk_idx, topk_weights=routing.topk_weights,
         x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device), weights=weights,
         layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute), streams=Streams(device),
-        settings=settings, gemm=gemm, permute=permute,
+        settings=settings, gemm=gemm, permute=permute, overlaps=ctx.world > 1,
     )  # fmt: skip
 
 
