@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from moelab.core.e2e_spec import E2ESpec
 from moelab.core.peaks import MeasuredRate, read_rates, write_rates
+from moelab.core.routing import route_all
 from moelab.core.workload import Workload
 from moelab.job.rundir import JobFiles
 from moelab.measure.e2e.metrics import e2e_metrics
@@ -106,7 +108,14 @@ def test_run_rates_reads_the_run_directory(tmp_path: Path) -> None:
 
 
 def _bench_with_files(rank: int, world: int, run_dir: Path, cases: list[Any]) -> list[dict[str, Any]]:
-    return _bench_rank(rank, world, "nccl-a2a", cases, JobFiles(run_dir, "nccl-a2a"))
+    records = _bench_rank(rank, world, "nccl-a2a", cases, JobFiles(run_dir, "nccl-a2a"))
+    return [r.to_dict() for r in records]
+
+
+def _pairs_per_rank(wl: Workload, world: int) -> list[int]:
+    """(token, expert) pairs each rank's experts receive, counted from every rank's routing."""
+    idx = torch.cat([r.topk_idx for r in route_all(wl, world)])
+    return [int((idx // wl.experts_per_rank == rank).sum()) for rank in range(world)]
 
 
 @pytest.mark.slow
@@ -120,7 +129,7 @@ def test_a_real_case_forms_its_roofline_from_the_runs_rates(tmp_path: Path) -> N
     rows = [r["recv_rows"] for r in rec["rows"]]
     works = [
         LayerWork(pairs=p, rows=r, hidden=64, intermediate=16)
-        for p, r in zip(rec["pairs_per_rank"], rows, strict=True)
+        for p, r in zip(_pairs_per_rank(wl, 2), rows, strict=True)
     ]
     assert m["compute_roofline_us"] == pytest.approx(max(w.compute_floor_us(RATES, False) for w in works))
     assert m["roofline_us"] == pytest.approx(m["compute_roofline_us"] + m["comm_us"])
