@@ -133,6 +133,24 @@ def checkable(inputs: LayerInputs, m: ModelShape, device: torch.device) -> tuple
     return forward_only, f"gradients not checked: their float32 reference needs {reference / 2**30:.0f} GiB"
 
 
+def check_what_fits(
+    inputs: LayerInputs, m: ModelShape, wl: Workload, ctx: BackendContext
+) -> tuple[dict[str, Any], str]:
+    """check_layer with the gradients where their float32 reference fits, else (or when it ran out of
+    memory all the same: the estimate is rough) the output alone; and what was not checked."""
+    checked, why = checkable(inputs, m, ctx.device)
+    try:
+        return check_layer(checked, wl, ctx, "bf16"), why
+    except torch.OutOfMemoryError:
+        if checked.settings.backward is False:
+            raise
+    torch.cuda.empty_cache()
+    forward_only = dataclasses.replace(inputs, settings=dataclasses.replace(inputs.settings, backward=False))
+    return check_layer(
+        forward_only, wl, ctx, "bf16"
+    ), "gradients not checked: their float32 reference ran out of memory"
+
+
 def median_us(clock: Clock, fn: Callable[[], object], iters: int, warmup: int) -> float:
     return float(statistics.median(clock.sample(fn, iters, warmup)))
 
@@ -212,6 +230,63 @@ def time_variant_fwd_bwd(t: Timer, inputs: LayerInputs, impl: str, us: dict[str,
     us[f"compute_fwd_bwd:{impl}"] = t(compute)
 
 
+GEMM_KERNEL_WORDS = ("cutlass", "gemm", "nvjet", "xmma", "grouped_mm")
+
+
+def kernel_split_us(fn: Callable[[], object], iters: int) -> tuple[float, float]:
+    """(GEMM kernels, every other kernel) GPU time per call of `fn`, from torch.profiler: the non-GEMM part
+    of the expert compute read off its own kernels, not as the difference of two timed totals (the GEMMs
+    timed alone and inside the layer differ by more than the non-GEMM time of a GEMM-bound shape)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    gemm = other = 0.0
+    for e in prof.key_averages():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if any(w in e.key.lower() for w in GEMM_KERNEL_WORDS):
+            gemm += e.self_device_time_total
+        else:
+            other += e.self_device_time_total
+    return gemm / iters, other / iters
+
+
+def time_nongemm_kernels(inputs: LayerInputs, impl: str, us: dict[str, float]) -> None:
+    """The chosen implementation's expert compute, forward and forward+backward, split into GEMM and
+    other kernels (CUDA only)."""
+    if inputs.x.device.type != "cuda":
+        return
+    backend, weights = inputs.layer.backend, inputs.weights
+    x, idx, w = inputs.x, inputs.topk_idx, inputs.topk_weights
+    layer = MoELayer(backend, weights, inputs.layer.experts_per_rank, inputs.gemm, impl)
+    d = backend.dispatch(x, idx, w)
+    recv_x = d.recv_x.detach().clone()
+    grad_rows = output_grad(1, 0, recv_x.shape[0], recv_x.shape[1], x.device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            grouped = group_by_expert(
+                recv_x, d.recv_topk_idx, d.recv_topk_weights, layer.experts_per_rank, impl
+            )
+            unpermute(layer.ffn(grouped), grouped.map, impl)
+
+    def fwd_bwd() -> None:
+        weights.zero_grad()
+        rx = recv_x.detach().requires_grad_(True)
+        grouped = group_by_expert(rx, d.recv_topk_idx, d.recv_topk_weights, layer.experts_per_rank, impl)
+        unpermute(layer.ffn(grouped), grouped.map, impl).backward(grad_rows)
+
+    us["gemm_kernels"], us["non_gemm_kernels"] = kernel_split_us(forward, 5)
+    us["gemm_kernels_fwd_bwd"], us["non_gemm_kernels_fwd_bwd"] = kernel_split_us(fwd_bwd, 5)
+    weights.zero_grad()
+
+
 def time_schedule(t: Timer, inputs: LayerInputs, us: dict[str, float]) -> tuple[int, int]:
     """The chosen implementation's GEMMs alone, grouping, tbo layer, split expert compute, dispatch and
     combine, forward and forward+backward; returns (pairs, received rows)."""
@@ -286,6 +361,9 @@ def derive(
     for impl in impls:
         out[f"non_gemm_over_floor:{impl}"] = _share(out[f"non_gemm_us:{impl}"], floor_fwd)
         out[f"non_gemm_over_floor_fwd_bwd:{impl}"] = _share(out[f"non_gemm_fwd_bwd_us:{impl}"], floor_bwd)
+    if "non_gemm_kernels" in us:  # the chosen implementation's, read off its kernels: what is judged
+        out["non_gemm_kernels_over_floor"] = _share(us["non_gemm_kernels"], floor_fwd)
+        out["non_gemm_kernels_over_floor_fwd_bwd"] = _share(us["non_gemm_kernels_fwd_bwd"], floor_bwd)
     compute_fwd, compute_bwd = work.compute_floor_us(rates, False), work.compute_floor_us(rates, True)
     out["roofline_us"], out["roofline_fwd_bwd_us"] = compute_fwd + comm, compute_bwd + 2 * comm
     out["compute_roofline_share"] = _share(compute_fwd, us[f"compute_only:{chosen}"])
@@ -308,12 +386,13 @@ def run_shape_fitting(
     while True:
         try:
             res = run_shape(ctx, m, tokens, a.no_check, t, rates)
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as exc:
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             fitted, _ = fitted_tokens(m, tokens, ctx.device)
             tokens = fitted // 2
             halved.append(str(fitted))
+            print(f"{m.name}: out of memory at {fitted} tokens: {str(exc).splitlines()[0][:200]}", flush=True)
             if tokens < 64:
                 return ShapeResult(
                     name=m.name, tokens=0, note=f"skipped: out of memory at {', '.join(halved)} tokens"
@@ -337,9 +416,8 @@ def run_shape(
     with shape_backend(ctx, wl, m.intermediate) as (backend, settings):
         inputs = make_layer_inputs(backend, wl, settings, gemm, ctx)
         if not no_check:
-            checked, why = checkable(inputs, m, ctx.device)
+            res.check, why = check_what_fits(inputs, m, wl, ctx)
             res.note = "; ".join(n for n in (res.note, why) if n)
-            res.check = check_layer(checked, wl, ctx, "bf16")
             if res.check["messages"]:
                 res.note = "; ".join(res.check["messages"])
                 return res
@@ -348,6 +426,7 @@ def run_shape(
                 time_variant_pieces(t, inputs, impl, res.us)
             time_variant_fwd_bwd(t, inputs, impl, res.us)
         pairs, rows = time_schedule(t, inputs, res.us)
+        time_nongemm_kernels(inputs, impls[-1], res.us)
         work = LayerWork(pairs=pairs, rows=rows, hidden=m.hidden, intermediate=m.intermediate)
         res.derived = derive(res.us, work, rates, impls) | {"gemm": gemm, "pairs": pairs, "rows": rows}
         inputs.weights.zero_grad()
@@ -387,7 +466,7 @@ def print_tables(results: list[ShapeResult], rates: DeviceRates | None) -> None:
             )
     print("\nper shape at EP = 1 (the chosen implementation; fwd | fwd+bwd):")
     print(
-        f"{'shape':<16} {'tokens':>6} {'GEMM TF/s':>11} {'of dense':>9} {'nonGEMM/floor':>13} "
+        f"{'shape':<16} {'tokens':>6} {'GEMM TF/s':>11} {'of dense':>9} {'nonGEMM/floor':>13} {'kernels':>11} "
         f"{'serial µs':>13} {'tbo/serial':>11} {'split':>6} {'% roofline':>11} {'compute %':>10}  note"
     )
     for r in results:
@@ -400,6 +479,7 @@ def print_tables(results: list[ShapeResult], rates: DeviceRates | None) -> None:
             f"{r.name:<16} {r.tokens:>6} {_f(d['gemm_tflops'])}|{_f(d['gemm_tflops_fwd_bwd']):<5} "
             f"{_pct(d.get('gemm_share_of_dense'))}|{_pct(d.get('gemm_share_of_dense_fwd_bwd')):<4} "
             f"{_f(d.get(f'non_gemm_over_floor:{impl}'), '.2f')}|{_f(d.get(f'non_gemm_over_floor_fwd_bwd:{impl}'), '.2f'):<6} "
+            f"{_f(d.get('non_gemm_kernels_over_floor'), '.2f')}|{_f(d.get('non_gemm_kernels_over_floor_fwd_bwd'), '.2f'):<6} "
             f"{_f(u[f'layer_serial:{impl}'])}|{_f(u[f'layer_serial_fwd_bwd:{impl}']):<6} "
             f"{_f(d['tbo_over_serial'], '.3f')}|{_f(d['tbo_over_serial_fwd_bwd'], '.3f'):<5} "
             f"{_pct(d['split_cost_share']):>6} {_pct(d.get('roofline_share_serial'))}|{_pct(d.get('roofline_share_serial_fwd_bwd')):<5} "
@@ -429,26 +509,57 @@ def main() -> None:
     a = p.parse_args()
     if a.tiny:
         a.tokens = min(a.tokens, 32)
+    names = a.shapes.split(",")
+    if len(names) > 1:  # each shape in a process of its own: one shape's memory never crowds the next
+        return run_each_shape_alone(a, names)
     ctx = single_rank_context()
     clock = Clock(ctx.device, ctx.group, ctx.device.type == "cuda")
     timer = Timer(clock, a.iters, a.warmup)
     name = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, variants {', '.join(variants(ctx.device))}", flush=True)
     rates = measure_rates(clock)
-    results = []
-    for m in shapes(a.tiny, a.shapes.split(",")):
-        print(
-            f"{m.name}: hidden {m.hidden}, intermediate {m.intermediate}, {m.num_experts} experts, topk {m.topk}",
-            flush=True,
-        )
-        results.append(run_shape_fitting(ctx, m, a, timer, rates))
-        print_tables(
-            results[-1:], rates
-        )  # each shape as it ends: a later one running out of time loses nothing
-        write_json(a, name, rates, results)
+    (m,) = shapes(a.tiny, names)
+    print(
+        f"{m.name}: hidden {m.hidden}, intermediate {m.intermediate}, {m.num_experts} experts, topk {m.topk}"
+    )
+    results = [run_shape_fitting(ctx, m, a, timer, rates)]
     print_tables(results, rates)
-    print(f"wrote {a.json}")
+    write_json(a, name, rates, results)
     dist.destroy_process_group()
+
+
+def run_each_shape_alone(a: argparse.Namespace, names: list[str]) -> None:
+    """This script once per shape, each in a fresh process; their figures merged into --json."""
+    import subprocess
+    import sys
+
+    parts = []
+    for shape in names:
+        out = a.json.with_name(f"{a.json.stem}.{shape}.json")
+        flags = ["--tokens", str(a.tokens), "--iters", str(a.iters), "--warmup", str(a.warmup)]
+        flags += ["--tiny"] * a.tiny + ["--no-check"] * a.no_check
+        argv = [sys.executable, __file__, "--json", str(out), "--shapes", shape, *flags]
+        done = subprocess.run(argv)
+        if done.returncode != 0 or not out.exists():
+            print(f"{shape}: the benchmark process ended with {done.returncode}", flush=True)
+            continue
+        parts.append(json.loads(out.read_text()))
+        out.unlink()
+    if not parts:
+        raise SystemExit("no shape was measured")
+    merged = parts[0] | {"shapes": [s for p in parts for s in p["shapes"]]}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(merged, indent=2, default=str))
+    rates = None
+    if merged.get("rates"):
+        r = merged["rates"]
+        rates = DeviceRates(matmul_tflops=r["dense_bf16_matmul_tflops"], copy_gbps=r["hbm_copy_gbps"])
+    fields = ShapeResult.__dataclass_fields__
+    print("\nall shapes:")
+    print_tables(
+        [ShapeResult(**{k: v for k, v in s.items() if k in fields}) for s in merged["shapes"]], rates
+    )
+    print(f"wrote {a.json}")
 
 
 def write_json(
