@@ -18,7 +18,7 @@ from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import RankRows
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import RoutingSpec, Workload, payload_bytes_per_token
-from moelab.job.rundir import RunDir
+from moelab.job.rundir import JobFiles, RunDir
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.suites.loader import case_id_for
@@ -32,6 +32,7 @@ class BackendModel:
     sat_sms: int = 24
     library_versions: dict[str, str] = field(default_factory=dict)
     knobs: dict[str, Any] = field(default_factory=dict)
+    rank_skew: float = 0.0  # rank r of W runs at 1 + skew * (2r / (W - 1) - 1) of the level: uneven ranks
 
 
 @dataclass(kw_only=True)
@@ -59,6 +60,8 @@ class RunModel:
     incorrect: Sequence[str] = ()  # backend names whose cases fail the correctness check
     gpus_per_node: int | None = None
     dtype: str = "bf16"  # dispatch payload (combine is bf16)
+    repeats: int = 1  # starts of each backend job (moelab run --repeat), each written as its own job
+    process_noise: float = 0.0  # lognormal sigma of each start's level (the variation between processes)
 
 
 def _rows(tokens: int, topk: int, world: int, epr: int) -> list[dict[str, int]]:
@@ -99,80 +102,91 @@ def write_run(root: Path, m: RunModel) -> Path:
     spec = RunSpec(
         run_id=m.run_id, created_at=m.created_at, suite="synthetic", backends=tuple(b.name for b in m.backends),
         cases=tuple(cases), timing=TimingSpec(iters=m.iters, warmup=2, pair_reps=5),
-        launch=LaunchSpec(device="cuda", nproc_per_node=m.world, gpus_per_node=m.gpus_per_node or m.world),
+        launch=LaunchSpec(device="cuda", nproc_per_node=m.world, gpus_per_node=m.gpus_per_node or m.world,
+                          repeats=m.repeats),
         label=m.label, command=("moelab", "run", "--synthetic"),
     )  # fmt: skip
     rd = RunDir.create(root, spec)
-    for b in m.backends:
-        files = rd.job(b.name)
-        files.write_env([
-            {"rank": r, "node": 0, "host": m.host, "gpu_name": m.gpu_name, "gpu_count": m.world, "sm_count": m.sm_count,
-             "driver": m.driver, "cuda": "13.0", "nccl": m.nccl, "torch": m.torch, "python": "3.12.3",
-             "moelab_version": "0.1.0", "moelab_git_sha": "abc1234", "library_versions": dict(b.library_versions),
-             "env_vars": {"NCCL_NVLS_ENABLE": "0"}}
-            for r in range(m.world)
-        ])  # fmt: skip
-        files.write_job(
-            {
-                "backend": b.name,
-                "returncode": 0,
-                "signal": None,
-                "timed_out": False,
-                "duration_s": 12.5,
-                "failed_ranks": [],
-                "stderr_tails": {},
-                "argv": [],
-                "description": "ok",
-            }
-        )
-        for case in spec.cases_for(b.name):
-            wl = case.workload
-            rows = tuple(
-                RankRows(**r) for r in _rows(wl.tokens_per_rank, wl.topk, m.world, wl.experts_per_rank)
-            )
-            bpr = payload_bytes_per_token(wl.hidden, wl.dtype)
-            where = {"world": m.world, "gpus_per_node": m.world}
-            check = CheckResult(dispatch_err=0.0, combine_err=0.001)
-            if b.name in m.incorrect:
-                files.append_result(
-                    CaseRecord(
-                        case=case,
-                        status="incorrect",
-                        reason="rank 0 dispatch: 3 rows differ",
-                        check=check,
-                        world=m.world,
-                        gpus_per_node=m.world,
-                    )  # fmt: skip
-                )
-                continue
-            sms = case.sms or m.sm_count
-            gbps = b.peak_gbps * min(1.0, sms / b.sat_sms) ** 0.8
-            ops = []
-            for op, mult, n in (("dispatch", 1.0, m.iters), ("combine", 1.0, m.iters), ("roundtrip", 2.0, 5)):
-                nbytes = rows[0].recv_rows * bpr * mult
-                t = (b.alpha_us + nbytes / (gbps * 1e3)) * m.slowdown
-                samples = t * rng.lognormal(0.0, m.noise, size=(m.world, n))
-                ops.append(
-                    op_result(
-                        OpMeasurement(
-                            op=op, samples_us=samples.round(3).tolist(), bytes_per_row=int(bpr * mult)
-                        ),
-                        rows,
-                    )
-                )
+    for repeat in range(m.repeats):
+        for b in m.backends:
+            level = float(rng.lognormal(0.0, m.process_noise)) if m.process_noise else 1.0
+            _write_job(rd.job(b.name, repeat), spec, m, b, rng, level)
+    rd.set_status("complete")
+    return rd.path
+
+
+def _rank_factors(m: RunModel, b: BackendModel) -> np.ndarray:
+    if m.world < 2 or not b.rank_skew:
+        return np.ones((m.world, 1))
+    return (1.0 + b.rank_skew * (2.0 * np.arange(m.world) / (m.world - 1) - 1.0))[:, None]
+
+
+def _write_job(
+    files: JobFiles, spec: RunSpec, m: RunModel, b: BackendModel, rng: np.random.Generator, level: float
+) -> None:
+    """One start of one backend's job: its env.json, job.json and a record per case."""
+    files.write_env([
+        {"rank": r, "node": 0, "host": m.host, "gpu_name": m.gpu_name, "gpu_count": m.world, "sm_count": m.sm_count,
+         "driver": m.driver, "cuda": "13.0", "nccl": m.nccl, "torch": m.torch, "python": "3.12.3",
+         "moelab_version": "0.1.0", "moelab_git_sha": "abc1234", "library_versions": dict(b.library_versions),
+         "env_vars": {"NCCL_NVLS_ENABLE": "0"}}
+        for r in range(m.world)
+    ])  # fmt: skip
+    files.write_job(
+        {
+            "backend": b.name,
+            "returncode": 0,
+            "signal": None,
+            "timed_out": False,
+            "duration_s": 12.5,
+            "failed_ranks": [],
+            "stderr_tails": {},
+            "argv": [],
+            "description": "ok",
+        }
+    )
+    for case in spec.cases_for(b.name):
+        wl = case.workload
+        rows = tuple(RankRows(**r) for r in _rows(wl.tokens_per_rank, wl.topk, m.world, wl.experts_per_rank))
+        bpr = payload_bytes_per_token(wl.hidden, wl.dtype)
+        where = {"world": m.world, "gpus_per_node": m.world}
+        check = CheckResult(dispatch_err=0.0, combine_err=0.001)
+        if b.name in m.incorrect:
             files.append_result(
                 CaseRecord(
                     case=case,
-                    status="ok",
+                    status="incorrect",
+                    reason="rank 0 dispatch: 3 rows differ",
                     check=check,
-                    ops=tuple(ops),
-                    rows=rows,  # type: ignore[arg-type]
-                    backend_record=_family_record(b.name),
-                    **where,
+                    world=m.world,
+                    gpus_per_node=m.world,
+                )  # fmt: skip
+            )
+            continue
+        sms = case.sms or m.sm_count
+        gbps = b.peak_gbps * min(1.0, sms / b.sat_sms) ** 0.8
+        ops = []
+        for op, mult, n in (("dispatch", 1.0, m.iters), ("combine", 1.0, m.iters), ("roundtrip", 2.0, 5)):
+            nbytes = rows[0].recv_rows * bpr * mult
+            t = (b.alpha_us + nbytes / (gbps * 1e3)) * m.slowdown * level
+            samples = t * _rank_factors(m, b) * rng.lognormal(0.0, m.noise, size=(m.world, n))
+            ops.append(
+                op_result(
+                    OpMeasurement(op=op, samples_us=samples.round(3).tolist(), bytes_per_row=int(bpr * mult)),
+                    rows,
                 )
             )
-    rd.set_status("complete")
-    return rd.path
+        files.append_result(
+            CaseRecord(
+                case=case,
+                status="ok",
+                check=check,
+                ops=tuple(ops),
+                rows=rows,  # type: ignore[arg-type]
+                backend_record=_family_record(b.name),
+                **where,
+            )
+        )
 
 
 def _family_record(name: str) -> dict[str, str]:
@@ -220,7 +234,8 @@ def add_extras(db_path: Path, run_id: str, backend: str, hostile: str = "") -> N
             }
         ]
         con.execute(
-            "INSERT INTO health VALUES (?, ?, 'before', 'gpu-node-1', 0, 'warn', ?, '{}')",
+            "INSERT INTO health (run_id, backend, phase, host, node, worst, findings, snapshot) "
+            "VALUES (?, ?, 'before', 'gpu-node-1', 0, 'warn', ?, '{}')",
             [run_id, backend, json.dumps(findings)],
         )
         con.execute(

@@ -158,10 +158,15 @@ class TimingOptions(Options):
     warmup: int | None = None
     noise_target: float | None = None
     max_iters: int | None = None
+    repeat: int | None = None
 
     def request_fields(self) -> dict[str, Any]:
         return dict(
-            iters=self.iters, warmup=self.warmup, noise_target=self.noise_target, max_iters=self.max_iters
+            iters=self.iters,
+            warmup=self.warmup,
+            noise_target=self.noise_target,
+            max_iters=self.max_iters,
+            repeat=self.repeat,
         )
 
 
@@ -371,6 +376,14 @@ TIMING_FLAGS = _flags(
         "Stop timing an op once its median is known within this fraction (default 0.02 on GPU)",
     ),
     ("max_iters", int | None, None, ("--max-iters",), "Most timed iterations per op when stopping on noise"),
+    (
+        "repeat",
+        int | None,
+        None,
+        ("--repeat",),
+        "Start each backend job N times, in rotated order; each start is a process sample (intervals, "
+        "compare and check use the variation between them). Default: the suite's `repeat`, else 1",
+    ),
 )
 STORE_FLAGS = _flags(
     StoreOptions,
@@ -430,7 +443,7 @@ HIDDEN, TOKENS_PER_RANK, TOPK, EXPERTS_PER_RANK, ROUTING, SEED, DTYPE = WORKLOAD
 GPUS, GPUS_PER_NODE, CPU, TIMEOUT, COLLECTIVE_TIMEOUT, LAUNCHER, NODES, RDZV_ENDPOINT, NODE_RANK = RANK_FLAGS
 BIND, EMULATE_INTERNODE = PLACEMENT_FLAGS
 SBATCH, PARTITION, ACCOUNT, TIME_LIMIT, CONTAINER_IMAGE, CONTAINER_MOUNTS = SBATCH_FLAGS
-ITERS, WARMUP, NOISE_TARGET, MAX_ITERS = TIMING_FLAGS
+ITERS, WARMUP, NOISE_TARGET, MAX_ITERS, REPEAT = TIMING_FLAGS
 LABEL, DB, OUT, REPORT, RUN_ID = STORE_FLAGS
 TRACE, TRACE_ITERS, NSYS_OSRT, WRAP = TRACE_FLAGS
 REQUIRE_HEALTHY, HEALTH = HEALTH_FLAGS

@@ -39,6 +39,12 @@ class Summary:
     rank_spread_us: float
     rel_iqr: float
     noise: float | None = None  # relative half-width of the median's confidence interval
+    # over the starts of the job (--repeat, moelab.core.repeats): how many measured it, the bootstrap interval
+    # of the median of their medians (median_us then is that median), and the CV between their medians
+    repeats: int = 1
+    ci_low_us: float | None = None
+    ci_high_us: float | None = None
+    process_cv: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

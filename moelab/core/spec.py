@@ -83,6 +83,13 @@ class LaunchSpec:
     emulate_internode: bool = False  # NCCL's network transport between every pair (see runner.job_env)
     nccl_tests_bin: str | None = None  # alltoall_perf, or the folder holding it (--backend nccl-tests)
     kernel_cache: str | None = None  # folder where JIT-compiling backends keep kernels across jobs; None: off
+    # starts of each backend job, in rotated order (A B C, B C A, ...): each start is a process sample of its
+    # own, so a comparison can see the variation between processes, not only between iterations
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
 
     @property
     def world(self) -> int:
@@ -192,6 +199,14 @@ class RunSpec:
 
     def cases_for(self, backend: str) -> list[CaseSpec]:
         return [c for c in self.cases if c.backend == backend]
+
+    def job_order(self) -> list[tuple[str, int]]:
+        """(backend, repeat) in the order the jobs start: every backend once per repeat, the order rotated
+        by one each time (A B C, then B C A, then C A B), so no backend always runs first or after another."""
+        names = list(self.backends)
+        return [
+            (names[(k + i) % len(names)], k) for k in range(self.launch.repeats) for i in range(len(names))
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {

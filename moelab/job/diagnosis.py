@@ -120,10 +120,10 @@ def request_stack_dumps(pids: Sequence[int], wait_s: float = STACK_DUMP_WAIT_S) 
 
 def record_worker_error(argv: Sequence[str], exc: BaseException) -> None:
     """In a worker's top-level `except`: write rank<R>.error.json for the exception that ends it.
-    `argv` is the worker's (RUN_DIR BACKEND); the rank is the launcher's RANK (or the pid before it is
+    `argv` is the worker's (RUN_DIR BACKEND [REPEAT]); the rank is the launcher's RANK (or the pid before it is
     known). Never raises: it runs on the way out of a failing process."""
     with contextlib.suppress(Exception):
-        job_dir = Path(argv[0]) / argv[1]
+        files = JobFiles.of_worker(argv)
         rank = os.environ.get("RANK") or f"-pid{os.getpid()}"
         data = {
             "rank": int(rank) if rank.isdigit() else None,
@@ -133,8 +133,8 @@ def record_worker_error(argv: Sequence[str], exc: BaseException) -> None:
             "message": str(exc)[:MAX_TEXT],
             "traceback": "".join(traceback.format_exception(exc))[-MAX_TEXT:],
         }
-        job_dir.mkdir(parents=True, exist_ok=True)
-        path = JobFiles.of_dir(job_dir).error_file(rank)
+        files.dir.mkdir(parents=True, exist_ok=True)
+        path = files.error_file(rank)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, path)

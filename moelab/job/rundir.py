@@ -20,6 +20,8 @@ RUN_DIR/<backend>/health_diff.json     what worsened in between
 RUN_DIR/<backend>/contention.json      what shared the machine during the job
 RUN_DIR/<backend>/nsys_traces.json     the nsys reports of the job's ranks, or why there are none
 RUN_DIR/<backend>/traces/              profiler output: <case>/rank<R>.json (torch), <backend>_rank<R>.* (nsys)
+RUN_DIR/<backend>/r<K>/                with --repeat N, the K-th further start of the job (K = 1 .. N-1):
+                                       the same files as its first start, which stays in RUN_DIR/<backend>
 RUN_DIR/verify/                        `moelab verify`: each library test's log, and
 RUN_DIR/verify/library_figures.json    each library figure beside moelab's
 
@@ -78,14 +80,33 @@ def _write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+REPEAT_DIR = re.compile(r"r([1-9][0-9]*)")
+
+
 @dataclass(frozen=True, slots=True)
 class JobFiles:
+    """The files of one start of a backend's job: `repeat` 0 is the first (and, without --repeat, only)
+    start, in RUN_DIR/<backend>; a later start K keeps the same files in RUN_DIR/<backend>/r<K>."""
+
     run_dir: Path
     backend: str
+    repeat: int = 0
 
     @property
     def dir(self) -> Path:
-        return self.run_dir / self.backend
+        base = self.run_dir / self.backend
+        return base if self.repeat == 0 else base / f"r{self.repeat}"
+
+    @property
+    def worker_args(self) -> tuple[str, ...]:
+        """What a rank of this job is started with (moelab.measure.worker RUN_DIR BACKEND [REPEAT])."""
+        base = (str(self.run_dir), self.backend)
+        return base if self.repeat == 0 else (*base, str(self.repeat))
+
+    @classmethod
+    def of_worker(cls, argv: Sequence[str]) -> JobFiles:
+        """The job files of a worker started with `argv` (worker_args)."""
+        return cls(Path(argv[0]), argv[1], int(argv[2]) if len(argv) > 2 else 0)
 
     def rank_log(self, rank: int) -> Path:
         return self.dir / f"rank{rank}{RANK_FILES['log']}"
@@ -114,8 +135,11 @@ class JobFiles:
 
     @classmethod
     def of_dir(cls, job_dir: Path) -> JobFiles:
-        """The files of the job whose folder is `job_dir` (RUN_DIR/<backend>)."""
+        """The files of the job whose folder is `job_dir` (RUN_DIR/<backend>, or RUN_DIR/<backend>/r<K>)."""
         job_dir = Path(job_dir)
+        found = REPEAT_DIR.fullmatch(job_dir.name)
+        if found and (job_dir.parent.parent / "spec.json").exists():
+            return cls(job_dir.parent.parent, job_dir.parent.name, int(found.group(1)))
         return cls(job_dir.parent, job_dir.name)
 
     @property
@@ -268,8 +292,12 @@ class RunDir:
     def verify_dir(self) -> Path:
         return self.path / "verify"
 
-    def job(self, backend: str) -> JobFiles:
-        return JobFiles(self.path, backend)
+    def job(self, backend: str, repeat: int = 0) -> JobFiles:
+        return JobFiles(self.path, backend, repeat)
+
+    def starts(self, backend: str) -> list[JobFiles]:
+        """Every start of `backend`'s job the spec asks for (--repeat), first to last."""
+        return [self.job(backend, k) for k in range(self.spec.launch.repeats)]
 
     def set_status(self, status: str, **extra: Any) -> None:
         info = self.info()

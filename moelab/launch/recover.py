@@ -40,8 +40,8 @@ def mark_abandoned(rd: RunDir, reason: str) -> list[str]:
     """Write what the dead launcher could not: a job.json for every job it had started, and the run's
     status `interrupted`. Returns the backends whose job.json this wrote."""
     written = []
-    for backend in rd.spec.backends:
-        files = rd.job(backend)
+    for files in (f for backend in rd.spec.backends for f in rd.starts(backend)):
+        backend = files.backend
         if not files.dir.is_dir() or files.read_job() is not None:
             continue
         files.write_job(
@@ -60,6 +60,6 @@ def mark_abandoned(rd: RunDir, reason: str) -> list[str]:
                 "description": f"job did not finish: {reason}",
             }
         )
-        written.append(backend)
+        written.append(backend if files.repeat == 0 else f"{backend} r{files.repeat}")
     rd.set_status("interrupted", reason=reason, recovered_at=now_iso())
     return written

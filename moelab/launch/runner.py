@@ -69,25 +69,25 @@ def job_env(spec: RunSpec, backend: str) -> dict[str, str]:
     return env
 
 
-def launch_plan(spec: RunSpec, run_dir: Path, backend: str) -> launchers.LaunchPlan:
+def launch_plan(spec: RunSpec, run_dir: Path, backend: str, repeat: int = 0) -> launchers.LaunchPlan:
+    files = JobFiles(run_dir, backend, repeat)
     nsys = None
     if spec.trace.mode == "nsys":
         from moelab.tracing.nsys import nsys_profile_argv
 
         nsys = launchers.NsysWrap(
-            argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)),
-            output=str(JobFiles(run_dir, backend).nsys_prefix),
+            argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)), output=str(files.nsys_prefix)
         )
     return launchers.LaunchPlan(
         launcher=spec.launch.launcher, nodes=spec.launch.nodes, gpus_per_node=spec.launch.nproc_per_node,
-        device=spec.launch.device, python=sys.executable, worker_args=(str(run_dir), backend),
+        device=spec.launch.device, python=sys.executable, worker_args=files.worker_args,
         rdzv_endpoint=spec.launch.rdzv_endpoint, rdzv_id=spec.run_id, node_rank=spec.launch.node_rank, nsys=nsys,
     )  # fmt: skip
 
 
-def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
+def job_argv(spec: RunSpec, run_dir: Path, backend: str, repeat: int = 0) -> list[str]:
     """The command this host runs for one backend job (one node's share under torchrun multi-node)."""
-    plan = launch_plan(spec, run_dir, backend)
+    plan = launch_plan(spec, run_dir, backend, repeat)
     plan.validate()
     if spec.launch.launcher == "local":
         argv = launchers.torchrun_local_argv(plan)
@@ -105,7 +105,7 @@ def job_argv(spec: RunSpec, run_dir: Path, backend: str) -> list[str]:
 
         prefix = wrap_prefix_argv(
             spec.trace.wrap,
-            JobFiles(run_dir, backend).traces_dir,
+            JobFiles(run_dir, backend, repeat).traces_dir,
             backend,
             rank_var_for(spec.launch.launcher),
         )
@@ -126,8 +126,8 @@ def _health(spec: RunSpec, files: JobFiles, phase: str) -> object | None:
     return snap
 
 
-def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) -> JobOutcome:
-    files = rd.job(backend)
+def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False, repeat: int = 0) -> JobOutcome:
+    files = rd.job(backend, repeat)
     before = _health(spec, files, "before")
     if before is not None and spec.health.require_healthy:
         from moelab.health.snapshot import require_healthy
@@ -141,7 +141,7 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
         contention.ContentionMonitor(spec.run_id, own_busy=launch.nproc_per_node) as monitor,
     ):
         outcome = run_job(
-            files, job_argv(spec, rd.path, backend), launch.job_timeout_s, env=job_env(spec, backend)
+            files, job_argv(spec, rd.path, backend, repeat), launch.job_timeout_s, env=job_env(spec, backend)
         )
     files.write_contention([f.to_dict() for f in monitor.findings])
     if spec.trace.mode == "nsys":
@@ -164,6 +164,12 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False) ->
             }
         )
     return outcome
+
+
+def job_name(spec: RunSpec, backend: str, repeat: int) -> str:
+    """How the console and RunOutcome.jobs name one start of a job: the backend, and with --repeat N which
+    start it is (`nccl-a2a 2/3`)."""
+    return backend if spec.launch.repeats == 1 else f"{backend} {repeat + 1}/{spec.launch.repeats}"
 
 
 def is_launching_host(spec: RunSpec) -> bool:
@@ -192,25 +198,26 @@ def execute(
     trace_notes: dict[str, str] = {}
     registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
     with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
-        for backend in spec.backends:
+        for backend, repeat in spec.job_order():
             if stop.requested:
                 break
+            files, name = rd.job(backend, repeat), job_name(spec, backend, repeat)
             progress(
-                f"[{backend}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
+                f"[{name}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
             )
             cls = registry.load(backend)
             if issubclass(cls, HostJob):
-                outcome = cls.run_job(spec, rd.job(backend))
+                outcome = cls.run_job(spec, files)
             else:
-                outcome = run_backend(spec, rd, backend, quiet)
+                outcome = run_backend(spec, rd, backend, quiet, repeat)
             if stop.requested:
-                note_interrupted_job(rd.job(backend), str(stop.signal_name))
-            jobs[backend] = outcome
-            progress(f"[{backend}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
-            note = rd.job(backend).read_nsys_traces().get("note")
+                note_interrupted_job(files, str(stop.signal_name))
+            jobs[name] = outcome
+            progress(f"[{name}] job {outcome.describe()} ({outcome.duration_s:.1f} s)")
+            note = files.read_nsys_traces().get("note")
             if note:
-                trace_notes[backend] = note
-                progress(f"[{backend}] warning: --trace nsys: {note}")
+                trace_notes[name] = note
+                progress(f"[{name}] warning: --trace nsys: {note}")
         registration.close()
         if stop.requested:
             rd.set_status("interrupted", signal=stop.signal_name)

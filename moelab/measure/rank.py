@@ -86,10 +86,10 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
 
 
 def main(argv: list[str]) -> int:
-    run_dir, backend_name = Path(argv[0]), argv[1]
+    files = JobFiles.of_worker(argv)
+    run_dir, backend_name = files.run_dir, files.backend
     spec = RunDir(run_dir).spec
     rank, world, local_rank = dist_env(spec)
-    files = JobFiles(run_dir, backend_name)
     events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)
     _redirect_output(files.rank_log(rank))
     install_stack_dumps(files.dir, rank)  # faulthandler on SIGUSR1 (the launcher's timeout) and SIGTERM

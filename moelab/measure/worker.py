@@ -1,4 +1,4 @@
-"""One rank of one backend job: `python -m moelab.measure.worker RUN_DIR BACKEND`, started by a launcher.
+"""One rank of one backend job: `python -m moelab.measure.worker RUN_DIR BACKEND [REPEAT]`, started by a launcher.
 
 The parent-death signal is armed before anything heavy is imported: `import torch` takes seconds, and a
 rank whose launcher dies (or that is stopped) in that time must not run on alone. The rank's work is in
@@ -30,6 +30,6 @@ if __name__ == "__main__":
         from moelab.job.diagnosis import record_worker_error
 
         traceback.print_exc()
-        record_worker_error(sys.argv[1:], exc)  # RUN_DIR/BACKEND/rank<R>.error.json
+        record_worker_error(sys.argv[1:], exc)  # RUN_DIR/BACKEND[/r<K>]/rank<R>.error.json
         sys.stderr.flush()
         os._exit(1)  # skip interpreter teardown: a wedged process group must not hang the exit

@@ -52,6 +52,7 @@ class RunRequest:
     warmup: int | None = None
     noise_target: float | None = None
     max_iters: int | None = None
+    repeat: int | None = None  # starts of each backend job (None: the suite's `repeat`, else 1)
     label: str | None = None
     run_id: str | None = None
     timeout_s: float = 900.0
@@ -124,7 +125,7 @@ def check_request(req: RunRequest) -> None:
     for name, value in (("--gpus", req.gpus), ("--gpus-per-node", req.gpus_per_node), ("--nodes", req.nodes),
                         ("--iters", req.iters), ("--timeout", req.timeout_s),
                         ("--collective-timeout", req.collective_timeout_s), ("--trace-iters", req.trace_iters),
-                        ("--max-iters", req.max_iters)):  # fmt: skip
+                        ("--max-iters", req.max_iters), ("--repeat", req.repeat)):  # fmt: skip
         _positive(name, value)
     _positive("--warmup", req.warmup, allow_zero=True)
     if req.noise_target is not None and not 0 < req.noise_target < 1:
@@ -328,7 +329,7 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
                           launcher=req.launcher, job_timeout_s=req.timeout_s, collective_timeout_s=req.collective_timeout_s,
                           rdzv_endpoint=req.rdzv_endpoint, node_rank=req.node_rank, backend_paths=dict(req.backend_paths),
                           bind=req.bind, emulate_internode=req.emulate_internode, nccl_tests_bin=req.nccl_tests_bin,
-                          kernel_cache=resolve_kernel_cache(req.kernel_cache)),
+                          kernel_cache=resolve_kernel_cache(req.kernel_cache), repeats=req.repeat or suite.repeat),
         label=req.label, command=tuple(req.command),
         trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
         health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy), notes=tuple(notes),

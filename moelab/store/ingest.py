@@ -16,6 +16,7 @@ import duckdb
 
 from moelab.core.case_record import CaseRecord, OpResult
 from moelab.core.peaks import read_peaks, read_rates
+from moelab.core.repeats import merge_starts, process_ops
 from moelab.core.spec import CaseSpec, RunSpec
 from moelab.health.contention import job_suspect_reason
 from moelab.job.diagnosis import diagnosis_rows
@@ -78,25 +79,61 @@ class RunRows:
         self.tables.setdefault(table, []).append({"run_id": self.run_id} | row)
 
 
-def job_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any] | None:
+def _job_row(files: JobFiles) -> tuple[Row, dict[str, Any] | None, str | None]:
+    """(the `jobs` columns of one start of a job, its job.json, its nsys note)."""
     job = files.read_job()
     status = _job_status(job)
     j = job or {}
     description = j.get("description") or _failure_reason(job) if status != "ok" else "ok"
-    nsys_data = files.read_nsys_traces()
-    if nsys_data.get("note"):
-        description = f"{description}; {nsys_data['note']}"
-    rows.add(
-        "jobs", backend=backend, status=status, description=description, returncode=j.get("returncode"),
-        signal=j.get("signal"), timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"),
-        failed_ranks=json.dumps(j.get("failed_ranks", [])),
+    note = files.read_nsys_traces().get("note")
+    if note:
+        description = f"{description}; {note}"
+    row = dict(
+        status=status, description=description, returncode=j.get("returncode"), signal=j.get("signal"),
+        timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"), failed_ranks=json.dumps(j.get("failed_ranks", [])),
         stderr_tails=json.dumps({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
         argv=json.dumps(j.get("argv", [])), one_time_s=json.dumps(one_time_costs(files.dir)),
     )  # fmt: skip
-    for t in nsys_data.get("traces", []):
-        rows.add("traces", backend=backend, case_id=None, rank=t.get("rank"), kind=t.get("kind"),
-                 path=t.get("path"), size_bytes=t.get("size_bytes"))  # fmt: skip
-    return job
+    return row, job, note
+
+
+def _merged_job(starts: list[Row]) -> Row:
+    """One `jobs` row over the starts of a job (--repeat): ok when every start was, else the first that
+    was not, its description naming each start that failed; durations summed."""
+    bad = [(k, r) for k, r in enumerate(starts) if r["status"] != "ok"]
+    row = dict(bad[0][1] if bad else starts[0])
+    if bad:
+        row["description"] = "; ".join(f"start {k + 1}: {r['description']}" for k, r in bad)[:4000]
+    durations = [r["duration_s"] for r in starts if r["duration_s"] is not None]
+    row["duration_s"] = sum(durations) if durations else None
+    row["timed_out"] = any(r["timed_out"] for r in starts)
+    return row
+
+
+def job_rows(rows: RunRows, backend: str, starts: list[JobFiles]) -> list[dict[str, Any] | None]:
+    """The job's row (one over all its starts) and its traces; returns each start's job.json."""
+    found = [_job_row(files) for files in starts]
+    row = found[0][0] if len(found) == 1 else _merged_job([r for r, _, _ in found])
+    rows.add("jobs", backend=backend, **row)
+    for files in starts:
+        for t in files.read_nsys_traces().get("traces", []):
+            rows.add("traces", backend=backend, case_id=None, rank=t.get("rank"), kind=t.get("kind"),
+                     path=t.get("path"), size_bytes=t.get("size_bytes"))  # fmt: skip
+    return [job for _, job, _ in found]
+
+
+def process_rows(
+    rows: RunRows, spec: RunSpec, backend: str, starts: list[JobFiles], suspects: list[str | None]
+) -> None:
+    """With --repeat N, one `processes` row per start: where it ran in the rotated order, how it ended."""
+    order = spec.job_order()
+    for files, suspect in zip(starts, suspects, strict=True):
+        row, _, _ = _job_row(files)
+        rows.add(
+            "processes", backend=backend, repeat=files.repeat, position=order.index((backend, files.repeat)),
+            status=row["status"], description=row["description"], returncode=row["returncode"],
+            duration_s=row["duration_s"], suspect_reason=suspect,
+        )  # fmt: skip
 
 
 def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any]:
@@ -115,7 +152,8 @@ def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, 
 
 
 def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
-    """Snapshots and the verdicts the runner wrote beside them (moelab.launch.runner judges, not ingest)."""
+    """Snapshots and the verdicts the runner wrote beside them (moelab.launch.runner judges, not ingest),
+    of one start of the job (`repeat`)."""
     for phase in HEALTH_PHASES:
         health = files.read_health(phase)
         if health is None:
@@ -124,6 +162,7 @@ def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
         rows.add(
             "health", backend=backend, phase=phase, host=json.loads(snapshot).get("host"), node=0,
             worst=verdict.get("worst"), findings=json.dumps(verdict.get("findings", [])), snapshot=snapshot,
+            repeat=files.repeat,
         )  # fmt: skip
 
 
@@ -176,7 +215,8 @@ def op_rows(rows: RunRows, rec: CaseRecord, op: OpResult) -> None:
         "results", **key, n=s.n, median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
         min_us=s.min_us, max_us=s.max_us, mean_us=s.mean_us, rank_spread_us=s.rank_spread_us, rel_iqr=_finite(s.rel_iqr),
         bytes_per_row=op.bytes_per_row, kernel_us=op.kernel_us, kernel_source="torch" if op.kernel_us is not None else None,
-        noise=_finite(s.noise), host_sync=op.host_sync, stability=op.stability,
+        noise=_finite(s.noise), host_sync=op.host_sync, stability=op.stability, repeats=s.repeats,
+        ci_low_us=_finite(s.ci_low_us), ci_high_us=_finite(s.ci_high_us), process_cv=_finite(s.process_cv),
     )  # fmt: skip
     for f in op.figures:
         rows.add("bandwidths", **key, definition=f.definition, bytes_mean=f.bytes_mean, bytes_max=f.bytes_max,
@@ -187,7 +227,6 @@ def op_rows(rows: RunRows, rec: CaseRecord, op: OpResult) -> None:
         for kern in k.kernels if k is not None else ():
             rows.add("trace_kernels", **key, rank=rank, kernel_name=kern.name, count=kern.count,
                      total_us=kern.total_us, share=kern.share)  # fmt: skip
-    rows.samples.add(rec.backend, rec.case_id, op.op, op.samples_us)
 
 
 def nccl_tests_rows(rows: RunRows, rec: CaseRecord) -> None:
@@ -214,6 +253,60 @@ def _record_for(
     return CaseRecord.failed(case, _failure_reason(job), world=world, gpus_per_node=gpn)
 
 
+def start_rows(rows: RunRows, merged: CaseRecord, starts: list[CaseRecord]) -> None:
+    """Each start's raw samples (with its start index), and with --repeat its per-op and metric rows."""
+    if merged.status != "ok":
+        return
+    key = {"backend": merged.backend, "case_id": merged.case_id}
+    for k, rec in enumerate(starts):
+        for op in rec.ops:
+            rows.samples.add(merged.backend, merged.case_id, op.op, op.samples_us, repeat=k)
+        if len(starts) == 1:
+            continue  # one start: the case's own rows say it all, nothing more is stored
+        for p in process_ops(k, rec):
+            rows.add("process_results", **key, op=p.op, repeat=p.repeat, n=p.n, median_us=_finite(p.median_us),
+                     fastest_median_us=_finite(p.fastest_median_us), noise=p.noise, rel_iqr=p.rel_iqr,
+                     stability=p.stability)  # fmt: skip
+        for m in rec.metrics:
+            rows.add("process_metrics", **key, repeat=k, name=m.name, value=_finite(m.value))
+
+
+def _start_suspects(starts: list[JobFiles]) -> list[str | None]:
+    return [job_suspect_reason(f.read_contention(), suspect_reason(f)) for f in starts]
+
+
+def backend_rows(rows: RunRows, spec: RunSpec, rd: RunDir, backend: str) -> dict[str, Any]:
+    """Every table's rows of one backend: its job over all its starts, each case merged over them
+    (moelab.core.repeats); returns the first rank's environment."""
+    starts = rd.starts(backend)
+    jobs = job_rows(rows, backend, starts)
+    first_env: dict[str, Any] = {}
+    for files in starts:
+        first_env = first_env or environment_rows(rows, backend, files)
+    suspects = _start_suspects(starts)
+    if len(starts) > 1:
+        process_rows(rows, spec, backend, starts, suspects)
+    named = [f"start {k + 1}: {s}" for k, s in enumerate(suspects) if s]
+    job_suspect = suspects[0] if len(starts) == 1 else "; ".join(named)[:1000] or None
+    world, gpn = spec.launch.world, spec.launch.gpus_per_node
+    records = []
+    for files, job in zip(starts, jobs, strict=True):
+        found = {r.case_id: r for r in files.read_results()}
+        records.append(
+            [_record_for(c, found.get(c.case_id), job, world, gpn) for c in spec.cases_for(backend)]
+        )
+        for d in diagnosis_rows(spec.run_id, files.dir):
+            rows.tables.setdefault("failure_diagnosis", []).append(
+                dict(zip(DIAGNOSIS_COLUMNS, d, strict=True))
+            )
+        health_rows(rows, backend, files)
+    for per_start in zip(*records, strict=True):
+        merged = merge_starts(per_start)
+        case_rows(rows, spec, merged, job_suspect)
+        start_rows(rows, merged, list(per_start))
+    return first_env
+
+
 def collect(run_dir: Path) -> RunRows:
     """Rows for every table, from the run directory alone."""
     rd = RunDir(run_dir)
@@ -221,22 +314,8 @@ def collect(run_dir: Path) -> RunRows:
     rows = RunRows(spec.run_id)
     env0: dict[str, Any] = {}
     for backend in spec.backends:
-        files = rd.job(backend)
-        job = job_rows(rows, backend, files)
-        first_env = environment_rows(rows, backend, files)
+        first_env = backend_rows(rows, spec, rd, backend)
         env0 = env0 or first_env
-        records = {r.case_id: r for r in files.read_results()}
-        job_suspect = job_suspect_reason(files.read_contention(), suspect_reason(files))
-        for d in diagnosis_rows(spec.run_id, files.dir):
-            rows.tables.setdefault("failure_diagnosis", []).append(
-                dict(zip(DIAGNOSIS_COLUMNS, d, strict=True))
-            )
-        for case in spec.cases_for(backend):
-            rec = _record_for(
-                case, records.get(case.case_id), job, spec.launch.world, spec.launch.gpus_per_node
-            )
-            case_rows(rows, spec, rec, job_suspect)
-        health_rows(rows, backend, files)
     # written by `moelab verify`
     rows.tables["library_figures"] = [r.to_dict() for r in RunDir(run_dir).library_figures()]
     for p in read_peaks(RunDir(run_dir).peaks_file):

@@ -18,18 +18,22 @@ import numpy as np
 
 @dataclass(kw_only=True, slots=True)
 class SampleColumns:
-    """Samples of one run, block by block: a block is one (backend, case, op) as [rank][iteration] µs."""
+    """Samples of one run, block by block: a block is one (backend, case, op, start) as [rank][iteration] µs."""
 
-    keys: list[tuple[str, str, str]] = field(default_factory=list)  # distinct (backend, case_id, op)
+    keys: list[tuple[str, str, str]] = field(default_factory=list)  # (backend, case_id, op) of each block
     key: list[np.ndarray] = field(default_factory=list)  # per block: index into keys, one per sample
     rank: list[np.ndarray] = field(default_factory=list)
     iter: list[np.ndarray] = field(default_factory=list)
     time_us: list[np.ndarray] = field(default_factory=list)
+    repeat: list[int] = field(default_factory=list)  # per block: the start of the job that measured it
 
-    def add(self, backend: str, case_id: str, op: str, samples_us: Sequence[Sequence[float]]) -> None:
+    def add(
+        self, backend: str, case_id: str, op: str, samples_us: Sequence[Sequence[float]], repeat: int = 0
+    ) -> None:
         """One op's samples, [rank][iteration]; ranks may hold different counts."""
         index = len(self.keys)
         self.keys.append((backend, case_id, op))
+        self.repeat.append(repeat)
         try:
             grid = np.asarray(samples_us, dtype=np.float64)
             regular = grid.ndim == 2
@@ -65,12 +69,13 @@ def insert_samples(con: duckdb.DuckDBPyConnection, run_id: str, columns: SampleC
         "time_us": np.concatenate(columns.time_us),
     }
     backends, case_ids, ops = (list(c) for c in zip(*columns.keys, strict=True))
+    repeats = list(columns.repeat)
     # a replacement scan, not con.register(): DuckDB 2 refuses register() while an earlier statement's
     # result is unread, which ingest's executemany inserts leave behind
     con.execute(
-        "INSERT INTO samples (run_id, backend, case_id, op, rank, iter, time_us) "
-        "SELECT ?, (?::VARCHAR[])[key + 1], (?::VARCHAR[])[key + 1], (?::VARCHAR[])[key + 1], rank, iter, time_us "
-        "FROM _moelab_samples_scan",
-        [run_id, backends, case_ids, ops],
+        "INSERT INTO samples (run_id, backend, case_id, op, rank, iter, time_us, repeat) "
+        "SELECT ?, (?::VARCHAR[])[key + 1], (?::VARCHAR[])[key + 1], (?::VARCHAR[])[key + 1], rank, iter, time_us, "
+        "(?::INTEGER[])[key + 1] FROM _moelab_samples_scan",
+        [run_id, backends, case_ids, ops, repeats],
     )
     return count

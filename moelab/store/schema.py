@@ -184,10 +184,34 @@ MIGRATIONS = MIGRATIONS + (
     ),
 )
 
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        10,
+        "repeats: each start of a backend job a process sample (its samples, per-op summaries, outcome), and "
+        "per op the bootstrap interval of the median of the per-process medians and their CV",
+        (
+            "ALTER TABLE samples ADD COLUMN repeat INTEGER DEFAULT 0",
+            "ALTER TABLE health ADD COLUMN repeat INTEGER DEFAULT 0",
+            "ALTER TABLE results ADD COLUMN repeats INTEGER DEFAULT 1",
+            "ALTER TABLE results ADD COLUMN ci_low_us DOUBLE",
+            "ALTER TABLE results ADD COLUMN ci_high_us DOUBLE",
+            "ALTER TABLE results ADD COLUMN process_cv DOUBLE",
+            """CREATE TABLE processes (
+                run_id VARCHAR, backend VARCHAR, repeat INTEGER, position INTEGER, status VARCHAR,
+                description VARCHAR, returncode INTEGER, duration_s DOUBLE, suspect_reason VARCHAR)""",
+            """CREATE TABLE process_results (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, repeat INTEGER, n INTEGER,
+                median_us DOUBLE, fastest_median_us DOUBLE, noise DOUBLE, rel_iqr DOUBLE, stability VARCHAR)""",
+            """CREATE TABLE process_metrics (
+                run_id VARCHAR, backend VARCHAR, case_id VARCHAR, repeat INTEGER, name VARCHAR, value DOUBLE)""",
+        ),
+    ),
+)
+
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
-    "failure_diagnosis", "measured_rates",
+    "failure_diagnosis", "measured_rates", "processes", "process_results", "process_metrics",
 )  # fmt: skip
 # an export carries the judgments too; ingest leaves them to moelab.store.judgments (judging replaces them)
 EXPORT_TABLES = (*RUN_TABLES, "judgments")

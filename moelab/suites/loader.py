@@ -7,6 +7,7 @@ A suite has a base `[workload]`, `[axes]` whose cartesian product gives the case
 may give `experts` (total) instead of `experts_per_rank`, as published configurations do (256 experts at
 any EP): each run divides it by its ranks.
 A combination the workload rejects becomes a case with `skip_reason`, stored as skipped, never a gap.
+A top-level `repeat = N` starts each backend job N times (as `moelab run --repeat N`, which wins).
 
 A suite built in code (verify, tune) may instead list its cases explicitly, in order: `cases`, one mapping per
 case with its `backend` and the values that differ from the base (a workload field, `sms` or a knob).
@@ -62,6 +63,7 @@ class Suite:
     backend_axes: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     source: str = ""
     cases: tuple[Mapping[str, Any], ...] = ()  # explicit cases, in order (suites built in code only)
+    repeat: int = 1  # starts of each backend job (`repeat = N`; --repeat wins)
 
 
 def builtin_suites() -> dict[str, Path]:
@@ -123,7 +125,7 @@ def _as_list(key: str, value: Any) -> list[Any]:
 
 def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     _check_values(dict(data), "", source)
-    known_top = {"name", "description", "workload", "axes", "exclude", "backend"}
+    known_top = {"name", "description", "workload", "axes", "exclude", "backend", "repeat"}
     unknown = set(data) - known_top
     if unknown:
         raise SpecError(
@@ -137,6 +139,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise SpecError(f"{source}: {key} must be a string, got {data[key]!r}")
+    repeat = data.get("repeat", 1)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise SpecError(f"{source}: repeat must be a whole number of at least 1, got {repeat!r}")
     workload = dict(data.get("workload", {}))
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:
@@ -175,6 +180,7 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         backend_workload=backend_workload,
         backend_axes=backend_axes,
         source=source,
+        repeat=repeat,
     )
 
 

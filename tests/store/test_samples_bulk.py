@@ -17,13 +17,17 @@ from moelab.store.samples_bulk import SampleColumns, insert_samples
 def _row_by_row(con: duckdb.DuckDBPyConnection, run_id: str, blocks: list[tuple[Any, ...]]) -> None:
     """The insert ingest used before: one Python row per sample."""
     rows = [
-        (run_id, backend, case_id, op, rank, i, float(t))
-        for backend, case_id, op, samples in blocks
+        (run_id, backend, case_id, op, rank, i, float(t), repeat)
+        for backend, case_id, op, samples, repeat in blocks
         for rank, per_rank in enumerate(samples)
         for i, t in enumerate(per_rank)
     ]
     if rows:
-        con.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany(
+            "INSERT INTO samples (run_id, backend, case_id, op, rank, iter, time_us, repeat) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
 
 
 block = st.tuples(
@@ -31,6 +35,7 @@ block = st.tuples(
     st.text(min_size=1, max_size=12),
     st.sampled_from(["dispatch", "combine", "pair"]),
     st.lists(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=0, max_size=30), min_size=1, max_size=4),
+    st.integers(0, 4),  # the start of the job (--repeat)
 )
 
 
@@ -41,11 +46,11 @@ def test_bulk_insert_equals_row_by_row(blocks: list[tuple[Any, ...]]) -> None:
     con = duckdb.connect(":memory:")
     migrate(con)
     cols = SampleColumns()
-    for backend, case_id, op, samples in blocks:
-        cols.add(backend, case_id, op, samples)
+    for backend, case_id, op, samples, repeat in blocks:
+        cols.add(backend, case_id, op, samples, repeat=repeat)
     assert insert_samples(con, "bulk", cols) == sum(len(r) for b in blocks for r in b[3])
     _row_by_row(con, "rows", blocks)
-    query = "SELECT backend, case_id, op, rank, iter, time_us FROM samples WHERE run_id = ?"
+    query = "SELECT backend, case_id, op, rank, iter, time_us, repeat FROM samples WHERE run_id = ?"
     assert con.execute(query, ["bulk"]).fetchall() == con.execute(query, ["rows"]).fetchall()
     con.close()
 
