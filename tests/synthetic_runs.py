@@ -61,6 +61,7 @@ class RunModel:
     gpus_per_node: int | None = None
     dtype: str = "bf16"  # dispatch payload (combine is bf16)
     repeats: int = 1  # starts of each backend job (moelab run --repeat), each written as its own job
+    contended: str | None = None  # a host-load finding during every job (ingest marks its cases suspect)
     process_noise: float = 0.0  # lognormal sigma of each start's level (the variation between processes)
 
 
@@ -132,6 +133,8 @@ def _write_job(
          "env_vars": {"NCCL_NVLS_ENABLE": "0"}}
         for r in range(m.world)
     ])  # fmt: skip
+    if m.contended:
+        files.write_contention([{"kind": "host-load", "subject": m.host, "reason": m.contended}])
     files.write_job(
         {
             "backend": b.name,

@@ -1,4 +1,5 @@
-"""`moelab check`: the CI regression gate (exit 0 clean, 1 regression, 2 usage error)."""
+"""`moelab check`: the CI regression gate (exit 0 pass, 1 regression, 2 usage error, 3 cannot judge: invalid
+samples or a hardware/software difference, 4 contended: a run flagged suspect)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from moelab.core.errors import MoelabError
 from moelab.gate import outputs
 from moelab.gate.baseline import candidate_run, load_baseline
 from moelab.gate.decision import Policy, decide, matched
-from moelab.gate.samples import load_side
+from moelab.gate.samples import env_differences, load_side
 from moelab.store.db import open_db, resolve_db_path
 
 
@@ -40,6 +41,11 @@ def check(
     fail_on_missing: bool = typer.Option(
         False, "--fail-on-missing", help="Also fail when a baseline case is missing from the run"
     ),
+    allow_different_hardware: bool = typer.Option(
+        False,
+        "--allow-different-hardware",
+        help="Compare even when the GPU model, driver, CUDA, NCCL or world size differ (named in the verdict)",
+    ),
     summary: Path | None = typer.Option(
         None,
         "--summary",
@@ -53,11 +59,19 @@ def check(
 ) -> None:
     """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
 
+    Exit 0 pass, 1 regression, 2 bad input, 3 cannot judge (samples NULL/NaN/zero/missing, or a
+    hardware/software difference), 4 contended (a case either run marks suspect). With repeats on both
+    runs (moelab run --repeat N) the test is on the per-process medians; without, on iterations.
+
     Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL)
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
-    policy = Policy(threshold=threshold / 100, fail_on_missing=fail_on_missing)
+    policy = Policy(
+        threshold=threshold / 100,
+        fail_on_missing=fail_on_missing,
+        allow_different_hardware=allow_different_hardware,
+    )
     path = resolve_db_path(db)
     if not path.exists():
         raise MoelabError(f"no database at {path}")
@@ -67,10 +81,12 @@ def check(
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
         cand = load_side(con, cand_id)
-    result = decide(base, cand, policy, described)
-    if matched(result) == 0 and not result.failing:
+    result = decide(base, cand, policy, described, env_differences(base, cand))
+    if matched(result) == 0 and not result.failing and not result.refused:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
     console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
+    for line in outputs.rule_lines(result):
+        console.print(safe_text(line))
     table = outputs.rows(result, include_unchanged=show_all)
     if table:
         print_table(outputs.COLUMNS, table)

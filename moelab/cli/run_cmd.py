@@ -214,6 +214,11 @@ def _print_or_submit(spec: RunSpec, runs_root: Path, dry_run: bool, sbatch: opt.
         _submit(spec, runs_root, dry_run, sbatch)
         return
     run_dir = runs_root / spec.run_id
+    if spec.launch.repeats > 1:
+        order = ", ".join(f"{b} {k + 1}" for b, k in spec.job_order())
+        console.print(
+            f"# --repeat {spec.launch.repeats}: each job starts {spec.launch.repeats} times ({order})"
+        )
     for backend in spec.backends:
         if issubclass(registry.load(backend), HostJob):
             console.print(f"# {backend}: run by this process on the launching host")

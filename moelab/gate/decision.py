@@ -4,17 +4,35 @@ Cases of the candidate and the baseline are matched on (backend, hidden, tokens 
 per rank, routing, seed, dtype, SMs, knobs, world) and then by op. A matched op is a **regression** only
 when both hold:
 
-1. the median iteration time grew by more than the threshold (default 5%): small, real shifts from a
-   driver or clock change are not worth a red build, and run-to-run drift that within-run samples cannot
-   see (the GPU, the node, the temperature) is bounded by this margin, not by the test;
-2. the change is outside the noise measured in the samples (stats.differ: Mann-Whitney U at p < 0.002,
-   else, with few samples, non-overlapping sample ranges, a test at 1% or better).
+1. the median time grew by more than the threshold (default 5%): small, real shifts from a driver or
+   clock change are not worth a red build;
+2. the change is outside the noise, judged by one of two rules, named with every verdict:
+   - **processes** (both runs have repeats, --repeat N >= 2): Student's t-test on the logarithms of the
+     per-process medians at p < 0.05 (stats.processes_differ). The variance that decides "did it get
+     slower" lies between processes, which only repeats sample; the median then is the median of the
+     per-process medians, with its bootstrap interval (moelab.core.intervals) shown beside it.
+     benchmarks/gate_power.py prints why these defaults: on synthetic histories with process-level noise,
+     false alarms stay under 1% and +10% is caught at least 95% of the time up to a 2% CV between
+     processes (3 repeats) or 3% (5 repeats);
+   - **iterations** (today's rule, without repeats on both sides, said so in the output): Mann-Whitney
+     U on the per-iteration samples at p < 0.002, else with few samples non-overlapping ranges
+     (stats.differ). It treats the iterations of one process as independent, so on a busy machine two
+     identical runs can differ "significantly": a run moelab flags as contended is never judged by it.
 
-The same two tests in the other direction make an **improvement**. A change past the threshold that the
-samples cannot separate from noise is **noise**; one with too few samples to test is **inconclusive**
-(both are reported, neither fails). A case the baseline measured that the candidate measured as failed
-or incorrect is **broken** and fails the gate; one the candidate lacks is **missing** (fails only with
-fail_on_missing); one only the candidate has is **new**.
+The same tests in the other direction make an **improvement**. A change past the threshold that the test
+cannot separate from noise is **noise**; one with too few samples to test is **inconclusive** (both are
+reported, neither fails). What the gate cannot judge it says and never passes:
+
+- **invalid**: an op the baseline measured whose samples, on either side, are missing, NULL, NaN,
+  infinite or not above zero (exit 3);
+- **contended**: a case either run marks suspect (other work on the machine, health worsening, a spread
+  far above its history): no regression verdict, its own exit code (4);
+- a different GPU model, driver, CUDA, NCCL or world size between the runs: refused as a whole (exit 3)
+  unless allowed (Policy.allow_different_hardware), and named in the verdict either way.
+
+A case the baseline measured that the candidate measured as failed or incorrect is **broken** and fails
+the gate; one the candidate lacks is **missing** (fails only with fail_on_missing); one only the candidate
+has is **new**.
 """
 
 from __future__ import annotations
@@ -23,12 +41,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from moelab.gate.samples import Side, key_text
-from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, differ
+from moelab.core.ops import OPS as OP_DEFINITIONS
+from moelab.gate.samples import CaseSide, Side, key_text
+from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, PROCESS_ALPHA, differ, processes_differ
 
-OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")
+OPS = tuple(OP_DEFINITIONS)
 FAILING = ("regression", "broken")
-STATUS_ORDER = ("broken", "regression", "missing", "inconclusive", "noise", "improvement", "new", "unchanged")
+UNJUDGED = ("invalid",)  # exit 3
+STATUS_ORDER = (
+    "broken", "regression", "invalid", "contended", "missing", "inconclusive", "noise", "improvement", "new",
+    "unchanged",
+)  # fmt: skip
+EXIT_REGRESSION, EXIT_CANNOT_JUDGE, EXIT_CONTENDED = 1, 3, 4
+PROCESS_RULE, ITERATION_RULE = "processes", "iterations"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,7 +61,9 @@ class Policy:
     threshold: float = 0.05  # relative change of the median time
     alpha: float = MWU_ALPHA
     fallback_level: float = FALLBACK_LEVEL
+    process_alpha: float = PROCESS_ALPHA
     fail_on_missing: bool = False
+    allow_different_hardware: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.threshold < 10:
@@ -55,6 +82,9 @@ class Verdict:
     p_value: float | None = None
     base_n: int = 0
     cand_n: int = 0
+    rule: str | None = None  # PROCESS_RULE or ITERATION_RULE: which decided
+    ratio_low: float | None = None  # bootstrap interval of cand/base over processes (processes rule)
+    ratio_high: float | None = None
     note: str = ""
 
 
@@ -65,9 +95,17 @@ class GateResult:
     candidate_run: str
     policy: Policy
     verdicts: list[Verdict] = field(default_factory=list)
+    differences: list[str] = field(default_factory=list)  # hardware/software the two runs do not share
+    base_repeats: int = 1
+    cand_repeats: int = 1
 
     def count(self, status: str) -> int:
         return sum(1 for v in self.verdicts if v.status == status)
+
+    @property
+    def refused(self) -> bool:
+        """The runs differ in hardware or software and the user did not allow comparing them."""
+        return bool(self.differences) and not self.policy.allow_different_hardware
 
     @property
     def failing(self) -> list[Verdict]:
@@ -76,25 +114,32 @@ class GateResult:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failing else 0
+        if self.failing:
+            return EXIT_REGRESSION
+        if self.refused or any(v.status in UNJUDGED for v in self.verdicts):
+            return EXIT_CANNOT_JUDGE
+        if self.count("contended"):
+            return EXIT_CONTENDED
+        return 0
+
+    @property
+    def rules(self) -> list[str]:
+        """The rules that decided, in a fixed order."""
+        used = {v.rule for v in self.verdicts if v.rule}
+        return [r for r in (PROCESS_RULE, ITERATION_RULE) if r in used]
 
     def sorted(self) -> list[Verdict]:
         return sorted(self.verdicts, key=lambda v: (STATUS_ORDER.index(v.status), v.case, v.op or ""))
 
 
 def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy) -> Verdict:
+    """The iterations rule: medians of the per-iteration times, Mann-Whitney U (stats.differ)."""
     bm, cm = float(np.median(base)), float(np.median(cand))
     change = cm / bm - 1.0 if bm > 0 else float("inf")
     v = Verdict(
-        case=case,
-        op=op,
-        status="unchanged",
-        base_median_us=bm,
-        cand_median_us=cm,
-        change=change,
-        base_n=int(base.size),
-        cand_n=int(cand.size),
-    )
+        case=case, op=op, status="unchanged", base_median_us=bm, cand_median_us=cm, change=change,
+        base_n=int(base.size), cand_n=int(cand.size), rule=ITERATION_RULE,
+    )  # fmt: skip
     if abs(change) <= policy.threshold:
         return v
     test = differ(base, cand, policy.alpha, policy.fallback_level)
@@ -110,32 +155,85 @@ def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: P
     )
 
 
-def decide(base: Side, cand: Side, policy: Policy, baseline: str) -> GateResult:
-    result = GateResult(baseline=baseline, baseline_run=base.run_id, candidate_run=cand.run_id, policy=policy)
+def compare_processes(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy) -> Verdict:
+    """The processes rule: medians of the per-process medians, a t-test on their logarithms, and the
+    bootstrap interval of their ratio (independent: two runs share no start conditions)."""
+    from moelab.core.intervals import median_of_medians, ratio_interval
+
+    bm, cm = median_of_medians(base), median_of_medians(cand)
+    change = cm / bm - 1.0
+    ci = ratio_interval(base, cand)
+    v = Verdict(
+        case=case, op=op, status="unchanged", base_median_us=bm, cand_median_us=cm, change=change,
+        base_n=int(base.size), cand_n=int(cand.size), rule=PROCESS_RULE,
+        ratio_low=ci.low if ci else None, ratio_high=ci.high if ci else None,
+    )  # fmt: skip
+    if abs(change) <= policy.threshold:
+        return v
+    test = processes_differ(base, cand, policy.process_alpha)
+    if test.significant is None:
+        return replace(v, status="inconclusive", method=test.method, note="fewer than 2 processes a side")
+    if not test.significant:
+        note = "within the variation between processes"
+        return replace(v, status="noise", method=test.method, p_value=test.p_value, note=note)
+    return replace(
+        v, status="regression" if change > 0 else "improvement", method=test.method, p_value=test.p_value
+    )
+
+
+def _invalid(side: CaseSide, op: str, name: str) -> str | None:
+    """Why `side`'s samples of `op` cannot be judged, or None."""
+    if op in side.invalid:
+        bad, total = side.invalid[op]
+        return f"{name}: {bad} of {total} samples are NULL, NaN, infinite or not above zero"
+    if op not in side.times:
+        stored = "a result but no samples" if op in side.ops else "no result"
+        return f"{name} has {stored} for this op"
+    if side.times[op].size == 0:
+        return f"{name} has no valid samples for this op"
+    return None
+
+
+def judge_op(case: str, op: str, b: CaseSide, c: CaseSide, policy: Policy) -> Verdict:
+    """One op the baseline measured: invalid, contended, or judged by the processes or iterations rule."""
+    why = _invalid(b, op, "baseline") or _invalid(c, op, "candidate")
+    if why:
+        return Verdict(case=case, op=op, status="invalid", note=f"{why}: cannot judge")
+    if op in b.process_medians and op in c.process_medians:
+        v = compare_processes(case, op, b.process_medians[op], c.process_medians[op], policy)
+    else:
+        v = compare_op(case, op, b.times[op], c.times[op], policy)
+    suspect = [f"{n}: {s.suspect_reason}" for n, s in (("baseline", b), ("candidate", c)) if s.suspect_reason]
+    if suspect:
+        note = "not judged, the machine was shared or unhealthy (" + "; ".join(suspect) + ")"
+        return replace(v, status="contended", method=None, p_value=None, rule=None, note=note[:600])
+    return v
+
+
+def _case_verdicts(text: str, b: CaseSide, c: CaseSide | None, policy: Policy) -> list[Verdict]:
+    if c is None:
+        return [Verdict(case=text, op=None, status="missing", note="not in the candidate run")]
+    if c.status != "ok":
+        broken = c.status in ("failed", "incorrect", "crashed", "timeout")
+        status = "broken" if broken else "missing"
+        return [Verdict(case=text, op=None, status=status, note=f"{c.status}: {c.reason or ''}".strip())]
+    ops = [op for op in OPS if op in b.ops or op in b.times]
+    return [judge_op(text, op, b, c, policy) for op in ops]
+
+
+def decide(
+    base: Side, cand: Side, policy: Policy, baseline: str, differences: list[str] | None = None
+) -> GateResult:
+    result = GateResult(
+        baseline=baseline, baseline_run=base.run_id, candidate_run=cand.run_id, policy=policy,
+        differences=list(differences or []), base_repeats=base.repeats, cand_repeats=cand.repeats,
+    )  # fmt: skip
+    if result.refused:
+        return result  # nothing is judged across hardware or software the user did not allow
     for key, b in base.cases.items():
-        text = key_text(key)
-        c = cand.cases.get(key)
         if b.status != "ok":
             continue  # the baseline did not measure it: nothing to hold the candidate to
-        if c is None:
-            result.verdicts.append(
-                Verdict(case=text, op=None, status="missing", note="not in the candidate run")
-            )
-            continue
-        if c.status != "ok":
-            broken = c.status in ("failed", "incorrect", "crashed", "timeout")
-            result.verdicts.append(
-                Verdict(
-                    case=text,
-                    op=None,
-                    status="broken" if broken else "missing",
-                    note=f"{c.status}: {c.reason or ''}".strip(),
-                )
-            )
-            continue
-        for op in OPS:
-            if op in b.times and op in c.times:
-                result.verdicts.append(compare_op(text, op, b.times[op], c.times[op], policy))
+        result.verdicts += _case_verdicts(key_text(key), b, cand.cases.get(key), policy)
     for key, c in cand.cases.items():
         if c.status == "ok" and (key not in base.cases or base.cases[key].status != "ok"):
             result.verdicts.append(

@@ -6,13 +6,63 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from moelab.core.display import safe_text
-from moelab.gate.decision import FAILING, GateResult, Verdict, matched
+from moelab.gate.decision import (
+    EXIT_CANNOT_JUDGE,
+    EXIT_CONTENDED,
+    EXIT_REGRESSION,
+    FAILING,
+    ITERATION_RULE,
+    PROCESS_RULE,
+    GateResult,
+    Verdict,
+    matched,
+)
 
-COLUMNS = ("status", "case", "op", "baseline µs", "candidate µs", "change", "test", "p", "note")
+COLUMNS = ("status", "case", "op", "baseline µs", "candidate µs", "change", "interval", "test", "p", "note")
+VERDICT_WORDS = {
+    0: "PASS",
+    EXIT_REGRESSION: "FAIL",
+    EXIT_CANNOT_JUDGE: "CANNOT JUDGE",
+    EXIT_CONTENDED: "CONTENDED",
+}
 
 
 def _pct(change: float | None) -> str:
     return "—" if change is None else f"{100 * change:+.1f}%"
+
+
+def interval_text(v: Verdict) -> str:
+    """The bootstrap interval of candidate/baseline over processes, as a change: [-2.1%, +3.4%]."""
+    if v.ratio_low is None or v.ratio_high is None:
+        return ""
+    return f"[{_pct(v.ratio_low - 1)}, {_pct(v.ratio_high - 1)}]"
+
+
+def rule_lines(result: GateResult) -> list[str]:
+    """Which rule decided, in words, and the hardware or software differences the user allowed."""
+    lines = []
+    if PROCESS_RULE in result.rules:
+        lines.append(
+            f"rule: processes ({result.base_repeats} and {result.cand_repeats} starts of each job): medians of the "
+            f"per-process medians, Student's t-test on their logarithms at p < {result.policy.process_alpha}, "
+            "interval: 95% percentile bootstrap of candidate/baseline over processes (20,000 resamples)"
+        )
+    if ITERATION_RULE in result.rules:
+        which = [
+            n for n, r in (("baseline", result.base_repeats), ("candidate", result.cand_repeats)) if r < 2
+        ]
+        why = (
+            f"the {' and the '.join(which)} ran each job once" if which else "an op lacks per-process medians"
+        )
+        lines.append(
+            f"rule: iterations, without repeats ({why}; `moelab run --repeat 3` on both for the processes rule): "
+            f"Mann-Whitney U on per-iteration samples at p < {result.policy.alpha}"
+        )
+    if result.differences and not result.refused:
+        lines.append(
+            "compared across a difference (--allow-different-hardware): " + "; ".join(result.differences)
+        )
+    return lines
 
 
 def rows(result: GateResult, include_unchanged: bool = False) -> list[list[Any]]:
@@ -24,6 +74,7 @@ def rows(result: GateResult, include_unchanged: bool = False) -> list[list[Any]]
             v.base_median_us,
             v.cand_median_us,
             _pct(v.change),
+            interval_text(v),
             v.method or "",
             v.p_value,
             v.note,
@@ -34,13 +85,30 @@ def rows(result: GateResult, include_unchanged: bool = False) -> list[list[Any]]
 
 
 def headline(result: GateResult) -> str:
+    if result.refused:
+        return (
+            "REFUSED: baseline and candidate ran on different hardware or software ("
+            + "; ".join(result.differences)
+            + "); nothing compared (--allow-different-hardware compares them anyway)"
+        )
     counts = ", ".join(
         f"{result.count(s)} {s}"
-        for s in ("regression", "broken", "improvement", "missing", "new", "noise", "inconclusive")
+        for s in (
+            "regression",
+            "broken",
+            "invalid",
+            "contended",
+            "improvement",
+            "missing",
+            "new",
+            "noise",
+            "inconclusive",
+        )
         if result.count(s)
     )
-    verdict = "FAIL" if result.exit_code else "PASS"
-    return f"{verdict}: {matched(result)} ops compared, {counts or 'no change'} (threshold {result.policy.threshold:.0%}, Mann-Whitney p < {result.policy.alpha})"
+    verdict = VERDICT_WORDS.get(result.exit_code, "FAIL")
+    rules = " and ".join(result.rules) or "none"
+    return f"{verdict}: {matched(result)} ops compared, {counts or 'no change'} (threshold {result.policy.threshold:.0%}, rule: {rules})"
 
 
 def _md(text: Any) -> str:
@@ -66,21 +134,23 @@ def markdown(result: GateResult) -> str:
         "",
         f"- baseline: {_md(result.baseline)}",
         f"- candidate: run `{_md(result.candidate_run)}`",
-        "- method: a regression is a median time more than the threshold slower and outside the noise "
-        "(Mann-Whitney U on per-iteration times at p < 0.002; with few samples, non-overlapping sample ranges)",
+        "- method: a regression is a median time more than the threshold slower and outside the noise",
+        *(f"- {_md(line)}" for line in rule_lines(result)),
         "",
     ]
     shown = [v for v in result.sorted() if v.status != "unchanged"]
-    if shown:
+    if result.refused:
+        lines.append("Nothing was compared: the runs differ in hardware or software.")
+    elif shown:
         lines += [
-            "| status | case | op | baseline µs | candidate µs | change | test | note |",
-            "|---|---|---|---|---|---|---|---|",
+            "| status | case | op | baseline µs | candidate µs | change | interval | test | note |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for v in shown:
             mark = "❌ " if v.status in FAILING else ""
             lines.append(
                 f"| {mark}{v.status} | {_md(v.case)} | {v.op or ''} | {_num(v.base_median_us)} | {_num(v.cand_median_us)} | "
-                f"{_pct(v.change)} | {_md(v.method or '')}{'' if v.p_value is None else f' p={v.p_value:.2g}'} | {_md(v.note)} |"
+                f"{_pct(v.change)} | {interval_text(v)} | {_md(v.method or '')}{'' if v.p_value is None else f' p={v.p_value:.2g}'} | {_md(v.note)} |"
             )
     else:
         lines.append("Every compared op is within the threshold.")
@@ -97,7 +167,9 @@ def _testcase(v: Verdict, suite: ET.Element, result: GateResult) -> None:
     detail = f"{v.status}: median {_num(v.base_median_us)} -> {_num(v.cand_median_us)} µs ({_pct(v.change)}); {v.method or ''} {v.note}".strip()
     if v.status in FAILING or (v.status == "missing" and result.policy.fail_on_missing):
         ET.SubElement(tc, "failure", message=f"{v.status} {_pct(v.change)}", type=v.status).text = detail
-    elif v.status in ("missing", "new", "inconclusive"):
+    elif v.status == "invalid":
+        ET.SubElement(tc, "error", message=f"cannot judge: {v.note}", type=v.status).text = detail
+    elif v.status in ("missing", "new", "inconclusive", "contended"):
         ET.SubElement(tc, "skipped", message=detail)
     else:
         ET.SubElement(tc, "system-out").text = detail
@@ -110,13 +182,17 @@ def junit(result: GateResult) -> str:
     )
     for v in result.sorted():
         _testcase(v, suite, result)
+    if result.refused:
+        tc = ET.SubElement(suite, "testcase", classname="moelab.check", name="same hardware and software")
+        ET.SubElement(tc, "error", message=headline(result), type="refused").text = headline(result)
     tests = len(suite)
     failures = sum(1 for tc in suite if tc.find("failure") is not None)
+    errors = sum(1 for tc in suite if tc.find("error") is not None)
     skipped = sum(1 for tc in suite if tc.find("skipped") is not None)
     for el in (suites, suite):
         el.set("tests", str(tests))
         el.set("failures", str(failures))
-        el.set("errors", "0")
+        el.set("errors", str(errors))
         el.set("skipped", str(skipped))
     ET.indent(suites)
     # XML 1.0 cannot hold control characters at all, escaped or not: a stored label or case id with one
