@@ -20,6 +20,7 @@ from tests.launch.test_crash_isolation import SMALL
         (["--run-id", "../../escaped-run"], "is not a plain name"),
         (["--run-id", "a/b"], "is not a plain name"),
         (["--kernel-cache", "/dev/null"], "--kernel-cache /dev/null: not a folder"),
+        (["--repeat", "0"], "--repeat must be > 0, got 0"),
         (["--label", "\x1b[31mRED\x1b]0;pwned-title\x07\x1b[2J"], "holds control characters"),
     ],
 )

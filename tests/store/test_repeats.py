@@ -1,0 +1,158 @@
+"""Repeats in the store (issue 29, items 1 and 2): each start of a job a process sample of its own, per op
+the median of the per-process medians with its bootstrap interval and the CV between processes, each
+start's own noise; and a run without repeats stores exactly what it stored before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moelab.core.intervals import (
+    RESAMPLES,
+    median_interval,
+    process_cv,
+    ratio_interval,
+    ratio_point,
+)
+from moelab.core.spec import RunSpec
+from moelab.job.rundir import JobFiles, RunDir
+from tests.synthetic_runs import BackendModel, RunModel, build_db
+
+TWO = (BackendModel(name="nccl-a2a"), BackendModel(name="mxfp8-a2a", alpha_us=30.0))
+COMMON = dict(backends=TWO, tokens=(256,), sms=(None,), iters=20, noise=0.02)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("repeats")
+    db = root / "r.duckdb"
+    build_db(db, root / "runs", [
+        RunModel(run_id="once", seed=1, **COMMON),  # type: ignore[arg-type]
+        RunModel(run_id="thrice", seed=2, repeats=3, process_noise=0.03, **COMMON),  # type: ignore[arg-type]
+    ])  # fmt: skip
+    return db, root / "runs"
+
+
+def _q(db: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+# --- the intervals -------------------------------------------------------------------------------------
+
+
+def test_three_processes_give_their_range_and_the_same_interval_every_time() -> None:
+    """Percentile bootstrap of the median of 3: a resample's median is one of the three values, so the
+    95% interval is [smallest, largest]; a fixed seed makes it reproducible."""
+    ci = median_interval([101.0, 97.0, 104.0])
+    assert ci is not None and (ci.low, ci.high) == (97.0, 104.0)
+    assert median_interval([101.0, 97.0, 104.0]) == ci
+    assert median_interval([100.0]) is None and ratio_interval([1.0], [1.0, 2.0]) is None
+    assert median_interval([5.0, 5.0, 5.0]) == type(ci)(5.0, 5.0)
+    assert process_cv([100.0, 100.0, 100.0]) == 0.0 and process_cv([1.0]) is None
+    assert process_cv([90.0, 100.0, 110.0]) == pytest.approx(0.1)
+    assert RESAMPLES == 20_000
+
+
+def test_a_ratio_interval_covers_one_when_the_processes_overlap() -> None:
+    same = ratio_interval([100.0, 103.0, 98.0], [101.0, 97.0, 104.0])
+    apart = ratio_interval([100.0, 103.0, 98.0], [111.0, 113.0, 109.0])
+    assert same is not None and same.covers(1.0)
+    assert apart is not None and not apart.covers(1.0) and apart.low > 1.0
+    # paired by start: a drift both backends shared cancels in the per-start ratios
+    base, cand = np.array([100.0, 120.0, 90.0]), np.array([95.0, 114.0, 85.5])
+    paired = ratio_interval(base, cand, paired=True)
+    assert paired is not None and paired.high < 1.0 and ratio_point(base, cand, paired=True) == 0.95
+    unpaired = ratio_interval(base, cand)
+    assert unpaired is not None and unpaired.covers(1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    medians=st.lists(st.floats(1.0, 1e6, allow_nan=False), min_size=2, max_size=8),
+    factor=st.floats(0.5, 2.0),
+)
+def test_intervals_hold_their_point(medians: list[float], factor: float) -> None:
+    ci = median_interval(medians)
+    assert ci is not None and min(medians) <= ci.low <= np.median(medians) <= ci.high <= max(medians)
+    scaled = ratio_interval(medians, [m * factor for m in medians], paired=True)
+    assert scaled is not None and scaled.low == pytest.approx(factor) and scaled.high == pytest.approx(factor)
+
+
+# --- the store ------------------------------------------------------------------------------------------
+
+
+def test_each_start_is_stored_as_a_process_sample(store: tuple[Path, Path]) -> None:
+    db, runs = store
+    rd = RunDir(runs / "thrice")
+    assert [f.dir for f in rd.starts("mxfp8-a2a")] == [
+        runs / "thrice" / "mxfp8-a2a",
+        runs / "thrice" / "mxfp8-a2a" / "r1",
+        runs / "thrice" / "mxfp8-a2a" / "r2",
+    ]
+    assert JobFiles.of_dir(runs / "thrice" / "mxfp8-a2a" / "r2") == JobFiles(runs / "thrice", "mxfp8-a2a", 2)
+    positions = _q(
+        db,
+        "SELECT backend, repeat, position, status FROM processes WHERE run_id = 'thrice' ORDER BY position",
+    )
+    assert positions == [
+        ("nccl-a2a", 0, 0, "ok"), ("mxfp8-a2a", 0, 1, "ok"),  # A B
+        ("mxfp8-a2a", 1, 2, "ok"), ("nccl-a2a", 1, 3, "ok"),  # B A
+        ("nccl-a2a", 2, 4, "ok"), ("mxfp8-a2a", 2, 5, "ok"),  # A B
+    ]  # fmt: skip
+    per_start = _q(db, "SELECT repeat, count(*) FROM samples WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+                       "AND op = 'dispatch' GROUP BY repeat ORDER BY repeat")  # fmt: skip
+    assert per_start == [(0, 40), (1, 40), (2, 40)]  # 2 ranks x 20 iterations each
+
+
+def test_per_op_median_of_medians_interval_and_cv(store: tuple[Path, Path]) -> None:
+    db, _ = store
+    rows = _q(db, """SELECT r.op, r.median_us, r.ci_low_us, r.ci_high_us, r.process_cv, r.repeats, r.n,
+                            list(p.median_us ORDER BY p.repeat), list(p.noise ORDER BY p.repeat)
+                     FROM results r JOIN process_results p USING (run_id, backend, case_id, op)
+                     WHERE r.run_id = 'thrice' AND r.backend = 'nccl-a2a' GROUP BY ALL""")  # fmt: skip
+    assert {r[0] for r in rows} == {"dispatch", "combine", "roundtrip"}
+    for op, median, low, high, cv, repeats, n, medians, noises in rows:
+        assert repeats == 3 and n == sum(5 if op == "roundtrip" else 20 for _ in range(3))
+        assert median == pytest.approx(np.median(medians))
+        assert (low, high) == (pytest.approx(min(medians)), pytest.approx(max(medians)))
+        assert cv == pytest.approx(np.std(medians, ddof=1) / np.mean(medians))
+        assert len(noises) == 3  # each start's own noise of its median
+    (gbps,) = _q(db, "SELECT gbps FROM bandwidths WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+                     "AND op = 'dispatch' AND definition = 'nvl_recv'")  # fmt: skip
+    (bytes_mean, median) = _q(db, "SELECT b.bytes_mean, r.median_us FROM bandwidths b JOIN results r "
+                                  "USING (run_id, backend, case_id, op) WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+                                  "AND op = 'dispatch' AND definition = 'nvl_recv'")[0]  # fmt: skip
+    assert gbps[0] == pytest.approx(bytes_mean / median / 1e3)  # the bandwidth is over the merged median
+
+
+def test_a_run_without_repeats_stores_exactly_what_it_did(store: tuple[Path, Path]) -> None:
+    """The worker's record as it is: every summary column the record's, new columns at their defaults,
+    no per-process rows, one sample block per op, no r<K> folders."""
+    db, runs = store
+    spec = RunSpec.read(runs / "once" / "spec.json")
+    assert spec.launch.repeats == 1
+    assert not [p for p in (runs / "once").glob("*/r[0-9]*") if p.is_dir()]
+    for backend in ("nccl-a2a", "mxfp8-a2a"):
+        (rec,) = JobFiles(runs / "once", backend).read_results()
+        for op in rec.ops:
+            s = op.summary
+            stored = _q(db, "SELECT n, median_us, p10_us, p90_us, p99_us, min_us, max_us, mean_us, rank_spread_us, "
+                            "rel_iqr, repeats, ci_low_us, ci_high_us, process_cv FROM results WHERE run_id = 'once' "
+                            "AND backend = ? AND op = ?", backend, op.op)  # fmt: skip
+            assert stored == [(s.n, s.median_us, s.p10_us, s.p90_us, s.p99_us, s.min_us, s.max_us, s.mean_us,
+                               s.rank_spread_us, s.rel_iqr, 1, None, None, None)]  # fmt: skip
+            samples = _q(db, "SELECT rank, iter, time_us, repeat FROM samples WHERE run_id = 'once' AND backend = ? "
+                             "AND op = ? ORDER BY rank, iter", backend, op.op)  # fmt: skip
+            expected = [(r, i, t, 0) for r, row in enumerate(op.samples_us) for i, t in enumerate(row)]
+            assert samples == expected
+    for table in ("processes", "process_results", "process_metrics"):
+        assert _q(db, f"SELECT count(*) FROM {table} WHERE run_id = 'once'") == [(0,)]
