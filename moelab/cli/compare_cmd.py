@@ -52,6 +52,8 @@ def compare(
 
     `% bound` is moelab model's lower-bound time for the case's own topology and backend family over the
     measured time (link figures from the run's measured peaks where it stored them, else the named table).
+    Each ratio has its 95% interval over processes (runs with --repeat); the verdict says
+    "indistinguishable" where it covers 1 and ranks only where the slowest and fastest ranks agree.
 
     Example: moelab compare --by gpu --run h100-main --run h200-main --html compare.html
     """
@@ -85,6 +87,7 @@ def compare(
             by=by,
             metric=metric,
             reference=reference,
+            processes=query.process_medians(con),
         )
     if len(table.groups) < 2:
         raise MoelabError(
@@ -96,6 +99,7 @@ def compare(
     print_table(
         table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
     )
+    console.print(cmp.INTERVAL_NOTE)
     if len(rows) > max_rows:
         console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
     if paged is not None and paged.note:

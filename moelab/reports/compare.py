@@ -5,6 +5,13 @@ Bandwidth is also given as a fraction of each group's own link peak (moelab.mode
 run recorded), so hardware generations compare by how much of their link they use, not only by GB/s, and
 as a fraction of moelab model's bound for the case's own topology (`% bound`, moelab.reports.bounds).
 When several runs give the same group the same case, the newest run's number is used.
+
+Every ratio comes with its interval over processes (each start of a job under --repeat is one; see
+moelab.core.intervals): paired by start where both sides ran in the same run (the k-th starts of two
+backends ran in the same rotation), independent otherwise; a run of one start has none. Beside it, a
+verdict in time: "indistinguishable" where the interval covers 1; a ranking ("faster", "slower") only where
+the slowest rank's times and the fastest rank's times agree on it (CollectiveX's rule: a backend that is
+faster only on its slowest rank, or only on its fastest, is not ranked, and the verdict says which).
 """
 
 from __future__ import annotations
@@ -15,8 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.errors import MoelabError
+from moelab.core.intervals import Interval, ratio_interval, ratio_point
 from moelab.model.links import PeakTable
 from moelab.reports.analysis import fraction_of_peak
+
+ProcessMedians = dict[tuple[str, str, str, str], tuple[list[float], list[float]]]
+INTERVAL_NOTE = (
+    "ratios: GB/s over the reference's, with a 95% percentile bootstrap interval over processes where both "
+    "ran each job more than once (moelab run --repeat 3); X vs ref: in time, 'indistinguishable' where the "
+    "interval covers 1, ranked only where the slowest and the fastest rank agree"
+)
 
 BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
 METRICS = {"nvl_recv": "nvl_gbps", "nvl_remote": "remote_gbps"}
@@ -42,6 +57,45 @@ class Cell:
     frac_bound: float | None = (
         None  # moelab model's bound time over the measured time (moelab.reports.bounds)
     )
+    slowest: tuple[float, ...] = ()  # per start of the job: the median of the slowest rank's times
+    fastest: tuple[float, ...] = ()  # ... and of the fastest rank's
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ranking:
+    """One group against the reference, for one case and op, in time (ratio = group / reference)."""
+
+    ratio: float
+    interval: Interval | None  # over processes; None with fewer than two a side
+    fast_ratio: float | None  # the same ratio of the fastest rank's times
+    fast_interval: Interval | None
+    verdict: str  # faster, slower, indistinguishable, or "not ranked: why"
+
+
+def rank(ref: Cell, other: Cell) -> Ranking | None:
+    """`other` against `ref`: the interval of the time ratio, and a ranking only where the slowest-rank and
+    the fastest-rank ratios agree (each outside 1 where it has an interval)."""
+    if not ref.slowest or not other.slowest:
+        return None
+    paired = ref.run_id == other.run_id and len(ref.slowest) == len(other.slowest)
+    point, ci = (
+        ratio_point(ref.slowest, other.slowest, paired),
+        ratio_interval(ref.slowest, other.slowest, paired),
+    )
+    fast = fast_ci = None
+    if ref.fastest and other.fastest:
+        fast = ratio_point(ref.fastest, other.fastest, paired)
+        fast_ci = ratio_interval(ref.fastest, other.fastest, paired)
+    word = "faster" if point < 1 else "slower"
+    if point == 1.0 or (ci is not None and ci.covers(1.0)):
+        verdict = "indistinguishable"
+    elif fast is not None and (fast < 1) != (point < 1):
+        verdict = "not ranked: ranks disagree"  # faster on one rank's times, slower on the other's
+    elif fast_ci is not None and fast_ci.covers(1.0):
+        verdict = "not ranked: fastest rank indistinguishable"
+    else:
+        verdict = word
+    return Ranking(ratio=point, interval=ci, fast_ratio=fast, fast_interval=fast_ci, verdict=verdict)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,12 +121,30 @@ class CompareTable:
             return None
         return other.gbps / ref.gbps
 
+    def ranking(self, row: CompareRow, group: str) -> Ranking | None:
+        ref, other = row.cells.get(self.reference), row.cells.get(group)
+        return rank(ref, other) if ref is not None and other is not None else None
+
+    def ratio_interval(self, row: CompareRow, group: str) -> Interval | None:
+        """The interval of the bandwidth ratio: the time ratio's, inverted and scaled by the bytes ratio."""
+        bw, r = self.ratio(row, group), self.ranking(row, group)
+        if bw is None or r is None or r.interval is None or r.interval.low <= 0:
+            return None
+        return Interval(bw * r.ratio / r.interval.high, bw * r.ratio / r.interval.low)
+
+    def ratio_text(self, row: CompareRow, group: str) -> str | None:
+        """The bandwidth ratio with its interval where there is one: `1.52 [1.41, 1.6]`."""
+        bw, ci = self.ratio(row, group), self.ratio_interval(row, group)
+        if bw is None:
+            return None
+        return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
+
     def header(self) -> list[str]:
         cols = ["case", "op", "SMs"]
         for g in self.groups:
             cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
             if g != self.reference:
-                cols.append(f"{g} / {self.reference}")
+                cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
         return cols
 
     def table_rows(self) -> list[list[Any]]:
@@ -88,7 +160,8 @@ class CompareTable:
                     None if c is None or c.frac_bound is None else 100 * c.frac_bound,
                 ]
                 if g != self.reference:
-                    line.append(self.ratio(row, g))
+                    r = self.ranking(row, g)
+                    line += [self.ratio_text(row, g), r.verdict if r else None]
             out.append(line)
         return out
 
@@ -137,7 +210,10 @@ def build(
     by: str,
     metric: str = "nvl_recv",
     reference: str | None = None,
+    processes: ProcessMedians | None = None,
 ) -> CompareTable:
+    """The table; `processes` (query.process_medians) gives each cell its per-start medians, for the
+    intervals and the rankings (without it, ratios only)."""
     if by not in BY_KEYS:
         raise MoelabError(f"cannot compare by {by!r}: choose one of {', '.join(BY_KEYS)}")
     if metric not in METRICS:
@@ -163,6 +239,7 @@ def build(
             if r["op"] not in ("roundtrip", "layout")
             else None
         )
+        slowest, fastest = (processes or {}).get((r["run_id"], r["backend"], r["case_id"], r["op"]), ([], []))
         row.cells[g] = Cell(
             run_id=r["run_id"],
             median_us=r["median_us"],
@@ -170,6 +247,8 @@ def build(
             frac_peak=frac,
             gpu_name=gpu,
             frac_bound=r.get("frac_bound"),
+            slowest=tuple(float(x) for x in slowest if x is not None),
+            fastest=tuple(float(x) for x in fastest if x is not None),
         )
     groups.sort()
     if reference is not None and reference not in groups:

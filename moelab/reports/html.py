@@ -91,18 +91,25 @@ def load(
     sm_charts, data.knees = sections.sm_sweeps(results, ids, draw)
     tok_charts, data.fits = sections.token_sweeps(results, ids, draw)
     data.charts = sm_charts + tok_charts or sections.fallback_bars(results, ids, draw)
-    data.comparisons = _comparisons(results, env, data.runs, peaks)
+    data.comparisons = _comparisons(results, env, data.runs, peaks, con)
     data.e2e = e2e_section.build(e2e_section.e2e_rows(con), draw)
     return data
 
 
 def _comparisons(
-    results: list[dict[str, Any]], env: list[dict[str, Any]], runs: list[dict[str, Any]], peaks: PeakTable
+    results: list[dict[str, Any]],
+    env: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    peaks: PeakTable,
+    con: duckdb.DuckDBPyConnection,
 ) -> list[compare.CompareTable]:
     """Backends side by side when there are several; GPU models side by side when runs span several."""
     out = []
+    processes = (
+        query.process_medians(con) if len({(r["backend"], r["run_id"]) for r in results}) > 1 else None
+    )
     for by in ("backend", "gpu"):
-        table = compare.build(results, env, runs, peaks, by=by)
+        table = compare.build(results, env, runs, peaks, by=by, processes=processes)
         if len(table.groups) > 1 and table.rows:
             out.append(table)
     return out

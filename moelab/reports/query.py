@@ -78,7 +78,7 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                   c.dispatch_err, c.combine_err, c.suspect, c.suspect_reason,
                   r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us, r.rel_iqr, r.kernel_us,
                   r.bytes_per_row,
-                  r.noise, r.host_sync, r.stability,
+                  r.noise, r.host_sync, r.stability, r.repeats, r.ci_low_us, r.ci_high_us, r.process_cv,
                   (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name = 'a2a_remote')
                       AS measured_remote_peak_gbps,
                   (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name LIKE 'peer_copy_shift%')
@@ -92,6 +92,34 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     for r in rows:
         r["knobs"] = _json_obj(r["knobs"])
     return rows
+
+
+ProcessKey = tuple[str, str, str, str]  # run, backend, case, op
+
+
+def process_medians(con: duckdb.DuckDBPyConnection) -> dict[ProcessKey, tuple[list[float], list[float]]]:
+    """(run, backend, case, op) -> the median of each start of its job (--repeat; one without) of the
+    slowest rank's iteration times, and of the fastest rank's, in start order, read from the samples."""
+    repeat = "repeat" if _has_column(con, "samples", "repeat") else "0"
+    rows = con.execute(
+        f"""SELECT run_id, backend, case_id, op, list(slow ORDER BY rep), list(fast ORDER BY rep) FROM (
+                SELECT run_id, backend, case_id, op, rep, median(slow) AS slow, median(fast) AS fast FROM (
+                    SELECT run_id, backend, case_id, op, {repeat} AS rep, iter, max(time_us) AS slow,
+                           min(time_us) AS fast
+                    FROM samples WHERE run_id IN (SELECT run_id FROM _sel) GROUP BY ALL)
+                GROUP BY ALL)
+            GROUP BY ALL"""
+    ).fetchall()
+    return {(r[0], r[1], r[2], r[3]): (list(r[4]), list(r[5])) for r in rows}
+
+
+def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """A database opened read-only is not migrated: an older one may lack a later column."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
+        [table, column],
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
