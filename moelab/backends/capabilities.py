@@ -55,6 +55,39 @@ class LibraryFigures(Protocol):
     ) -> list[Figure]: ...
 
 
+class _Timed(Protocol):
+    def splits_phases(self) -> bool: ...
+
+    def host_sync_ops(self) -> dict[str, str]: ...
+
+
+def pair_sync_reason(backend: _Timed) -> str | None:
+    """Why a backend's pair (its dispatch along a known layout, or whole, then its combine) cannot be
+    chained: the host syncs its own host_sync_ops name on those calls. None when it holds none."""
+    dispatch = "dispatch" if backend.splits_phases() else "dispatch_fresh"
+    syncs = backend.host_sync_ops()
+    held = [f"{op}: {syncs[op]}" for op in (dispatch, "combine") if op in syncs]
+    return f"the pair would synchronise the host ({'; '.join(held)})" if held else None
+
+
+@runtime_checkable
+class ChainedPairs(Protocol):
+    """Dispatch then combine can be chained back to back, K pairs per timed iteration with no host
+    synchronisation between or inside them: the `pair` op (moelab.core.ops), CollectiveX's pair period.
+    A backend declares it where its API allows it (no sizes read back to the host on that path); the
+    prepared case may still say why it cannot (a knob that puts a host sync on the path)."""
+
+    def chained_pairs_reason(self) -> str | None:
+        """Why the prepared case cannot chain pairs, or None. By default: the host syncs the backend's
+        host_sync_ops names on the pair's calls."""
+        return pair_sync_reason(self)  # type: ignore[arg-type]
+
+
+def chains_pairs(backend: object) -> bool:
+    """Whether the prepared case of `backend` times the pair op."""
+    return isinstance(backend, ChainedPairs) and backend.chained_pairs_reason() is None
+
+
 def library_figures(
     backend: object,
     op: str,

@@ -30,7 +30,7 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
-from moelab.backends.capabilities import DispatchAlongHandle, LibraryFigures
+from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
@@ -233,7 +233,7 @@ class DeepEPTuning(TuneSpace):
         return out
 
 
-class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures):
+class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
     name = "deepep"
     dispatch_family = "hierarchical"
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
-from moelab.backends.capabilities import DefaultWorkload
+from moelab.backends.capabilities import ChainedPairs, DefaultWorkload
 from moelab.backends.deepep_own_tests import LOW_LATENCY_TEST
 from moelab.backends.deepep_rules import v1_low_latency_reason
 from moelab.backends.input_cache import InputCache
@@ -66,7 +66,7 @@ def slot_sources(
     return inside.int().argmax(dim=1), inside.any(dim=1)
 
 
-class DeepEPLowLatencyBackend(Backend, DefaultWorkload):
+class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
     name = "deepep-ll"
     dispatch_family = "low_latency"
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"

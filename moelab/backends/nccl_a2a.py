@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
-from moelab.backends.capabilities import DispatchAlongHandle
+from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle
 from moelab.backends.knobs import Knobs, knob
 from moelab.backends.padded import SparseDispatched
 from moelab.backends.tuning import TuneSpace
@@ -134,7 +134,7 @@ class _Counted:
     num_tokens: int
 
 
-class NcclA2ABackend(Backend, DispatchAlongHandle):
+class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
     name = "nccl-a2a"
     dispatch_family = "flat"
     description = (

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.capabilities import ChainedPairs
 from moelab.backends.padded import PaddedDispatched
 
 MIN_NCCL = (2, 30, 7)
@@ -160,7 +161,7 @@ def recv_counts_of(total: torch.Tensor, world: int) -> torch.Tensor:
     return counts
 
 
-class NcclEPBackend(Backend):
+class NcclEPBackend(Backend, ChainedPairs):
     name = "nccl-ep"
     dispatch_family = "flat"
     description = "NVIDIA NCCL EP (nccl.ep) high-throughput dispatch/combine, flat layout"

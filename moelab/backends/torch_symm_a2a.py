@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.capabilities import ChainedPairs
 from moelab.backends.padded import PaddedDispatched
 from moelab.backends.symm_layout import (
     SPARE_ROWS,
@@ -104,7 +105,7 @@ class SymmHandle:
     buffers: SymmBuffers
 
 
-class TorchSymmA2ABackend(Backend):
+class TorchSymmA2ABackend(Backend, ChainedPairs):
     name = "torch-symm-a2a"
     dispatch_family = "flat"
     description = "torch symmetric memory all_to_all_vdev (NVSHMEM): device-side splits, no host sync"

@@ -15,6 +15,7 @@ class OpDefinition:
     name: str
     text: str
     needs_phases: bool  # only a backend that splits layout from payload can time it alone
+    needs_chaining: bool = False  # only a backend whose calls chain without a host sync (ChainedPairs)
 
 
 OPS: dict[str, OpDefinition] = {
@@ -45,10 +46,19 @@ OPS: dict[str, OpDefinition] = {
             needs_phases=False,
             text="dispatch_fresh then combine back to back: a training step's layer communication with fresh routing",
         ),
+        OpDefinition(
+            name="pair",
+            needs_phases=False,
+            needs_chaining=True,
+            text="dispatch then combine chained back to back with no host synchronisation between or inside them (dispatch along the known layout where the backend splits phases, else whole), K pairs per timed iteration; the time is the pair period, the iteration's time over K (CollectiveX's pair period); only where the backend's calls chain (capability ChainedPairs)",
+        ),
     )
 }
 
 
-def ops_for(phases: bool) -> tuple[str, ...]:
-    """The ops timed for a backend: all five when it splits layout from payload, else the three it can."""
-    return tuple(name for name, d in OPS.items() if phases or not d.needs_phases)
+def ops_for(phases: bool, chains: bool = False) -> tuple[str, ...]:
+    """The ops timed for a backend: layout and dispatch only when it splits layout from payload, the
+    chained pair only when its dispatch and combine hold no host sync (ChainedPairs)."""
+    return tuple(
+        name for name, d in OPS.items() if (phases or not d.needs_phases) and (chains or not d.needs_chaining)
+    )

@@ -31,6 +31,9 @@ class TimingSpec:
     batch: int = 10  # iterations between two looks at the noise
     pair_reps: int = 5  # e2e layer: samples of `pair_iters` back-to-back layers each
     pair_iters: int = 10
+    chain: int = (
+        10  # the pair op: dispatch→combine pairs chained per timed iteration (the period is time / K)
+    )
     flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
     peaks: bool = True  # GPU only: measure this machine's link figures once per run (moelab.measure.peaks)
 
@@ -39,6 +42,8 @@ class TimingSpec:
             raise ValueError(f"iters must be at least 1, got {self.iters}")
         if self.warmup < 0 or self.min_iters < 1 or self.max_iters < self.min_iters or self.batch < 1:
             raise ValueError("timing: need warmup >= 0, 1 <= min_iters <= max_iters and batch >= 1")
+        if self.chain < 1:
+            raise ValueError(f"chain must be at least 1, got {self.chain}")
         if not 0 < self.noise_target < 1:
             raise ValueError(f"noise target must be in (0, 1), got {self.noise_target}")
 
@@ -61,6 +66,7 @@ class TimingSpec:
             noise_target=0.05,
             pair_reps=3,
             pair_iters=2,
+            chain=3,
             flush_l2=False,
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
-from moelab.backends.capabilities import library_figures
+from moelab.backends.capabilities import chains_pairs, library_figures
 from moelab.core.case_record import CaseRecord, IbNode, IbPort, RankKernelTime, TraceFile
 from moelab.core.ops import ops_for
 from moelab.core.record_build import OpMeasurement, op_result
@@ -27,14 +27,20 @@ from moelab.tracing.nvtx_ranges import nvtx_range, range_name
 
 
 def op_calls(backend: Backend, inputs: CaseInputs, checked: Checked) -> dict[str, Callable[[], object]]:
-    """What each op runs; a backend without the phase split gets the ops it can time whole."""
+    """What each op runs; a backend without the phase split gets the ops it can time whole, one whose
+    calls chain without a host sync (ChainedPairs) the pair too."""
     x, r = inputs.x, inputs.routing
     idx, w = r.topk_idx, r.topk_weights
     expert_out, handle = checked.expert_out, checked.handle
     assert expert_out is not None  # only a passed check is timed
+    phases = backend.splits_phases()
 
     def roundtrip() -> object:
         return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
+
+    def pair() -> object:  # along the known layout where there is one: no layout step, no host sync
+        dispatched = backend.dispatch(x, idx, w, layout=handle) if phases else backend.dispatch(x, idx, w)
+        return backend.combine(expert_out, dispatched.handle)
 
     calls: dict[str, Callable[[], object]] = {
         "layout": lambda: backend.layout(idx, w),
@@ -42,8 +48,9 @@ def op_calls(backend: Backend, inputs: CaseInputs, checked: Checked) -> dict[str
         "dispatch_fresh": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, handle),
         "roundtrip": roundtrip,
+        "pair": pair,
     }
-    return {op: calls[op] for op in ops_for(backend.splits_phases())}
+    return {op: calls[op] for op in ops_for(phases, chains_pairs(backend))}
 
 
 def time_ops(
@@ -62,7 +69,8 @@ def time_ops(
             with nvtx_range(rname, counts):
                 return fn()
 
-        sampled = cc.clock.sample_until_stable(ranged, cc.spec.timing, host_aligned=op in syncs)
+        chain = cc.spec.timing.chain if op == "pair" else 1  # K pairs per timed iteration: the pair period
+        sampled = cc.clock.sample_until_stable(ranged, cc.spec.timing, host_aligned=op in syncs, repeat=chain)
         if op in cc.backend.library_timed_ops():
             # the library way: its bare call back to back, no NVTX range of ours around it
             sampled = replace(sampled, library_samples_us=cc.clock.sample_back_to_back(fn))
@@ -181,6 +189,7 @@ def build_record(
         "dispatch_fresh": bpt_d,
         "combine": bpt_c,
         "roundtrip": bpt_d + bpt_c,
+        "pair": bpt_d + bpt_c,
     }
     syncs = backend.host_sync_ops()
     traced = any(e["traced"] for e in extras)

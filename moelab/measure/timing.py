@@ -151,10 +151,11 @@ class Clock:
         return shared
 
     def sample_until_stable(
-        self, fn: Callable[[], object], timing: TimingSpec, host_aligned: bool = False
+        self, fn: Callable[[], object], timing: TimingSpec, host_aligned: bool = False, repeat: int = 1
     ) -> Sampled:
         """Warm up, then time batches until the slowest-rank median's noise is under the target (after
-        `min_iters` and `min_time_s`) or `max_iters` is reached; every rank stops at the same batch."""
+        `min_iters` and `min_time_s`) or `max_iters` is reached; every rank stops at the same batch.
+        `repeat`: calls of `fn` back to back per timed iteration, each sample their time over `repeat`."""
         for _ in range(timing.warmup):
             fn()
         self.sync()
@@ -166,7 +167,7 @@ class Clock:
         while True:
             done = 0 if per_rank is None else len(per_rank[0])
             batch = min(step, most - done)
-            shared = self._share(self._batch(fn, batch, host_aligned=host_aligned))
+            shared = self._share(self._batch(fn, batch, repeat=repeat, host_aligned=host_aligned))
             per_rank = shared if per_rank is None else [a + b for a, b in zip(per_rank, shared, strict=True)]
             n = len(per_rank[0])
             noise = median_noise(np.asarray(per_rank).max(axis=0))

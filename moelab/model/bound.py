@@ -247,9 +247,9 @@ def estimate(
 
 def stored_time_bound(est: Estimate, family: str, op: str) -> float | None:
     """The bound of a stored op: dispatch (with or without its layout) and combine by their own, roundtrip
-    as both in turn; layout moves no payload and has none."""
+    and the chained pair's period as both in turn; layout moves no payload and has none."""
     if op in ("dispatch", "dispatch_fresh", "combine"):
         return est.get(family, "combine" if op == "combine" else "dispatch").time_us
-    if op == "roundtrip":
+    if op in ("roundtrip", "pair"):
         return est.get(family, "dispatch").time_us + est.get(family, "combine").time_us
     return None

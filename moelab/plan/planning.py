@@ -278,7 +278,7 @@ def timing_for(req: RunRequest, device: str) -> TimingSpec:
             max_iters=req.max_iters or base.max_iters,
             noise_target=req.noise_target or base.noise_target,
             min_time_s=base.min_time_s, batch=base.batch, pair_reps=base.pair_reps, pair_iters=base.pair_iters,
-            flush_l2=base.flush_l2,
+            chain=base.chain, flush_l2=base.flush_l2,
         )  # fmt: skip
     except ValueError as exc:
         raise SpecError(str(exc)) from exc

@@ -236,7 +236,7 @@ def build(
         gbps = r[METRICS[metric]]
         frac = (
             fraction_of_peak(gbps, peak.gbps if peak else None)
-            if r["op"] not in ("roundtrip", "layout")
+            if r["op"] not in ("roundtrip", "pair", "layout")
             else None
         )
         slowest, fastest = (processes or {}).get((r["run_id"], r["backend"], r["case_id"], r["op"]), ([], []))

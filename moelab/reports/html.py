@@ -20,7 +20,7 @@ from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import bounds, compare, e2e_section, query, sections, verification
 from moelab.store.db import open_db
 
-OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")
+OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
 

@@ -291,7 +291,7 @@ def fallback_bars(
 ) -> list[dict[str, Any]]:
     """Without any sweep, one bar per case and op so that every run still has a picture."""
     out = []
-    for op in ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip"):
+    for op in ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair"):
         rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
         if not rows:
             continue

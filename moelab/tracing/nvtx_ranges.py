@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 PREFIX = "moelab/"
-OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip")  # moelab.core.ops
+OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")  # moelab.core.ops
 PHASES = ("warmup", "check")
 IMPLS = ("nvtx", "torch.cuda.nvtx", "none")
 

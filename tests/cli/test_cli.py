@@ -108,9 +108,9 @@ def _counts(db: Path) -> dict[str, int]:
 def test_the_stored_run(stored: tuple[Path, Path, str]) -> None:
     db, _, run_id = stored
     counts = _counts(db)
-    # nccl-a2a splits its phases: layout, dispatch, dispatch_fresh, combine, roundtrip
-    assert counts["runs"] == 1 and counts["cases"] == 1 and counts["results"] == 5
-    assert counts["samples"] == 2 * 5 * 2  # 2 ranks x 5 ops x 2 samples (--iters 2)
+    # nccl-a2a splits its phases and chains pairs: layout, dispatch, dispatch_fresh, combine, roundtrip, pair
+    assert counts["runs"] == 1 and counts["cases"] == 1 and counts["results"] == 6
+    assert counts["samples"] == 2 * 6 * 2  # 2 ranks x 6 ops x 2 samples (--iters 2)
     con = duckdb.connect(str(db), read_only=True)
     row = con.execute("SELECT run_id, status, world, device FROM runs").fetchone()
     status = con.execute("SELECT status FROM cases").fetchone()
@@ -242,7 +242,7 @@ def test_db_export_parquet(stored: tuple[Path, Path, str], tmp_path: Path) -> No
     con = duckdb.connect()
     migrate(con)
     assert load_export(con, out) == [run_id]
-    assert con.execute("SELECT count(*) FROM results").fetchone() == (5,)  # the five ops of nccl-a2a
+    assert con.execute("SELECT count(*) FROM results").fetchone() == (6,)  # the six ops of nccl-a2a
     con.close()
     _assert_user_error(
         _invoke(["db", "export", "-o", str(tmp_path / "x"), "--run", "nope", "--db", str(db)]), "no such run"

@@ -94,5 +94,5 @@ def test_bad_backend_is_recorded_and_next_backend_runs(
     case_status = con.execute("SELECT DISTINCT status FROM cases WHERE backend = ?", [bad]).fetchall()
     assert case_status == [("failed",)]
     ok = con.execute("SELECT count(*) FROM results WHERE backend = 'nccl-a2a'").fetchone()[0]
-    assert ok == 5  # layout, dispatch, dispatch_fresh, combine, roundtrip of the next backend
+    assert ok == 6  # layout, dispatch, dispatch_fresh, combine, roundtrip, pair of the next backend
     con.close()

@@ -45,6 +45,10 @@ def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Pa
             "AND p.backend = r.backend AND p.case_id = r.case_id AND p.op = r.op)"
         ).fetchone()
         total = con.execute("SELECT count(*) FROM results").fetchone()
-        assert intervals == total and total is not None and total[0] == 2 * 5
+        assert intervals == total and total is not None and total[0] == 2 * 6  # 5 ops and the chained pair
+        pairs = con.execute(
+            "SELECT backend, host_sync FROM results WHERE op = 'pair' ORDER BY backend"
+        ).fetchall()
+        assert pairs == [("mxfp8-a2a", None), ("nccl-a2a", None)]  # stored beside roundtrip, no host sync
     finally:
         con.close()
