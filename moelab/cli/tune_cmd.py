@@ -73,6 +73,10 @@ def _flags() -> tuple[opt.Flag, ...]:
         opt.CPU,
         opt.ITERS.but(help="Timed iterations of the final round (default 50 on GPU, 5 on CPU)"),
         opt.WARMUP.but(help="Warm-up iterations of the final round"),
+        opt.REPEAT.but(
+            help="Start each job of the final round N times: the winner's margins get their interval over "
+            "the starts, 'indistinguishable' where it covers no difference"
+        ),
         opt.DB,
         opt.OUT.but(help="Folder for the run directories (default: the data directory)"),
         opt.BACKEND_PATH.but(

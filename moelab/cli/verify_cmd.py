@@ -60,6 +60,10 @@ def _flags(tests: dict[str, LibraryTest]) -> tuple[opt.Flag, ...]:
         opt.CPU.but(help="moelab's side on CPU ranks (gloo)"),
         opt.ITERS.but(help="moelab's timed iterations per op"),
         opt.WARMUP.but(help="moelab's warm-up iterations per op"),
+        opt.REPEAT.but(
+            help="Start each moelab job N times: moelab's figure is the median over the starts, and a verdict "
+            "within their spread says so"
+        ),
         opt.TRACE.but(help=f"none or torch (kernel-only times, needed for {kernel} kernel figures)"),
         opt.TIMEOUT.but(help="Wall-clock limit of one moelab backend job, seconds"),
         opt.Flag(

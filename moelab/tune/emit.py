@@ -76,14 +76,26 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{v:+.1%}"
 
 
+def _margin(result: TuneResult, other: Trial | None) -> str:
+    """The winner's margin over `other`, with its interval over the final round's starts where it ran
+    them (--repeat): 'indistinguishable' where the interval covers no difference."""
+    w = result.winner
+    text = _pct(result.margin(w, other))
+    ci = result.margin_interval(w, other)
+    if ci is None:
+        return text + (" (one start per job: no interval; --repeat 3 for one)" if other is not None else "")
+    verdict = "indistinguishable" if ci[0] <= 0.0 <= ci[1] else "ahead"
+    return f"{text} [{_pct(ci[0])}, {_pct(ci[1])}] over {len(w.per_start)} starts: {verdict}"
+
+
 def summary_lines(plan: TrialPlan, result: TuneResult) -> list[str]:
     w = result.winner
     lines = [
         f"winner: {w.candidate.describe()}: {w.tokens_per_s or 0:.4g} tokens/s per rank (run {w.run_id})",
         f"  margin over the runner-up ({result.runner_up.candidate.describe() if result.runner_up else 'none'}): "
-        f"{_pct(result.margin(w, result.runner_up))}",
+        f"{_margin(result, result.runner_up)}",
         f"  margin over the default settings ({result.default.candidate.describe() if result.default else 'not timed'}): "
-        f"{_pct(result.margin(w, result.default))}",
+        f"{_margin(result, result.default)}",
         f"  search cost: {len(result.trials)} trials over {len(result.run_ids)} runs "
         f"(the full product would be {result.full_product})",
     ]

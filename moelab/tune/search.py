@@ -33,8 +33,9 @@ class Trial:
     run_id: str
     case_id: str
     status: str
-    tokens_per_s: float | None  # per rank: the objective
+    tokens_per_s: float | None  # per rank: the objective (with repeats, the median over the starts)
     reason: str | None = None
+    per_start: tuple[float, ...] = ()  # the objective of each start of the job (--repeat), in start order
 
     @property
     def ok(self) -> bool:
@@ -64,6 +65,18 @@ class TuneResult:
         if b is None or not b.ok or not a.tokens_per_s or not b.tokens_per_s:
             return None
         return a.tokens_per_s / b.tokens_per_s - 1.0
+
+    @staticmethod
+    def margin_interval(a: Trial, b: Trial | None) -> tuple[float, float] | None:
+        """The 95% bootstrap interval of the margin over the starts of the final round's jobs (--repeat):
+        paired by start where both ran in one run (the k-th starts ran in the same rotation). None
+        without repeats."""
+        if b is None or not b.ok or len(a.per_start) < 2 or len(b.per_start) < 2:
+            return None
+        from moelab.core.intervals import ratio_interval
+
+        ci = ratio_interval(b.per_start, a.per_start, paired=a.run_id == b.run_id)
+        return None if ci is None else (ci.low - 1.0, ci.high - 1.0)
 
 
 RoundRunner = Callable[[int, Sequence[Candidate], TimingSpec], list[Trial]]

@@ -69,6 +69,7 @@ class TrialPlan:
             workload={"hidden": [wl.hidden], "tokens_per_rank": [wl.tokens_per_rank], "topk": [wl.topk],
                       "experts_per_rank": [wl.experts_per_rank], "routing": [wl.routing.kind], "seed": [wl.routing.seed]},
             iters=timing.iters, warmup=timing.warmup, label=self.round_label(n), health=False,
+            repeat=self.request.repeat if n == ROUNDS else None,  # only the final round's verdict needs repeats
         )  # fmt: skip
         return plan_run(req, self.host, new_run_id=new_run_id()).spec
 
@@ -101,11 +102,13 @@ def run_round(
     with open_db(plan.db_path) as con:
         set_label(con, spec.run_id, label)
         rows = con.execute(
-            """SELECT c.backend, c.case_id, c.status, c.reason, m.value
+            """SELECT c.backend, c.case_id, c.status, c.reason, m.value,
+                      (SELECT list(p.value ORDER BY p.repeat) FROM process_metrics p WHERE p.run_id = c.run_id
+                         AND p.backend = c.backend AND p.case_id = c.case_id AND p.name = ?)
                FROM cases c LEFT JOIN case_metrics m
                  ON m.run_id = c.run_id AND m.backend = c.backend AND m.case_id = c.case_id AND m.name = ?
                WHERE c.run_id = ?""",
-            [plan.objective, spec.run_id],
+            [plan.objective, plan.objective, spec.run_id],
         ).fetchall()
     found = {(r[0], r[1]): r for r in rows}
     trials = []
@@ -123,6 +126,7 @@ def run_round(
                 status=status,
                 tokens_per_s=float(value) if value is not None else None,
                 reason=reason,
+                per_start=tuple(float(v) for v in (row[5] or ()) if v is not None) if row else (),
             )  # fmt: skip
         )
     return trials

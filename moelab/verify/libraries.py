@@ -142,6 +142,9 @@ def _compare(
             or note
             or _host_note(con, ctx.run_id, backend, case.case_id, e, fig, moelab_gbps)
         )
+    spread = _spread(con, ctx, backend, case.case_id, e, ratio)
+    if spread:
+        note = "; ".join(x for x in (note, spread) if x)
     if not run.ok:
         note = "; ".join(x for x in (note, f"library test {run.describe()}") if x)
     return _row(
@@ -157,6 +160,25 @@ def _compare(
         source_log=log,
         note=note,
     )
+
+
+def _spread(
+    con: duckdb.DuckDBPyConnection,
+    ctx: VerifyContext,
+    backend: str,
+    case_id: str,
+    e: Comparison,
+    ratio: float | None,
+) -> str | None:
+    """With --repeat: the ratio's range over moelab's starts (its figure is their median's)."""
+    if ratio is None or e.timing == "kernel":
+        return None
+    op = e.op if e.moelab_side == "stored" else mf.first_op(con, ctx.run_id, backend, case_id, e.time_ops)
+    if op is None:
+        return None
+    merged = mf.median_us(con, ctx.run_id, backend, case_id, op)
+    medians = mf.process_medians(con, ctx.run_id, backend, case_id, op)
+    return mf.spread_note(ratio, merged, medians, ctx.tolerance) if merged else None
 
 
 def _host_note(

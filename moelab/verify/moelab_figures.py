@@ -36,10 +36,12 @@ def bandwidth(
 def rank0_mean_us(
     con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
 ) -> float | None:
-    """Rank 0's mean time after dropping its first sample: how DeepEP's tests' `bench` averages."""
+    """Rank 0's mean time after dropping its first sample: how DeepEP's tests' `bench` averages (with
+    repeats, the median over the starts of each start's own)."""
     row = con.execute(
-        """SELECT CASE WHEN count(*) > 1 THEN avg(time_us) FILTER (WHERE iter > 0) ELSE avg(time_us) END
-           FROM samples WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ? AND rank = 0""",
+        """SELECT median(m) FROM (
+               SELECT repeat, CASE WHEN count(*) > 1 THEN avg(time_us) FILTER (WHERE iter > 0) ELSE avg(time_us) END AS m
+               FROM samples WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ? AND rank = 0 GROUP BY repeat)""",
         [run_id, backend, case_id, op],
     ).fetchone()
     return float(row[0]) if row and row[0] is not None else None
@@ -54,6 +56,30 @@ def _result(
         [run_id, backend, case_id, op],
     ).fetchone()
     return float(row[0]) if row and row[0] is not None else None
+
+
+def process_medians(
+    con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, op: str
+) -> list[float]:
+    """The op's median in each start of the job (--repeat), in start order; empty without repeats."""
+    rows = con.execute(
+        "SELECT median_us FROM process_results WHERE run_id = ? AND backend = ? AND case_id = ? AND op = ? "
+        "AND median_us IS NOT NULL ORDER BY repeat",
+        [run_id, backend, case_id, op],
+    ).fetchall()
+    return [float(r[0]) for r in rows]
+
+
+def spread_note(ratio: float, merged_us: float, medians_us: list[float], tolerance: float) -> str | None:
+    """With repeats, moelab's figure is over the median of the starts' medians: the range the ratio takes
+    over the starts, and whether the verdict lies within it (the band 1 ± tolerance crossed by that range)."""
+    if len(medians_us) < 2 or merged_us <= 0:
+        return None
+    ratios = [ratio * merged_us / m for m in medians_us]  # a start's figure scales as 1 / its time
+    low, high = min(ratios), max(ratios)
+    text = f"moelab over {len(ratios)} starts: ratio {low:.3f}-{high:.3f}"
+    edge = any(low < b < high for b in (1 - tolerance, 1 + tolerance))
+    return text + ("; the verdict is within moelab's spread between processes" if edge else "")
 
 
 def kernel_us(

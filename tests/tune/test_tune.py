@@ -166,6 +166,41 @@ def test_summary_states_margins(tmp_path: Path) -> None:
     assert "+20.0%" in text and "+50.0%" in text and "3 trials" in text and "40" in text
 
 
+def test_margins_over_repeated_starts_have_their_interval(tmp_path: Path) -> None:
+    """With --repeat the final round's verdict knows its noise: the margin's interval over the starts,
+    paired by start (one run), and 'indistinguishable' where it covers no difference."""
+
+    def trial(mode: str, sms: int | None, starts: tuple[float, ...]) -> Trial:
+        return Trial(round=3, candidate=Candidate.make("deepep", mode, sms), run_id="r", case_id="x", status="ok",
+                     tokens_per_s=sorted(starts)[1], per_start=starts)  # fmt: skip
+
+    w, r, d = (
+        trial("tbo", 24, (1200.0, 1180.0, 1230.0)),
+        trial("tbo", 16, (1190.0, 1200.0, 1160.0)),
+        trial("serial", None, (800.0, 790.0, 810.0)),
+    )
+    result = TuneResult(trials=(w, r, d), winner=w, runner_up=r, default=d, full_product=40, run_ids=("r",))
+    low, high = result.margin_interval(w, r)  # type: ignore[misc]
+    assert low < 0 < high
+    text = "\n".join(summary_lines(_plan(tmp_path), result))
+    assert "over 3 starts: indistinguishable" in text and "over 3 starts: ahead" in text
+    once = TuneResult(trials=(_trial(w.candidate), _trial(r.candidate)), winner=_trial(w.candidate),
+                      runner_up=_trial(r.candidate), default=None, full_product=4)  # fmt: skip
+    assert "no interval; --repeat 3 for one" in "\n".join(summary_lines(_plan(tmp_path), once))
+
+
+def test_only_the_final_round_repeats(tmp_path: Path) -> None:
+    timings = round_timings("cpu", 3, None)
+    cands = [Candidate.make("nccl-a2a", "serial", None)]
+    plan = plan_trials(
+        request=RunRequest(backends=("nccl-a2a",), cpu=True, repeat=3), host=HostFacts(),
+        workload=Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=4), dtypes={},
+        intermediate=64, backward=False, first=cands, final=timings[2], runs_root=tmp_path,
+        db_path=tmp_path / "db.duckdb", tune_id="abc123",
+    )  # fmt: skip
+    assert [plan.spec_for(n, cands, timings[n - 1]).launch.repeats for n in (1, 2, 3)] == [1, 1, 3]
+
+
 def test_presets_are_the_model_table() -> None:
     assert model_shape("deepseek-v3").experts_per_rank(8) == 32 and MODELS["deepseek-v3"].hidden == 7168
     assert model_shape("mixtral-8x7b").topk == 2 and model_shape("qwen3-moe") is MODELS["qwen3-235b-a22b"]
@@ -257,12 +292,13 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
         ["tune", "--cpu", "--backend", "nccl-a2a", "--hidden", "64", "--intermediate", "16",
-         "--tokens-per-rank", "32", "--topk", "2", "--experts-per-rank", "2", "--iters", "3",
+         "--tokens-per-rank", "32", "--topk", "2", "--experts-per-rank", "2", "--iters", "3", "--repeat", "2",
          "--db", str(db), "--out", str(tmp_path / "runs"), "--suite-out", str(suite)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "winner:" in out and "margin over the runner-up" in out and "margin over the default" in out
+    assert "over 2 starts:" in out  # the final round started each job twice: its margins have intervals
     assert "[backend." in out and "Megatron-Core" in out
     with duckdb.connect(str(db), read_only=True) as con:
         runs = con.execute("SELECT run_id, label, suite FROM runs ORDER BY run_id").fetchall()

@@ -9,6 +9,7 @@ which cannot run on CPU, moelab's measurement is replaced by a run directory wri
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -87,6 +88,34 @@ def test_nccl_tests_mismatch_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert res.exit_code == 1, res.output
     algbw = _stored(tmp_path)[0]
     assert (algbw[4], algbw[5], algbw[6], algbw[7]) == (250.0, 200.0, pytest.approx(0.8), "fail")
+
+
+def test_repeats_give_moelabs_figure_over_its_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--repeat 3: moelab's three starts of its nccl-tests job measure 190, 200 and 245 GB/s, the library's
+    own run 250; moelab's figure is the median start's (200: a fail at 0.8), and the note gives the range
+    over the starts (0.76-0.98), which reaches into the tolerance band: within moelab's own spread."""
+    exe = _fake_binary(tmp_path, [190.0, 200.0, 245.0, 250.0], monkeypatch)
+    res = runner.invoke(
+        app,
+        _args(
+            tmp_path,
+            "--backend",
+            "nccl-tests",
+            "--nccl-tests-bin",
+            str(exe),
+            "--dtype",
+            "bf16",
+            "--repeat",
+            "3",
+        ),
+    )
+    assert res.exit_code == 1, res.output
+    algbw = _stored(tmp_path)[0]
+    assert (algbw[4], algbw[5], algbw[6], algbw[7]) == (250.0, 200.0, pytest.approx(0.8), "fail")
+    assert re.search(
+        r"moelab over 3 starts: ratio 0\.7[56]\d-0\.9[78]\d", algbw[9]
+    )  # times printed to 0.01 µs
+    assert "the verdict is within moelab's spread between processes" in algbw[9]
 
 
 # --- DeepEP through a fake source tree --------------------------------------------------------------------
