@@ -8,12 +8,12 @@ when both hold:
    clock change are not worth a red build;
 2. the change is outside the noise, judged by one of two rules, named with every verdict:
    - **processes** (both runs have repeats, --repeat N >= 2): Student's t-test on the logarithms of the
-     per-process medians at p < 0.05 (stats.processes_differ). The variance that decides "did it get
+     per-process medians at p < 0.02 (stats.processes_differ). The variance that decides "did it get
      slower" lies between processes, which only repeats sample; the median then is the median of the
      per-process medians, with its bootstrap interval (moelab.core.intervals) shown beside it.
      benchmarks/gate_power.py prints why these defaults: on synthetic histories with process-level noise,
-     false alarms stay under 1% and +10% is caught at least 95% of the time up to a 2% CV between
-     processes (3 repeats) or 3% (5 repeats);
+     false alarms stay at or under 1% at any noise, and +10% is caught at least 95% of the time up to a
+     1.5% CV between processes with 3 repeats, 2% with 5;
    - **iterations** (today's rule, without repeats on both sides, said so in the output): Mann-Whitney
      U on the per-iteration samples at p < 0.002, else with few samples non-overlapping ranges
      (stats.differ). It treats the iterations of one process as independent, so on a busy machine two
@@ -155,14 +155,17 @@ def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: P
     )
 
 
-def compare_processes(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy) -> Verdict:
+def compare_processes(
+    case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy, interval: bool = True
+) -> Verdict:
     """The processes rule: medians of the per-process medians, a t-test on their logarithms, and the
-    bootstrap interval of their ratio (independent: two runs share no start conditions)."""
+    bootstrap interval of their ratio (independent: two runs share no start conditions; `interval`:
+    form it, which the decision does not need)."""
     from moelab.core.intervals import median_of_medians, ratio_interval
 
     bm, cm = median_of_medians(base), median_of_medians(cand)
     change = cm / bm - 1.0
-    ci = ratio_interval(base, cand)
+    ci = ratio_interval(base, cand) if interval else None
     v = Verdict(
         case=case, op=op, status="unchanged", base_median_us=bm, cand_median_us=cm, change=change,
         base_n=int(base.size), cand_n=int(cand.size), rule=PROCESS_RULE,
