@@ -172,6 +172,12 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
         with open_db(db_path) as con:
             set_label(con, spec.run_id, store.label)
     failed = print_run_summary(db_path, spec.run_id)
+    if spec.launch.repeats > 1:
+        console.print(
+            f"medians: of the {spec.launch.repeats} per-process medians (--repeat); their 95% intervals and the CV "
+            f"between processes are in the report, `moelab compare` and `python benchmarks/repeat_intervals.py "
+            f"--run {spec.run_id}`"
+        )
     print_failures(db_path, spec.run_id)
     empty = None if allow_empty else nothing_measured_reason(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")

@@ -26,6 +26,7 @@ def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Pa
         if line.startswith("[") and "cases on" in line
     ]
     assert order == ["nccl-a2a 1/2", "mxfp8-a2a 1/2", "mxfp8-a2a 2/2", "nccl-a2a 2/2"]
+    assert "medians: of the 2 per-process medians (--repeat)" in result.output
     assert (out / "rep" / "nccl-a2a" / "r1" / "results.jsonl").is_file()
     con = duckdb.connect(str(db_path), read_only=True)
     try:

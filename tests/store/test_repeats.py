@@ -156,3 +156,26 @@ def test_a_run_without_repeats_stores_exactly_what_it_did(store: tuple[Path, Pat
             assert samples == expected
     for table in ("processes", "process_results", "process_metrics"):
         assert _q(db, f"SELECT count(*) FROM {table} WHERE run_id = 'once'") == [(0,)]
+
+
+def test_the_intervals_benchmark_reads_a_repeated_run(store: tuple[Path, Path], tmp_path: Path) -> None:
+    """benchmarks/repeat_intervals.py, what the GPU run's figures are printed with, on this store."""
+    import json
+    import subprocess
+    import sys
+
+    db, _ = store
+    out = tmp_path / "iv.json"
+    root = Path(__file__).resolve().parent.parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "repeat_intervals.py"), "--db", str(db), "--run", "thrice",
+         "--reference", "nccl-a2a", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(out.read_text())
+    assert data["run_id"] == "thrice" and len(data["ops"]) == 2 * 3
+    assert all(o["repeats"] == 3 and len(o["start_medians_us"]) == 3 for o in data["ops"])
+    assert {p["backend"] for p in data["between_backends"]} == {"mxfp8-a2a"}
+    assert all(p["interval"] is not None for p in data["between_backends"])
+    assert "95% interval" in done.stdout and "verdict" in done.stdout
