@@ -63,8 +63,10 @@ def iteration_table(trials: int, spread: float) -> None:
             gate_small += compare_op("c", "dispatch", base, small, policy).status == "regression"
             caught += compare_op("c", "dispatch", base, big, policy).status == "regression"
         per = (time.perf_counter() - t) / count
-        print(f"{n:>10,} {u_noise / count:>15.2%} {gate_fp / count:>8.2%} {u_small / count:>13.2%} "
-              f"{gate_small / count:>11.2%} {caught / count:>12.2%} {per:>8.4f}")  # fmt: skip
+        print(
+            f"{n:>10,} {u_noise / count:>15.2%} {gate_fp / count:>8.2%} {u_small / count:>13.2%} "
+            f"{gate_small / count:>11.2%} {caught / count:>12.2%} {per:>8.4f}"
+        )
 
 
 def starts(rng: np.random.Generator, n: int, cv: float, level: float) -> np.ndarray:
@@ -88,9 +90,11 @@ def flagged(rng: np.random.Generator, n: int, cv: float, shift: float, policy: P
 def process_table(trials: int) -> list[tuple[int, float, list[float]]]:
     policy = Policy()
     print()
-    print(f"# 2. processes: {trials} baseline/candidate pairs per row; each process {ITERS} iterations at a "
-          f"{WITHIN:.0%} spread (5% tail at 1.5x); defaults: threshold {policy.threshold:.0%}, "
-          f"t-test on log per-process medians p < {policy.process_alpha}")  # fmt: skip
+    print(
+        f"# 2. processes: {trials} baseline/candidate pairs per row; each process {ITERS} iterations at a "
+        f"{WITHIN:.0%} spread (5% tail at 1.5x); defaults: threshold {policy.threshold:.0%}, "
+        f"t-test on log per-process medians p < {policy.process_alpha}"
+    )
     shifts = " ".join(f"{'no shift' if s == 1 else f'+{s - 1:.0%}':>9}" for s in SHIFTS)
     print(f"{'rule':<11} {'starts':>6} {'CV':>5} {shifts}")
     rows = []
@@ -112,8 +116,10 @@ def process_table(trials: int) -> list[tuple[int, float, list[float]]]:
 def verdict(rows: list[tuple[int, float, list[float]]]) -> None:
     worst = max(r[2][0] for r in rows)
     print()
-    print(f"defaults: false alarms (no shift) at most {worst:.2%} in every row "
-          f"({'meets' if worst <= FALSE_ALARM_TARGET else 'MISSES'} the {FALSE_ALARM_TARGET:.0%} target)")  # fmt: skip
+    print(
+        f"defaults: false alarms (no shift) at most {worst:.2%} in every row "
+        f"({'meets' if worst <= FALSE_ALARM_TARGET else 'MISSES'} the {FALSE_ALARM_TARGET:.0%} target)"
+    )
     for n in REPEATS:
         met = [cv for m, cv, r in rows if m == n and r[-1] >= POWER_TARGET]
         upto = f"up to a {max(met):.1%} CV between processes" if met else "at none of these CVs"

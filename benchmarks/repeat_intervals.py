@@ -37,8 +37,20 @@ def per_op(con: Any, run_id: str) -> list[dict[str, Any]]:
            WHERE r.run_id = ? GROUP BY ALL ORDER BY r.backend, r.case_id, r.op""",
         [run_id],
     ).fetchall()
-    keys = ("backend", "case_id", "op", "repeats", "median_us", "ci_low_us", "ci_high_us", "process_cv",
-            "noise", "stability", "start_medians_us", "start_noise")  # fmt: skip
+    keys = (
+        "backend",
+        "case_id",
+        "op",
+        "repeats",
+        "median_us",
+        "ci_low_us",
+        "ci_high_us",
+        "process_cv",
+        "noise",
+        "stability",
+        "start_medians_us",
+        "start_noise",
+    )
     return [dict(zip(keys, r, strict=True)) for r in rows]
 
 
@@ -46,20 +58,33 @@ def between_backends(con: Any, run_id: str, reference: str | None) -> list[dict[
     query.select_runs(con, [run_id])
     results = query.results(con)
     table = cmp.build(
-        results, query.environment(con), query.runs(con), PeakTable(), by="backend", reference=reference,
+        results,
+        query.environment(con),
+        query.runs(con),
+        PeakTable(),
+        by="backend",
+        reference=reference,
         processes=query.process_medians(con),
-    )  # fmt: skip
+    )
     out = []
     for row in table.rows:
         for g in table.groups[1:]:
             r = table.ranking(row, g)
             if r is None:
                 continue
-            out.append({
-                "case": row.label, "op": row.op, "sms": row.sms, "backend": g, "reference": table.reference,
-                "time_ratio": r.ratio, "interval": [r.interval.low, r.interval.high] if r.interval else None,
-                "fastest_rank_ratio": r.fast_ratio, "verdict": r.verdict,
-            })  # fmt: skip
+            out.append(
+                {
+                    "case": row.label,
+                    "op": row.op,
+                    "sms": row.sms,
+                    "backend": g,
+                    "reference": table.reference,
+                    "time_ratio": r.ratio,
+                    "interval": [r.interval.low, r.interval.high] if r.interval else None,
+                    "fastest_rank_ratio": r.fast_ratio,
+                    "verdict": r.verdict,
+                }
+            )
     return out
 
 

@@ -125,7 +125,7 @@ def build(con: duckdb.DuckDBPyConnection, m: HistoryModel) -> None:
     if m.samples_per_run:
         per = max(1, m.samples_per_run // k)  # samples per (run, result): 2 ranks x per/2 iterations
         con.execute(
-            """INSERT INTO samples
+            """INSERT INTO samples (run_id, backend, case_id, op, rank, iter, time_us)
                SELECT run_id, backend, case_id, op, CAST(i % 2 AS INTEGER), CAST(i // 2 AS INTEGER),
                       median_us * (0.97 + 0.07 * ((hash(run_id, case_id, op, i) % 10007) / 10007.0))
                FROM results, range(?) t(i)""",

@@ -126,13 +126,28 @@ def _write_job(
     files: JobFiles, spec: RunSpec, m: RunModel, b: BackendModel, rng: np.random.Generator, level: float
 ) -> None:
     """One start of one backend's job: its env.json, job.json and a record per case."""
-    files.write_env([
-        {"rank": r, "node": 0, "host": m.host, "gpu_name": m.gpu_name, "gpu_count": m.world, "sm_count": m.sm_count,
-         "driver": m.driver, "cuda": "13.0", "nccl": m.nccl, "torch": m.torch, "python": "3.12.3",
-         "moelab_version": "0.1.0", "moelab_git_sha": "abc1234", "library_versions": dict(b.library_versions),
-         "env_vars": {"NCCL_NVLS_ENABLE": "0"}}
-        for r in range(m.world)
-    ])  # fmt: skip
+    files.write_env(
+        [
+            {
+                "rank": r,
+                "node": 0,
+                "host": m.host,
+                "gpu_name": m.gpu_name,
+                "gpu_count": m.world,
+                "sm_count": m.sm_count,
+                "driver": m.driver,
+                "cuda": "13.0",
+                "nccl": m.nccl,
+                "torch": m.torch,
+                "python": "3.12.3",
+                "moelab_version": "0.1.0",
+                "moelab_git_sha": "abc1234",
+                "library_versions": dict(b.library_versions),
+                "env_vars": {"NCCL_NVLS_ENABLE": "0"},
+            }
+            for r in range(m.world)
+        ]
+    )
     if m.contended:
         files.write_contention([{"kind": "host-load", "subject": m.host, "reason": m.contended}])
     files.write_job(
@@ -163,7 +178,7 @@ def _write_job(
                     check=check,
                     world=m.world,
                     gpus_per_node=m.world,
-                )  # fmt: skip
+                )
             )
             continue
         sms = case.sms or m.sm_count

@@ -72,7 +72,7 @@ def process_ops(repeat: int, rec: CaseRecord) -> list[ProcessOp]:
             noise=_finite(o.summary.noise),
             rel_iqr=_finite(o.summary.rel_iqr),
             stability=o.stability,
-        )  # fmt: skip
+        )
         for o in rec.ops
     ]
 
@@ -93,17 +93,25 @@ def merge_op(ops: Sequence[OpResult], rows: Sequence[RankRows]) -> OpResult:
     noises = [n for n in (_finite(o.summary.noise) for o in ops) if n is not None]
     pooled = _pooled(ops)
     summary = replace(
-        summarize(pooled), median_us=merged, noise=max(noises) if noises else None, repeats=len(ops),
-        ci_low_us=ci.low if ci else None, ci_high_us=ci.high if ci else None, process_cv=process_cv(medians),
-    )  # fmt: skip
+        summarize(pooled),
+        median_us=merged,
+        noise=max(noises) if noises else None,
+        repeats=len(ops),
+        ci_low_us=ci.low if ci else None,
+        ci_high_us=ci.high if ci else None,
+        process_cv=process_cv(medians),
+    )
     mid = min(ops, key=lambda o: abs(o.summary.median_us - merged))
     figures = list(bandwidths(rows, mid.bytes_per_row, merged)) if rows and mid.bytes_per_row else []
     figures += [f for f in mid.figures if f.definition not in TIME_DEFINITIONS]
     unstable = [f"start {k + 1}: {o.stability}" for k, o in enumerate(ops) if o.stability]
     return replace(
-        mid, samples_us=tuple(tuple(r) for r in pooled), summary=summary, figures=tuple(figures),
+        mid,
+        samples_us=tuple(tuple(r) for r in pooled),
+        summary=summary,
+        figures=tuple(figures),
         stability="; ".join(unstable) or None,
-    )  # fmt: skip
+    )
 
 
 def _merge_metrics(records: Sequence[CaseRecord]) -> tuple[Metric, ...]:
@@ -141,6 +149,9 @@ def merge_starts(records: Sequence[CaseRecord]) -> CaseRecord:
     ops = tuple(merge_op([r.op(n) for r in records], first.rows) for n in names)  # type: ignore[misc]
     suspects = list(dict.fromkeys(r.suspect_reason for r in records if r.suspect_reason))
     return replace(
-        first, ops=ops, metrics=_merge_metrics(records), traces=tuple(t for r in records for t in r.traces),
+        first,
+        ops=ops,
+        metrics=_merge_metrics(records),
+        traces=tuple(t for r in records for t in r.traces),
         suspect_reason="; ".join(suspects) or None,
-    )  # fmt: skip
+    )

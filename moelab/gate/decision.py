@@ -49,9 +49,17 @@ OPS = tuple(OP_DEFINITIONS)
 FAILING = ("regression", "broken")
 UNJUDGED = ("invalid",)  # exit 3
 STATUS_ORDER = (
-    "broken", "regression", "invalid", "contended", "missing", "inconclusive", "noise", "improvement", "new",
+    "broken",
+    "regression",
+    "invalid",
+    "contended",
+    "missing",
+    "inconclusive",
+    "noise",
+    "improvement",
+    "new",
     "unchanged",
-)  # fmt: skip
+)
 EXIT_REGRESSION, EXIT_CANNOT_JUDGE, EXIT_CONTENDED = 1, 3, 4
 PROCESS_RULE, ITERATION_RULE = "processes", "iterations"
 
@@ -137,9 +145,16 @@ def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: P
     bm, cm = float(np.median(base)), float(np.median(cand))
     change = cm / bm - 1.0 if bm > 0 else float("inf")
     v = Verdict(
-        case=case, op=op, status="unchanged", base_median_us=bm, cand_median_us=cm, change=change,
-        base_n=int(base.size), cand_n=int(cand.size), rule=ITERATION_RULE,
-    )  # fmt: skip
+        case=case,
+        op=op,
+        status="unchanged",
+        base_median_us=bm,
+        cand_median_us=cm,
+        change=change,
+        base_n=int(base.size),
+        cand_n=int(cand.size),
+        rule=ITERATION_RULE,
+    )
     if abs(change) <= policy.threshold:
         return v
     test = differ(base, cand, policy.alpha, policy.fallback_level)
@@ -167,10 +182,18 @@ def compare_processes(
     change = cm / bm - 1.0
     ci = ratio_interval(base, cand) if interval else None
     v = Verdict(
-        case=case, op=op, status="unchanged", base_median_us=bm, cand_median_us=cm, change=change,
-        base_n=int(base.size), cand_n=int(cand.size), rule=PROCESS_RULE,
-        ratio_low=ci.low if ci else None, ratio_high=ci.high if ci else None,
-    )  # fmt: skip
+        case=case,
+        op=op,
+        status="unchanged",
+        base_median_us=bm,
+        cand_median_us=cm,
+        change=change,
+        base_n=int(base.size),
+        cand_n=int(cand.size),
+        rule=PROCESS_RULE,
+        ratio_low=ci.low if ci else None,
+        ratio_high=ci.high if ci else None,
+    )
     if abs(change) <= policy.threshold:
         return v
     test = processes_differ(base, cand, policy.process_alpha)
@@ -228,9 +251,14 @@ def decide(
     base: Side, cand: Side, policy: Policy, baseline: str, differences: list[str] | None = None
 ) -> GateResult:
     result = GateResult(
-        baseline=baseline, baseline_run=base.run_id, candidate_run=cand.run_id, policy=policy,
-        differences=list(differences or []), base_repeats=base.repeats, cand_repeats=cand.repeats,
-    )  # fmt: skip
+        baseline=baseline,
+        baseline_run=base.run_id,
+        candidate_run=cand.run_id,
+        policy=policy,
+        differences=list(differences or []),
+        base_repeats=base.repeats,
+        cand_repeats=cand.repeats,
+    )
     if result.refused:
         return result  # nothing is judged across hardware or software the user did not allow
     for key, b in base.cases.items():

@@ -117,8 +117,15 @@ def job_rows(rows: RunRows, backend: str, starts: list[JobFiles]) -> list[dict[s
     rows.add("jobs", backend=backend, **row)
     for files in starts:
         for t in files.read_nsys_traces().get("traces", []):
-            rows.add("traces", backend=backend, case_id=None, rank=t.get("rank"), kind=t.get("kind"),
-                     path=t.get("path"), size_bytes=t.get("size_bytes"))  # fmt: skip
+            rows.add(
+                "traces",
+                backend=backend,
+                case_id=None,
+                rank=t.get("rank"),
+                kind=t.get("kind"),
+                path=t.get("path"),
+                size_bytes=t.get("size_bytes"),
+            )
     return [job for _, job, _ in found]
 
 
@@ -130,10 +137,16 @@ def process_rows(
     for files, suspect in zip(starts, suspects, strict=True):
         row, _, _ = _job_row(files)
         rows.add(
-            "processes", backend=backend, repeat=files.repeat, position=order.index((backend, files.repeat)),
-            status=row["status"], description=row["description"], returncode=row["returncode"],
-            duration_s=row["duration_s"], suspect_reason=suspect,
-        )  # fmt: skip
+            "processes",
+            backend=backend,
+            repeat=files.repeat,
+            position=order.index((backend, files.repeat)),
+            status=row["status"],
+            description=row["description"],
+            returncode=row["returncode"],
+            duration_s=row["duration_s"],
+            suspect_reason=suspect,
+        )
 
 
 def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, Any]:
@@ -264,9 +277,18 @@ def start_rows(rows: RunRows, merged: CaseRecord, starts: list[CaseRecord]) -> N
         if len(starts) == 1:
             continue  # one start: the case's own rows say it all, nothing more is stored
         for p in process_ops(k, rec):
-            rows.add("process_results", **key, op=p.op, repeat=p.repeat, n=p.n, median_us=_finite(p.median_us),
-                     fastest_median_us=_finite(p.fastest_median_us), noise=p.noise, rel_iqr=p.rel_iqr,
-                     stability=p.stability)  # fmt: skip
+            rows.add(
+                "process_results",
+                **key,
+                op=p.op,
+                repeat=p.repeat,
+                n=p.n,
+                median_us=_finite(p.median_us),
+                fastest_median_us=_finite(p.fastest_median_us),
+                noise=p.noise,
+                rel_iqr=p.rel_iqr,
+                stability=p.stability,
+            )
         for m in rec.metrics:
             rows.add("process_metrics", **key, repeat=k, name=m.name, value=_finite(m.value))
 

@@ -36,10 +36,16 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("busy_slow", {"contended": BUSY, "slowdown": 1.6}),
         ("slow", {"slowdown": 1.10}),
     ]
-    build_db(db, root / "runs", [
-        RunModel(run_id=name, created_at=f"2026-11-{20 + i:02d}T07:00:00+00:00", seed=i, **COMMON, **extra)  # type: ignore[arg-type]
-        for i, (name, extra) in enumerate(runs)
-    ])  # fmt: skip
+    build_db(
+        db,
+        root / "runs",
+        [
+            RunModel(
+                run_id=name, created_at=f"2026-11-{20 + i:02d}T07:00:00+00:00", seed=i, **COMMON, **extra
+            )  # type: ignore[arg-type]
+            for i, (name, extra) in enumerate(runs)
+        ],
+    )
     con = duckdb.connect(str(db))
     try:
         con.execute("UPDATE samples SET time_us = 'nan'::DOUBLE WHERE run_id = 'nan_slow'")

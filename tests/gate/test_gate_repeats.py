@@ -25,14 +25,26 @@ QUIET = dict(tokens=(256,), sms=(None,), iters=30, noise=0.01, repeats=3, proces
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repeats")
     db = root / "g.duckdb"
-    build_db(db, root / "runs", [
-        # seeds 105 and 109: no shift, yet the second run's processes came out more than 5% slower
-        RunModel(run_id="noisy_a", created_at="2026-11-20T07:00:00+00:00", seed=105, **PROCESS_NOISY),  # type: ignore[arg-type]
-        RunModel(run_id="noisy_b", created_at="2026-11-20T08:00:00+00:00", seed=109, **PROCESS_NOISY),  # type: ignore[arg-type]
-        RunModel(run_id="base", created_at="2026-11-21T07:00:00+00:00", seed=1, **QUIET),  # type: ignore[arg-type]
-        RunModel(run_id="slow", created_at="2026-11-21T08:00:00+00:00", seed=2, slowdown=1.10, **QUIET),  # type: ignore[arg-type]
-        RunModel(run_id="once", created_at="2026-11-21T09:00:00+00:00", seed=3, tokens=(256,), sms=(None,), iters=30, noise=0.01),
-    ])  # fmt: skip
+    build_db(
+        db,
+        root / "runs",
+        [
+            # seeds 105 and 109: no shift, yet the second run's processes came out more than 5% slower
+            RunModel(run_id="noisy_a", created_at="2026-11-20T07:00:00+00:00", seed=105, **PROCESS_NOISY),  # type: ignore[arg-type]
+            RunModel(run_id="noisy_b", created_at="2026-11-20T08:00:00+00:00", seed=109, **PROCESS_NOISY),  # type: ignore[arg-type]
+            RunModel(run_id="base", created_at="2026-11-21T07:00:00+00:00", seed=1, **QUIET),  # type: ignore[arg-type]
+            RunModel(run_id="slow", created_at="2026-11-21T08:00:00+00:00", seed=2, slowdown=1.10, **QUIET),  # type: ignore[arg-type]
+            RunModel(
+                run_id="once",
+                created_at="2026-11-21T09:00:00+00:00",
+                seed=3,
+                tokens=(256,),
+                sms=(None,),
+                iters=30,
+                noise=0.01,
+            ),
+        ],
+    )
     return db
 
 

@@ -169,7 +169,7 @@ def test_signal_stops_the_job_and_stores_what_finished(make_run, sig: signal.Sig
     )
     assert reasons and all(str(r[0]).startswith(f"interrupted by {sig.name}") for r in reasons)
     n_results = query(run.db, "SELECT count(*) FROM results")[0][0]
-    assert n_results == 5 * (len(TOKENS) + ok["mxfp8-a2a"])  # five ops per phase-split case
+    assert n_results == 6 * (len(TOKENS) + ok["mxfp8-a2a"])  # six ops per phase-split, pair-chaining case
 
 
 def test_a_second_ctrl_c_quits_at_once_and_the_run_stays_recoverable(make_run) -> None:  # type: ignore[no-untyped-def]

@@ -16,8 +16,24 @@ from tests.launch.test_crash_isolation import SMALL
 @pytest.mark.slow
 def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Path) -> None:
     out = tmp_path / "runs"
-    args = ["run", "--cpu", "--backend", "nccl-a2a,mxfp8-a2a", "--sms", "default", "--iters", "6", "--repeat",
-            "2", "--no-health", "--out", str(out), "--run-id", "rep", *SMALL]  # fmt: skip
+    args = [
+        "run",
+        "--cpu",
+        "--backend",
+        "nccl-a2a,mxfp8-a2a",
+        "--sms",
+        "default",
+        "--iters",
+        "6",
+        "--repeat",
+        "2",
+        "--no-health",
+        "--out",
+        str(out),
+        "--run-id",
+        "rep",
+        *SMALL,
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     order = [
@@ -30,9 +46,14 @@ def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Pa
     assert (out / "rep" / "nccl-a2a" / "r1" / "results.jsonl").is_file()
     con = duckdb.connect(str(db_path), read_only=True)
     try:
-        assert con.execute("SELECT backend, repeat, position FROM processes ORDER BY position").fetchall() == [
-            ("nccl-a2a", 0, 0), ("mxfp8-a2a", 0, 1), ("mxfp8-a2a", 1, 2), ("nccl-a2a", 1, 3),
-        ]  # fmt: skip
+        assert con.execute(
+            "SELECT backend, repeat, position FROM processes ORDER BY position"
+        ).fetchall() == [
+            ("nccl-a2a", 0, 0),
+            ("mxfp8-a2a", 0, 1),
+            ("mxfp8-a2a", 1, 2),
+            ("nccl-a2a", 1, 3),
+        ]
         assert con.execute("SELECT DISTINCT status FROM cases").fetchall() == [("ok",)]
         repeats = con.execute("SELECT DISTINCT repeats FROM results").fetchall()
         assert repeats == [(2,)]

@@ -28,10 +28,21 @@ COMMON = dict(backends=BACKENDS, tokens=(1024,), sms=(None,), iters=30, noise=0.
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cmpci")
     path = root / "c.duckdb"
-    build_db(path, root / "runs", [
-        RunModel(run_id="once", created_at="2026-11-20T07:00:00+00:00", seed=4, **COMMON),  # type: ignore[arg-type]
-        RunModel(run_id="rep", created_at="2026-11-21T07:00:00+00:00", seed=5, repeats=3, process_noise=0.01, **COMMON),  # type: ignore[arg-type]
-    ])  # fmt: skip
+    build_db(
+        path,
+        root / "runs",
+        [
+            RunModel(run_id="once", created_at="2026-11-20T07:00:00+00:00", seed=4, **COMMON),  # type: ignore[arg-type]
+            RunModel(
+                run_id="rep",
+                created_at="2026-11-21T07:00:00+00:00",
+                seed=5,
+                repeats=3,
+                process_noise=0.01,
+                **COMMON,
+            ),  # type: ignore[arg-type]
+        ],
+    )
     return path
 
 
@@ -39,8 +50,15 @@ def _table(db: Path, run: str) -> cmp.CompareTable:
     con = connect(db, read_only=True)
     try:
         query.select_runs(con, [run])
-        return cmp.build(query.results(con), query.environment(con), query.runs(con), PeakTable(), by="backend",
-                         reference="nccl-a2a", processes=query.process_medians(con))  # fmt: skip
+        return cmp.build(
+            query.results(con),
+            query.environment(con),
+            query.runs(con),
+            PeakTable(),
+            by="backend",
+            reference="nccl-a2a",
+            processes=query.process_medians(con),
+        )
     finally:
         con.close()
 
@@ -99,7 +117,13 @@ def test_the_cli_shows_intervals_and_verdicts(
     )
     assert r.exit_code == 0, r.output
     assert "not ranked: ranks disagree" in html.read_text() and "covers 1" in html.read_text()
-    for needle in ("indistinguishable", "not ranked: ranks disagree", "faster", "deepep / nccl-a2a",
-                   "deepep vs nccl-a2a", "95% percentile bootstrap interval over processes"):  # fmt: skip
+    for needle in (
+        "indistinguishable",
+        "not ranked: ranks disagree",
+        "faster",
+        "deepep / nccl-a2a",
+        "deepep vs nccl-a2a",
+        "95% percentile bootstrap interval over processes",
+    ):
         assert needle in r.output, needle
     assert " [" in r.output and "]" in r.output  # ratios with their interval

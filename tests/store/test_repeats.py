@@ -31,10 +31,14 @@ COMMON = dict(backends=TWO, tokens=(256,), sms=(None,), iters=20, noise=0.02)
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("repeats")
     db = root / "r.duckdb"
-    build_db(db, root / "runs", [
-        RunModel(run_id="once", seed=1, **COMMON),  # type: ignore[arg-type]
-        RunModel(run_id="thrice", seed=2, repeats=3, process_noise=0.03, **COMMON),  # type: ignore[arg-type]
-    ])  # fmt: skip
+    build_db(
+        db,
+        root / "runs",
+        [
+            RunModel(run_id="once", seed=1, **COMMON),  # type: ignore[arg-type]
+            RunModel(run_id="thrice", seed=2, repeats=3, process_noise=0.03, **COMMON),  # type: ignore[arg-type]
+        ],
+    )
     return db, root / "runs"
 
 
@@ -104,21 +108,30 @@ def test_each_start_is_stored_as_a_process_sample(store: tuple[Path, Path]) -> N
         "SELECT backend, repeat, position, status FROM processes WHERE run_id = 'thrice' ORDER BY position",
     )
     assert positions == [
-        ("nccl-a2a", 0, 0, "ok"), ("mxfp8-a2a", 0, 1, "ok"),  # A B
-        ("mxfp8-a2a", 1, 2, "ok"), ("nccl-a2a", 1, 3, "ok"),  # B A
-        ("nccl-a2a", 2, 4, "ok"), ("mxfp8-a2a", 2, 5, "ok"),  # A B
-    ]  # fmt: skip
-    per_start = _q(db, "SELECT repeat, count(*) FROM samples WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
-                       "AND op = 'dispatch' GROUP BY repeat ORDER BY repeat")  # fmt: skip
+        ("nccl-a2a", 0, 0, "ok"),
+        ("mxfp8-a2a", 0, 1, "ok"),  # A B
+        ("mxfp8-a2a", 1, 2, "ok"),
+        ("nccl-a2a", 1, 3, "ok"),  # B A
+        ("nccl-a2a", 2, 4, "ok"),
+        ("mxfp8-a2a", 2, 5, "ok"),  # A B
+    ]
+    per_start = _q(
+        db,
+        "SELECT repeat, count(*) FROM samples WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+        "AND op = 'dispatch' GROUP BY repeat ORDER BY repeat",
+    )
     assert per_start == [(0, 40), (1, 40), (2, 40)]  # 2 ranks x 20 iterations each
 
 
 def test_per_op_median_of_medians_interval_and_cv(store: tuple[Path, Path]) -> None:
     db, _ = store
-    rows = _q(db, """SELECT r.op, r.median_us, r.ci_low_us, r.ci_high_us, r.process_cv, r.repeats, r.n,
+    rows = _q(
+        db,
+        """SELECT r.op, r.median_us, r.ci_low_us, r.ci_high_us, r.process_cv, r.repeats, r.n,
                             list(p.median_us ORDER BY p.repeat), list(p.noise ORDER BY p.repeat)
                      FROM results r JOIN process_results p USING (run_id, backend, case_id, op)
-                     WHERE r.run_id = 'thrice' AND r.backend = 'nccl-a2a' GROUP BY ALL""")  # fmt: skip
+                     WHERE r.run_id = 'thrice' AND r.backend = 'nccl-a2a' GROUP BY ALL""",
+    )
     assert {r[0] for r in rows} == {"dispatch", "combine", "roundtrip"}
     for op, median, low, high, cv, repeats, n, medians, noises in rows:
         assert repeats == 3 and n == sum(5 if op == "roundtrip" else 20 for _ in range(3))
@@ -126,11 +139,17 @@ def test_per_op_median_of_medians_interval_and_cv(store: tuple[Path, Path]) -> N
         assert (low, high) == (pytest.approx(min(medians)), pytest.approx(max(medians)))
         assert cv == pytest.approx(np.std(medians, ddof=1) / np.mean(medians))
         assert len(noises) == 3  # each start's own noise of its median
-    (gbps,) = _q(db, "SELECT gbps FROM bandwidths WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
-                     "AND op = 'dispatch' AND definition = 'nvl_recv'")  # fmt: skip
-    (bytes_mean, median) = _q(db, "SELECT b.bytes_mean, r.median_us FROM bandwidths b JOIN results r "
-                                  "USING (run_id, backend, case_id, op) WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
-                                  "AND op = 'dispatch' AND definition = 'nvl_recv'")[0]  # fmt: skip
+    (gbps,) = _q(
+        db,
+        "SELECT gbps FROM bandwidths WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+        "AND op = 'dispatch' AND definition = 'nvl_recv'",
+    )
+    (bytes_mean, median) = _q(
+        db,
+        "SELECT b.bytes_mean, r.median_us FROM bandwidths b JOIN results r "
+        "USING (run_id, backend, case_id, op) WHERE run_id = 'thrice' AND backend = 'nccl-a2a' "
+        "AND op = 'dispatch' AND definition = 'nvl_recv'",
+    )[0]
     assert gbps[0] == pytest.approx(bytes_mean / median / 1e3)  # the bandwidth is over the merged median
 
 
@@ -145,13 +164,39 @@ def test_a_run_without_repeats_stores_exactly_what_it_did(store: tuple[Path, Pat
         (rec,) = JobFiles(runs / "once", backend).read_results()
         for op in rec.ops:
             s = op.summary
-            stored = _q(db, "SELECT n, median_us, p10_us, p90_us, p99_us, min_us, max_us, mean_us, rank_spread_us, "
-                            "rel_iqr, repeats, ci_low_us, ci_high_us, process_cv FROM results WHERE run_id = 'once' "
-                            "AND backend = ? AND op = ?", backend, op.op)  # fmt: skip
-            assert stored == [(s.n, s.median_us, s.p10_us, s.p90_us, s.p99_us, s.min_us, s.max_us, s.mean_us,
-                               s.rank_spread_us, s.rel_iqr, 1, None, None, None)]  # fmt: skip
-            samples = _q(db, "SELECT rank, iter, time_us, repeat FROM samples WHERE run_id = 'once' AND backend = ? "
-                             "AND op = ? ORDER BY rank, iter", backend, op.op)  # fmt: skip
+            stored = _q(
+                db,
+                "SELECT n, median_us, p10_us, p90_us, p99_us, min_us, max_us, mean_us, rank_spread_us, "
+                "rel_iqr, repeats, ci_low_us, ci_high_us, process_cv FROM results WHERE run_id = 'once' "
+                "AND backend = ? AND op = ?",
+                backend,
+                op.op,
+            )
+            assert stored == [
+                (
+                    s.n,
+                    s.median_us,
+                    s.p10_us,
+                    s.p90_us,
+                    s.p99_us,
+                    s.min_us,
+                    s.max_us,
+                    s.mean_us,
+                    s.rank_spread_us,
+                    s.rel_iqr,
+                    1,
+                    None,
+                    None,
+                    None,
+                )
+            ]
+            samples = _q(
+                db,
+                "SELECT rank, iter, time_us, repeat FROM samples WHERE run_id = 'once' AND backend = ? "
+                "AND op = ? ORDER BY rank, iter",
+                backend,
+                op.op,
+            )
             expected = [(r, i, t, 0) for r, row in enumerate(op.samples_us) for i, t in enumerate(row)]
             assert samples == expected
     for table in ("processes", "process_results", "process_metrics"):
@@ -168,10 +213,23 @@ def test_the_intervals_benchmark_reads_a_repeated_run(store: tuple[Path, Path], 
     out = tmp_path / "iv.json"
     root = Path(__file__).resolve().parent.parent.parent
     done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "repeat_intervals.py"), "--db", str(db), "--run", "thrice",
-         "--reference", "nccl-a2a", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=root,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(root / "benchmarks" / "repeat_intervals.py"),
+            "--db",
+            str(db),
+            "--run",
+            "thrice",
+            "--reference",
+            "nccl-a2a",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     assert data["run_id"] == "thrice" and len(data["ops"]) == 2 * 3

@@ -171,8 +171,15 @@ def test_margins_over_repeated_starts_have_their_interval(tmp_path: Path) -> Non
     paired by start (one run), and 'indistinguishable' where it covers no difference."""
 
     def trial(mode: str, sms: int | None, starts: tuple[float, ...]) -> Trial:
-        return Trial(round=3, candidate=Candidate.make("deepep", mode, sms), run_id="r", case_id="x", status="ok",
-                     tokens_per_s=sorted(starts)[1], per_start=starts)  # fmt: skip
+        return Trial(
+            round=3,
+            candidate=Candidate.make("deepep", mode, sms),
+            run_id="r",
+            case_id="x",
+            status="ok",
+            tokens_per_s=sorted(starts)[1],
+            per_start=starts,
+        )
 
     w, r, d = (
         trial("tbo", 24, (1200.0, 1180.0, 1230.0)),
@@ -184,8 +191,13 @@ def test_margins_over_repeated_starts_have_their_interval(tmp_path: Path) -> Non
     assert low < 0 < high
     text = "\n".join(summary_lines(_plan(tmp_path), result))
     assert "over 3 starts: indistinguishable" in text and "over 3 starts: ahead" in text
-    once = TuneResult(trials=(_trial(w.candidate), _trial(r.candidate)), winner=_trial(w.candidate),
-                      runner_up=_trial(r.candidate), default=None, full_product=4)  # fmt: skip
+    once = TuneResult(
+        trials=(_trial(w.candidate), _trial(r.candidate)),
+        winner=_trial(w.candidate),
+        runner_up=_trial(r.candidate),
+        default=None,
+        full_product=4,
+    )
     assert "no interval; --repeat 3 for one" in "\n".join(summary_lines(_plan(tmp_path), once))
 
 
@@ -193,11 +205,18 @@ def test_only_the_final_round_repeats(tmp_path: Path) -> None:
     timings = round_timings("cpu", 3, None)
     cands = [Candidate.make("nccl-a2a", "serial", None)]
     plan = plan_trials(
-        request=RunRequest(backends=("nccl-a2a",), cpu=True, repeat=3), host=HostFacts(),
-        workload=Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=4), dtypes={},
-        intermediate=64, backward=False, first=cands, final=timings[2], runs_root=tmp_path,
-        db_path=tmp_path / "db.duckdb", tune_id="abc123",
-    )  # fmt: skip
+        request=RunRequest(backends=("nccl-a2a",), cpu=True, repeat=3),
+        host=HostFacts(),
+        workload=Workload(hidden=256, tokens_per_rank=64, topk=4, experts_per_rank=4),
+        dtypes={},
+        intermediate=64,
+        backward=False,
+        first=cands,
+        final=timings[2],
+        runs_root=tmp_path,
+        db_path=tmp_path / "db.duckdb",
+        tune_id="abc123",
+    )
     assert [plan.spec_for(n, cands, timings[n - 1]).launch.repeats for n in (1, 2, 3)] == [1, 1, 3]
 
 
