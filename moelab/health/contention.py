@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from moelab.job.safe_read import RunDirFileError, expect, read_json
+
 LOAD_PER_CORE_LIMIT = 0.5  # other work than ours above half the cores: timings of CPU-bound steps suffer
 NOISE_TARGET = 0.05  # IQR / median of a GPU case measured alone (nvbench's default stdrel is 0.5%)
 FAR_ABOVE = 3.0  # a spread this many times the target, or the case's own history, is flagged
@@ -342,9 +344,11 @@ def write_findings(job_dir: Path, findings: Sequence[ContentionFinding]) -> Path
 
 def read_findings(job_dir: Path) -> list[ContentionFinding]:
     path = Path(job_dir) / "contention.json"
-    if not path.exists():
-        return []
-    return [ContentionFinding.from_dict(d) for d in json.loads(path.read_text()).get("findings", [])]
+    data = expect(read_json(path) or {}, dict, str(path))
+    try:
+        return [ContentionFinding.from_dict(d) for d in expect(data.get("findings", []), list, str(path))]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise RunDirFileError(f"{path}: not a list of contention findings ({exc})") from None
 
 
 def suspect_reason(findings: Sequence[ContentionFinding]) -> str | None:

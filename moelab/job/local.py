@@ -28,6 +28,7 @@ from typing import Any
 from moelab.job.diagnosis import request_stack_dumps
 from moelab.job.lifeline import job_preexec
 from moelab.job.rundir import JobFiles, now_iso
+from moelab.job.safe_read import read_tail
 
 KILL_GRACE_S = 10.0
 
@@ -144,7 +145,7 @@ def run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, s
         proc.wait()
     leftover = _pids_in_session(sid)
     rc = proc.returncode
-    text = files.launcher_log.read_text(errors="replace")
+    text = (read_tail(files.launcher_log) or b"").decode(errors="replace")  # torchrun's summary is at its end
     outcome = JobOutcome(
         backend=files.backend,
         argv=argv,
