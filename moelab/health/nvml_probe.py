@@ -85,6 +85,12 @@ class LoadSample:
     clocks_event_mask: int | None
     temperature_c: int | None
     pcie_gen: int | None
+    # NVML's cumulative violation counters (ns the clocks were held below the application clocks for thermal
+    # or power reasons), read with every sample: their growth between the first and the last sample is how
+    # long the load ran throttled, whatever the reason bits showed at the instants sampled
+    thermal_violation_ns: int | None = None
+    power_violation_ns: int | None = None
+    at_s: float | None = None  # time.monotonic() when taken
 
 
 # (gpu, seconds, sample) → the samples taken while the load ran
@@ -213,11 +219,16 @@ def _probe_gpu(
 
         def sample() -> LoadSample:
             sp = _Probe(nvml)
+            thermal_v = sp.call("v", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_THERMAL"))
+            power_v = sp.call("v", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_POWER"))
             return LoadSample(
                 sm_clock_mhz=sp.call("c", "nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM")),
                 clocks_event_mask=sp.call("r", "nvmlDeviceGetCurrentClocksEventReasons", h),
                 temperature_c=sp.call("t", "nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU")),
                 pcie_gen=sp.call("g", "nvmlDeviceGetCurrPcieLinkGeneration", h),
+                thermal_violation_ns=int(thermal_v.violationTime) if thermal_v is not None else None,
+                power_violation_ns=int(power_v.violationTime) if power_v is not None else None,
+                at_s=time.monotonic(),
             )
 
         try:
@@ -233,8 +244,11 @@ def _probe_gpu(
         return [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
 
     loaded_mask = 0
+    reason_counts: dict[str, int] = {}
     for m in _vals("clocks_event_mask"):
         loaded_mask |= m
+        for name in decode_clocks_event_reasons(m):
+            reason_counts[name] = reason_counts.get(name, 0) + 1
     clocks = _vals("sm_clock_mhz")
     state = GpuState(
         index=index,
@@ -263,6 +277,12 @@ def _probe_gpu(
         loaded_sm_clock_mhz=float(statistics.median(clocks)) if clocks else None,
         loaded_clocks_event_mask=loaded_mask if samples else None,
         loaded_clocks_event_reasons=decode_clocks_event_reasons(loaded_mask) if samples else (),
+        loaded_samples=len(samples) if samples else None,
+        loaded_reason_samples=reason_counts,
+        loaded_sm_clock_min_mhz=min(clocks, default=None),
+        loaded_thermal_violation_ns=_growth(_vals("thermal_violation_ns")),
+        loaded_power_violation_ns=_growth(_vals("power_violation_ns")),
+        loaded_window_ms=_window_ms(samples),
         loaded_temperature_c=max(_vals("temperature_c"), default=None),
         loaded_pcie_gen=max(_vals("pcie_gen"), default=None),
         ecc_enabled=ecc_on,
@@ -288,6 +308,16 @@ def _probe_gpu(
         unavailable=p.unavailable,
     )
     return h, state
+
+
+def _growth(values: Sequence[int]) -> int | None:
+    """How much a cumulative counter grew over the samples (None with fewer than two readings)."""
+    return max(0, values[-1] - values[0]) if len(values) >= 2 else None
+
+
+def _window_ms(samples: Sequence[LoadSample]) -> float | None:
+    times = [s.at_s for s in samples if s.at_s is not None]
+    return 1000.0 * (times[-1] - times[0]) if len(times) >= 2 else None
 
 
 def _probe_pair(nvml: Any, a: int, b: int, ha: Any, hb: Any) -> GpuPair:
