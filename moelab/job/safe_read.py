@@ -58,8 +58,9 @@ def read_capped(path: Path, cap: int = MAX_JSON_BYTES) -> bytes | None:
     if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
-        data = fh.read(cap + 1)
-    if len(data) > cap:
+        too_big = os.fstat(fh.fileno()).st_size > cap  # refused before reading it
+        data = b"" if too_big else fh.read(cap + 1)  # and a file that grows while read stops at the cap
+    if too_big or len(data) > cap:
         raise RunDirFileError(f"{path} is larger than {cap >> 20} MiB: not a file moelab wrote")
     return data
 

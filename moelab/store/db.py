@@ -79,7 +79,11 @@ def _open(path: Path, read_only: bool, lock_wait_s: float, config: Config) -> du
 
 
 def _why_unopenable(msg: str) -> str:
-    if "sqlite_scanner" in msg or "Install it first" in msg:
+    if (
+        "sqlite_scanner" in msg
+        or "Install it first" in msg
+        or "Loading external extensions is disabled" in msg
+    ):
         return "it is not a DuckDB database (a SQLite file?); moelab never installs DuckDB extensions"
     return msg
 
@@ -93,6 +97,7 @@ def connect(
     refused with one line naming the command that migrates it, never read with a schema it lacks."""
     con = _open(path, read_only, lock_wait_s, BASE_CONFIG)
     try:
+        check_complete(con, path)
         if not read_only:
             migrate(con, path)
         else:
@@ -104,6 +109,30 @@ def connect(
         con.close()
         raise
     return con
+
+
+HEADER_BYTES = 3 * 4096  # DuckDB's file: a main header and two database headers, then the blocks
+
+
+def check_complete(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A file cut short (a copy that stopped, a full disk) opens, and fails only when a query reaches a
+    missing block, after `moelab run` has measured. The blocks in use must be in the file: a file shorter
+    than its headers plus its used blocks is cut. (Checked without a WAL beside it: blocks replayed from a
+    WAL are in memory only; a trailing free block may be cut off by DuckDB itself.)"""
+    if not path.is_file() or Path(f"{path}.wal").exists():
+        return
+    row = con.execute(
+        "SELECT block_size, used_blocks FROM pragma_database_size() WHERE database_name = current_database()"
+    ).fetchone()
+    if row is None:
+        return
+    need = HEADER_BYTES + int(row[0]) * int(row[1])
+    have = path.stat().st_size
+    if have < need:
+        raise MoelabError(
+            f"database {path} is truncated: {have} bytes, its blocks in use need {need} "
+            "(restore it from a copy; run directories can be ingested again into a new one)"
+        )
 
 
 def check_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
@@ -131,6 +160,7 @@ def migrate_file(path: Path) -> tuple[int, int]:
     """`moelab db migrate`: the schema version of the database before and after applying the migrations."""
     con = _open(path, False, LOCK_WAIT_S, BASE_CONFIG)
     try:
+        check_complete(con, path)
         before = current_version(con)
         after = migrate(con, path)
     except duckdb.Error as exc:
@@ -147,6 +177,7 @@ def query_connection(path: Path, write: bool) -> duckdb.DuckDBPyConnection:
         return connect(path)
     con = _open(path, True, LOCK_WAIT_S, QUERY_CONFIG)
     try:
+        check_complete(con, path)
         check_version(con, path)
     except BaseException:
         con.close()
