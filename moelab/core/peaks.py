@@ -1,4 +1,5 @@
-"""Measured link figures of a run (RUN_DIR/peaks.json): the type, and reading and writing it, without torch."""
+"""Measured link figures of a run (RUN_DIR/peaks.json): the type, and writing it, without torch (moelab.job.rundir
+reads it back as data)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,3 @@ class MeasuredPeak:
 
 def write_peaks(path: Path, peaks: list[MeasuredPeak]) -> None:
     path.write_text(json.dumps([asdict(p) for p in peaks], indent=2))
-
-
-def read_peaks(path: Path) -> list[MeasuredPeak]:
-    if not path.exists():
-        return []
-    return [MeasuredPeak(**d) for d in json.loads(path.read_text())]

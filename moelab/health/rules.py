@@ -578,10 +578,6 @@ def evaluate(snap: HealthSnapshot) -> list[Finding]:
     return out
 
 
-def _throttles(g: GpuState) -> bool:
-    return is_throttled(g)
-
-
 def compare_nodes(snaps: Sequence[HealthSnapshot]) -> list[Finding]:
     """Outliers across nodes (and across GPUs of one node): the slowest clocks, the nodes whose GPUs throttle,
     and hardware or drivers that differ, because one slow GPU sets the pace of every collective."""
@@ -627,7 +623,7 @@ def compare_nodes(snaps: Sequence[HealthSnapshot]) -> list[Finding]:
                     )
                 )
     for s in snaps if len(snaps) >= 2 else ():
-        bad = [g.label for g in s.gpus if _throttles(g)]
+        bad = [g.label for g in s.gpus if is_throttled(g)]
         if bad:
             out.append(
                 Finding(

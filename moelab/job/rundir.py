@@ -103,10 +103,6 @@ class JobFiles:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def read_results(self) -> list[CaseRecord]:
-        """Every whole record of results.jsonl (see `scan_results` for the lines that are not one)."""
-        return self.scan_results().records
-
     def scan_results(self) -> ResultsScan:
         """Every record of results.jsonl, and each line that is not one, by line number. A line cut by a
         crash mid-write, or any other bad line, never hides the good records after it. A record of another
