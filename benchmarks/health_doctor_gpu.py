@@ -77,11 +77,11 @@ def doctor_runs(out: Path, runs: int, load_ms: float) -> list[str]:
 
 
 def _gpu_evidence(g: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
-    (clock,) = [
-        f
-        for f in report["findings"]
-        if f["subject"] == f"gpu{g['index']}" and f["check"] == "clock_under_load"
-    ]
+    subject = f"gpu{g['index']}"
+    clock = next(
+        (f for f in report["findings"] if f["subject"] == subject and f["check"] == "clock_under_load"),
+        {"status": "?", "reason": "no clock_under_load finding"},
+    )
     return {
         "index": g["index"],
         "verdict": clock["status"],

@@ -144,3 +144,25 @@ def _doctor_app() -> typer.Typer:
         """Keeps typer from collapsing the single command into the app."""
 
     return app
+
+
+def test_the_gpu_script_runs_doctor_n_times_and_logs_each_verdict(tmp_path: Path) -> None:
+    """benchmarks/health_doctor_gpu.py --doctor-runs, as the lead runs it on the lent GPU (here on CPU)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent.parent
+    done = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / "health_doctor_gpu.py"), "--out", str(tmp_path)]
+        + ["--doctor-runs", "2", "--only-doctor-runs", "--load-ms", "0"],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the same every time: yes" in done.stdout
+    log = json.loads((tmp_path / "doctor_runs.json").read_text())
+    assert log["same_verdict"] and [r["run"] for r in log["runs"]] == [1, 2]
+    assert json.loads((tmp_path / "doctor_run1.json").read_text())["worst"] == log["runs"][0]["worst"]

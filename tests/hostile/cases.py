@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.hostile.world import NEW_RUN, World
+from tests.hostile.world import NEW_RUN, REPO, World
 
 Argv = list[Any]
 
@@ -645,6 +645,57 @@ def _memory_cap() -> None:
 @case("suite-missing-file", "suite", 2, "error", "suite")
 def _suite_missing(w: World) -> Argv:
     return ["run", "--cpu", "--suite", str(w.path("nope.toml")), "--dry-run", "--db", str(w.db)]
+
+
+# --- plugins ---------------------------------------------------------------------------------------------
+
+
+def broken_plugin(w: World, body: str) -> None:
+    """A plugin registered under the entry-point group, whose module runs `body` when imported."""
+    root = w.path("plugins")
+    dist = root / "broken_plugin-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[moelab.backends]\nbroken = broken_plugin:Broken\n")
+    (root / "broken_plugin.py").write_text(body)
+    w.env = {"PYTHONPATH": f"{root}{os.pathsep}{REPO}"}
+
+
+for _name, _body, _argv, _says in (
+    (
+        "plugin-import-raises-run",
+        "raise RuntimeError('boom at import')\n",
+        ["--dry-run"],
+        "RuntimeError: boom",
+    ),
+    ("plugin-import-raises-run-real", "raise ValueError('bad config')\n", [], "ValueError: bad config"),
+    ("plugin-not-a-backend", "Broken = 42\n", ["--dry-run"], "is not a moelab Backend class"),
+):
+
+    def _plugin(w: World, body: str = _body, extra: list[str] = _argv) -> Argv:
+        broken_plugin(w, body)
+        w.absent.append(w.runs / "r-plugin")
+        return [
+            "run",
+            "--cpu",
+            "--backend",
+            "broken",
+            "--run-id",
+            "r-plugin",
+            *extra,
+            "--db",
+            str(w.db),
+            "--out",
+            str(w.runs),
+        ]
+
+    case(_name, "plugins", 2, "error", _says, via="proc")(_plugin)
+
+
+@case("plugin-import-raises-listing", "plugins", 0, "ok", "importing broken_plugin failed", via="proc")
+def _plugin_listing(w: World) -> Argv:
+    broken_plugin(w, "raise RuntimeError('boom at import')\n")
+    return ["backends"]
 
 
 # --- signals -----------------------------------------------------------------------------------------------
