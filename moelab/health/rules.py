@@ -21,6 +21,9 @@ OUTLIER_FRACTION = 0.90
 """Across GPUs/nodes: a loaded clock (as a fraction of its max) this far below the median names its GPU as a
 pace setter. Power capping moves healthy GPUs by a few percent; a thermally throttled one by tens."""
 
+PERSISTENT_SAMPLES = 2
+"""Under load, a thermal or hardware slowdown seen in this many samples (or in every one, with fewer) fails."""
+
 THERMAL_VIOLATION_MIN_NS = 1_000_000
 """Thermal violation time under the load that counts as throttling: 1 ms (the counter is in ns; a healthy
 card's stays at 0)."""
@@ -89,16 +92,28 @@ def reference_clock_mhz(gpu: GpuState) -> int | None:
     return gpu.max_sm_clock_mhz or gpu.default_app_sm_clock_mhz
 
 
+def reason_severity(g: GpuState, reason: str, phase: str) -> Status:
+    """How bad a clock-event reason is for this GPU. Under load a slowdown must be seen in at least two of
+    the samples to fail: NVML also reports a hardware slowdown "during PState or clock change" (DCGM's
+    field documentation), which one sample can catch on a healthy card; seen once it is worth knowing (info)."""
+    status = REASON_SEVERITY.get(reason, "warn")
+    if status != "fail" or phase != "under load" or not g.loaded_reason_samples or not g.loaded_samples:
+        return status
+    seen = g.loaded_reason_samples.get(reason, 0)
+    return "fail" if seen >= min(PERSISTENT_SAMPLES, g.loaded_samples) else "info"
+
+
 def throttle_cause(gpu: GpuState) -> str | None:
     """Why this GPU must not be benchmarked on now, from what NVML said rather than from one clock reading:
-    a thermal or hardware slowdown among the clock-event reasons (idle or under load), or thermal violation
-    time accumulated while the load ran. None for a healthy card, one at its power cap under load included."""
+    a thermal or hardware slowdown among the clock-event reasons (idle, or in several samples under load),
+    or thermal violation time accumulated while the load ran. None for a healthy card, one at its power
+    cap under load included."""
     causes = []
     for phase, reasons in (
         ("idle", gpu.clocks_event_reasons),
         ("under load", gpu.loaded_clocks_event_reasons),
     ):
-        bad = [r for r in reasons if REASON_SEVERITY.get(r) == "fail"]
+        bad = [r for r in reasons if reason_severity(gpu, r, phase) == "fail"]
         if bad:
             seen = gpu.loaded_reason_samples if phase == "under load" else {}
             shown = [f"{r} ({seen[r]} of {gpu.loaded_samples} samples)" if r in seen else r for r in bad]
@@ -108,6 +123,11 @@ def throttle_cause(gpu: GpuState) -> str | None:
         window = f" of {gpu.loaded_window_ms:.0f} ms" if (gpu.loaded_window_ms or 0) >= 1 else ""
         causes.append(f"clocks held down for thermal reasons {thermal / 1e6:.1f} ms{window} under load")
     return "; ".join(causes) or None
+
+
+def power_capped(g: GpuState) -> bool:
+    """Held at its power limit under load: the reason bit in a sample, or power violation time growing."""
+    return "sw_power_cap" in g.loaded_clocks_event_reasons or (g.loaded_power_violation_ns or 0) > 0
 
 
 def is_throttled(gpu: GpuState) -> bool:
@@ -137,7 +157,7 @@ def _gpu_clock(snap: HealthSnapshot, g: GpuState) -> Finding:
         return _f(snap, g.label, "clock_under_load", "fail", f"throttled: {clock} ({cause})", SRC_THROTTLE)
     if ref is None or g.loaded_sm_clock_mhz >= THROTTLE_FRACTION * ref:
         return _f(snap, g.label, "clock_under_load", "pass", clock + _held_by(g), SRC_THROTTLE)
-    if "sw_power_cap" in g.loaded_clocks_event_reasons:
+    if power_capped(g):
         return _f(snap, g.label, "clock_under_load", "pass", clock + _held_by(g), SRC_THROTTLE)
     if g.loaded_clocks_event_mask is None:
         why = "and the clock-event reasons are unreadable"
@@ -149,7 +169,7 @@ def _gpu_clock(snap: HealthSnapshot, g: GpuState) -> Finding:
 
 def _held_by(g: GpuState) -> str:
     """What held the clock, in words, when NVML says it was the routine power cap (and nothing worse)."""
-    if "sw_power_cap" not in g.loaded_clocks_event_reasons:
+    if not power_capped(g):
         return ""
     power = g.loaded_power_violation_ns
     held = f" ({power / 1e6:.0f} ms of the load)" if power else ""
@@ -167,8 +187,15 @@ def _gpu_reasons(snap: HealthSnapshot, g: GpuState) -> Finding:
             "not readable: " + g.unavailable.get("clocks_event_reasons", "?"),
             SRC_NVML_REASONS,
         )
-    status = worst_status(REASON_SEVERITY.get(r, "warn") for r in reasons)
-    bad = [r for r in reasons if REASON_SEVERITY.get(r, "warn") in ("warn", "fail")]
+    severity = {
+        r: worst_status(
+            [reason_severity(g, r, "idle")] * (r in g.clocks_event_reasons)
+            + [reason_severity(g, r, "under load")] * (r in g.loaded_clocks_event_reasons)
+        )
+        for r in reasons
+    }
+    status = worst_status(severity.values())
+    bad = [r for r in reasons if severity[r] in ("warn", "fail")]
     text = (
         ("active: " + ", ".join(bad))
         if bad

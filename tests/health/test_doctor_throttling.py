@@ -78,6 +78,26 @@ def test_a_power_capped_h100_passes_every_time(tmp_path: Path, clocks: list[int]
     assert "nvmlDeviceGetViolationStatus" in clock["source"]
 
 
+@pytest.mark.parametrize(
+    ("reasons", "worst", "clock_status"),
+    [
+        ([4, 4 | 8, 4, 4, 4], "info", "pass"),  # one sample caught a clock change: worth knowing, no more
+        ([4, 4 | 8, 4 | 8, 4, 4], "fail", "fail"),  # a hardware slowdown that stays
+        ([0, 0, 0, 0, 0], "info", "pass"),  # no bit at the instants sampled: the power counter still grew
+    ],
+)
+def test_a_slowdown_must_persist_under_load_to_fail(
+    tmp_path: Path, reasons: list[int], worst: str, clock_status: str
+) -> None:
+    state = _capped_state([1410, 1485, 1440, 1425, 1470])
+    state["gpus"][0]["loaded"]["clocks_event_reasons"] = reasons
+    result = runner.invoke(_doctor_over(tmp_path, "power_capped_h100", state), ["doctor", "--json"])
+    report = json.loads(result.output)
+    (clock,) = [f for f in report["findings"] if f["check"] == "clock_under_load"]
+    assert (report["worst"], clock["status"]) == (worst, clock_status), clock
+    assert result.exit_code == (1 if worst == "fail" else 0)
+
+
 def test_a_thermally_slowed_h100_fails_though_its_clock_is_above_75_percent(tmp_path: Path) -> None:
     result = runner.invoke(_doctor_over(tmp_path, "thermal_h100"), ["doctor"])
     assert result.exit_code == 1, result.output
