@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from moelab.core.e2e_spec import E2ESpec
-from moelab.core.peaks import MeasuredRate, read_rates, write_rates
+from moelab.core.peaks import MeasuredRate, write_rates
 from moelab.core.routing import route_all
 from moelab.core.workload import Workload
-from moelab.job.rundir import JobFiles
+from moelab.job.rundir import JobFiles, RunDir
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.roofline import DeviceRates, LayerWork, rates_from, run_rates
 from tests.distributed_helpers import run_ranks
@@ -104,7 +104,7 @@ def test_run_rates_reads_the_run_directory(tmp_path: Path) -> None:
     )
     rates_file(tmp_path)
     assert run_rates(tmp_path) == (RATES, "")
-    assert rates_from(read_rates(tmp_path / "rates.json")[:1]) is None
+    assert rates_from(RunDir(tmp_path).rates()[:1]) is None
 
 
 def _bench_with_files(rank: int, world: int, run_dir: Path, cases: list[Any]) -> list[dict[str, Any]]:
