@@ -187,6 +187,12 @@ class Timer:
     def __call__(self, fn: Callable[[], object]) -> float:
         return median_us(self.clock, fn, self.iters, self.warmup)
 
+    def ratio(self, a: Callable[[], object], b: Callable[[], object], rounds: int = 10) -> float:
+        """The median over `rounds` of (a's median / b's median), each round timing a then b back to back:
+        a ratio of two layers that drift together (clocks, power) is read within each round."""
+        ratios = [self(a) / self(b) for _ in range(rounds)]
+        return float(statistics.median(ratios))
+
 
 def time_variant_pieces(t: Timer, inputs: LayerInputs, impl: str, us: dict[str, float]) -> None:
     """One permute/un-permute implementation's pieces and its serial layer, forward (no autograd)."""
@@ -308,6 +314,7 @@ def time_schedule(t: Timer, inputs: LayerInputs, us: dict[str, float]) -> tuple[
         us["pair_map"] = t(lambda: pair_map(d.recv_topk_idx, d.recv_topk_weights, layer.experts_per_rank))
         us["compute_only_split"] = t(lambda: compute_chunked(layer, split))
         us["layer_tbo"] = t(lambda: inputs.forward(x))
+        us["tbo_over_serial_paired"] = t.ratio(lambda: inputs.forward(x), lambda: inputs.serial_forward(x))
         us["dispatch"] = t(lambda: layer.backend.dispatch(x, idx, w))
         us["combine"] = t(lambda: layer.backend.combine(out, d.handle))
     xg, ag = g.x.detach().requires_grad_(True), act.detach().requires_grad_(True)
@@ -325,7 +332,13 @@ def time_schedule(t: Timer, inputs: LayerInputs, us: dict[str, float]) -> tuple[
         inputs.forward(x.detach().requires_grad_(True)).backward(gout)
 
     us["gemm_fwd_bwd"] = t(gemm_fwd_bwd)
+
+    def serial_fwd_bwd() -> None:
+        weights.zero_grad()
+        inputs.serial_forward(x.detach().requires_grad_(True)).backward(gout)
+
     us["layer_tbo_fwd_bwd"] = t(tbo_fwd_bwd)
+    us["tbo_over_serial_paired_fwd_bwd"] = t.ratio(tbo_fwd_bwd, serial_fwd_bwd, rounds=5)
     return g.num_pairs, g.num_rows
 
 
@@ -339,8 +352,10 @@ def derive(
         "permute_impl": chosen,
         "gemm_tflops": work.gemm_flops(False) / us["gemm_only"] / 1e6,
         "gemm_tflops_fwd_bwd": work.gemm_flops(True) / us["gemm_fwd_bwd"] / 1e6,
-        "tbo_over_serial": _share(us["layer_tbo"], us[f"layer_serial:{chosen}"]),
-        "tbo_over_serial_fwd_bwd": _share(us["layer_tbo_fwd_bwd"], us[f"layer_serial_fwd_bwd:{chosen}"]),
+        # tbo against serial, each round timing one then the other: what a drifting clock does not bend
+        "tbo_over_serial": us["tbo_over_serial_paired"],
+        "tbo_over_serial_fwd_bwd": us["tbo_over_serial_paired_fwd_bwd"],
+        "tbo_over_serial_unpaired": _share(us["layer_tbo"], us[f"layer_serial:{chosen}"]),
         "split_cost_share": _share(
             us["compute_only_split"] - us[f"compute_only:{chosen}"], us[f"compute_only:{chosen}"]
         ),

@@ -1,17 +1,24 @@
-"""GPU check of moelab.health: doctor JSON of this node, a before/after pair around a real load, --bind numa.
+"""GPU check of moelab.health: `moelab doctor` run N times in a row (the same verdict every time?), doctor
+JSON of this node, a before/after pair around a real load, --bind numa.
 
 Run on a GPU node from the repository root (needs nvidia-ml-py; no duckdb):
-    python3 benchmarks/health_doctor_gpu.py --out "$OUT"
-Writes OUT/doctor.json (the `moelab doctor --json` report of this node), OUT/diff.json (findings that appeared
-across a ~5 s all-GPU matmul burn, and whether the run would be marked suspect) and OUT/numa_bind.json.
+    python3 benchmarks/health_doctor_gpu.py --out "$OUT" --doctor-runs 5
+Writes OUT/doctor_runs.json and OUT/doctor_run<i>.json (`python -m moelab.cli.main doctor --json`, run
+--doctor-runs times back to back: each run's verdict, and per GPU the clock under load, the clock-event
+reasons seen, and how much NVML's thermal and power violation counters grew under the load), then
+OUT/doctor.json, OUT/diff.json (findings that appeared across a ~5 s all-GPU matmul burn, and whether the run
+would be marked suspect) and OUT/numa_bind.json. `--only-doctor-runs` stops after the first part.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,13 +41,75 @@ def burn(seconds: float) -> None:
             torch.cuda.synchronize(dev)
 
 
+def doctor_runs(out: Path, runs: int, load_ms: float) -> list[str]:
+    """`moelab doctor --json` `runs` times in a row, as a user runs it; each run's verdict and its evidence."""
+    summary: list[dict[str, Any]] = []
+    for i in range(1, runs + 1):
+        argv = [sys.executable, "-m", "moelab.cli.main", "doctor", "--json", "--load-ms", str(load_ms)]
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        took = time.perf_counter() - t0
+        (out / f"doctor_run{i}.json").write_text(done.stdout)
+        try:
+            report = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            print(f"run {i}: exit {done.returncode}, no JSON; stderr: {done.stderr.strip()[-500:]}")
+            summary.append({"run": i, "exit": done.returncode, "worst": None})
+            continue
+        gpus = [_gpu_evidence(g, report) for node in report["nodes"] for g in node["gpus"]]
+        summary.append(
+            {"run": i, "exit": done.returncode, "worst": report["worst"], "seconds": took, "gpus": gpus}
+        )
+        print(f"run {i}: exit {done.returncode}, worst {report['worst']} ({took:.1f} s)")
+        for g in gpus:
+            print(
+                f"  gpu{g['index']}: {g['verdict']}: {g['reason']} | clock {g['clock_mhz']} (min {g['clock_min_mhz']}) "
+                f"of {g['max_mhz']} MHz; reasons under load {g['reasons']}; thermal +{g['thermal_ns']} ns, "
+                f"power +{g['power_ns']} ns over {g['window_ms']} ms"
+            )
+    verdicts = [str(r["worst"]) for r in summary]
+    same = len(set(verdicts)) == 1
+    print(f"verdicts over {runs} runs: {', '.join(verdicts)}; the same every time: {'yes' if same else 'NO'}")
+    (out / "doctor_runs.json").write_text(
+        json.dumps({"runs": summary, "same_verdict": same}, indent=2) + "\n"
+    )
+    return verdicts
+
+
+def _gpu_evidence(g: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    subject = f"gpu{g['index']}"
+    clock = next(
+        (f for f in report["findings"] if f["subject"] == subject and f["check"] == "clock_under_load"),
+        {"status": "?", "reason": "no clock_under_load finding"},
+    )
+    return {
+        "index": g["index"],
+        "verdict": clock["status"],
+        "reason": clock["reason"],
+        "clock_mhz": g.get("loaded_sm_clock_mhz"),
+        "clock_min_mhz": g.get("loaded_sm_clock_min_mhz"),
+        "max_mhz": g.get("max_sm_clock_mhz"),
+        "reasons": g.get("loaded_reason_samples"),
+        "samples": g.get("loaded_samples"),
+        "thermal_ns": g.get("loaded_thermal_violation_ns"),
+        "power_ns": g.get("loaded_power_violation_ns"),
+        "window_ms": g.get("loaded_window_ms"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--load-ms", type=float, default=300.0)
     ap.add_argument("--burn-s", type=float, default=5.0)
+    ap.add_argument("--doctor-runs", type=int, default=5, help="`moelab doctor` runs in a row (0: none)")
+    ap.add_argument("--only-doctor-runs", action="store_true", help="stop after the doctor runs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.doctor_runs:
+        doctor_runs(args.out, args.doctor_runs, args.load_ms)
+    if args.only_doctor_runs:
+        return
 
     t0 = time.perf_counter()
     before = take_snapshot(load_ms=args.load_ms)

@@ -68,6 +68,10 @@ def load(name: str) -> type[Registered]:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise BackendUnavailable(f"{name}: cannot import {module_name}: {exc}") from exc
+    except Exception as exc:  # a plugin whose import raises anything else: its reason, not a traceback
+        raise BackendUnavailable(
+            f"{name}: importing {module_name} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     cls = getattr(module, attr, None)
     if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend | HostJob)):
         raise MoelabError(f"backend {name!r} ({entry.target}) is not a moelab Backend class")

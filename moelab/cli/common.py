@@ -22,14 +22,28 @@ DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the us
 PEAKS_OPTION_HELP = "TOML file of link peaks adding to or replacing the built-in table"
 
 
+MESSAGE_MAX = 1000  # characters of an error line; a 200 KB exception message is not printed whole
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     first = message.strip().splitlines()[0] if message.strip() else "error"
+    if len(first) > MESSAGE_MAX:
+        first = f"{first[:MESSAGE_MAX]}… ({len(first) - MESSAGE_MAX} more characters)"
     print(f"error: {safe_text(first)}", file=sys.stderr)  # messages quote user input and stored strings
     return typer.Exit(code)
 
 
+def _store_error(exc: BaseException) -> bool:
+    """A DuckDB error (checked without importing duckdb: commands that never open the store, such as
+    `moelab doctor`, must start where duckdb is not installed)."""
+    duckdb = sys.modules.get("duckdb")
+    return duckdb is not None and isinstance(exc, duckdb.Error)
+
+
 def user_errors(fn: F) -> F:
-    """Turn MoelabError (and ValueError from specs) into one line on stderr and exit code 2."""
+    """Turn MoelabError (and ValueError from specs) into one line on stderr and exit code 2; so too an
+    error of the file system (a full disk, a path that cannot be written) or of the database that no
+    layer below turned into a MoelabError: one line that names the cause, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -37,6 +51,13 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except MoelabError as exc:
             raise fail(str(exc)) from None
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            raise fail(f"{exc.strerror or exc}{where}") from None
+        except Exception as exc:
+            if _store_error(exc):
+                raise fail(f"database error: {exc}") from None
+            raise
 
     return wrapper  # type: ignore[return-value]
 

@@ -9,7 +9,7 @@ import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.core.errors import MoelabError
-from moelab.store.db import open_db, resolve_db_path
+from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
 from moelab.store.export import export_runs
 
 app = typer.Typer(
@@ -29,21 +29,45 @@ def query(
 ) -> None:
     """Run SQL against the store and print the result as a table.
 
+    Without --write the query cannot change anything: the file is opened read-only, with no access to other
+    files (no COPY ... TO, ATTACH or read_csv of a path) and no extensions.
+
     Example: moelab db query "SELECT backend, op, median_us FROM results ORDER BY median_us"
     """
     path = resolve_db_path(db)
     if not path.exists():
         raise MoelabError(f"no database at {path}")
-    with open_db(path, read_only=not write) as con:
+    con = query_connection(path, write)
+    try:
         try:
             cur = con.execute(sql)
+            rows = cur.fetchall() if cur.description is not None else None
         except duckdb.Error as exc:
-            raise MoelabError(f"query failed: {str(exc).splitlines()[0]}") from exc
-        if cur.description is None:
+            raise MoelabError(f"query failed: {str(exc).strip().splitlines()[0][:500]}") from exc
+        if rows is None or cur.description is None:
             console.print("ok")
             return
-        columns = [d[0] for d in cur.description]
-        print_table(columns, cur.fetchall())
+        print_table([d[0] for d in cur.description], rows)
+    finally:
+        con.close()
+
+
+@app.command("migrate")
+@user_errors
+def migrate_db(db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP)) -> None:
+    """Bring a database written by an older moelab to this moelab's schema (reports, compare and check
+    read a database as it is, and ask for this first).
+
+    Example: moelab db migrate --db old.duckdb
+    """
+    path = resolve_db_path(db)
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    before, after = migrate_file(path)
+    if before == after:
+        console.print(f"database {path} is already at schema version {after}: nothing to do")
+    else:
+        console.print(f"database {path} migrated from schema version {before} to {after}")
 
 
 @app.command("export")

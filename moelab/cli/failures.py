@@ -10,6 +10,12 @@ from moelab.core.display import safe_text
 from moelab.store.db import open_db
 
 TAIL_SHOWN = 6
+SHOWN_MAX = 500  # characters of a stored description on the console; the rest is in the store and on disk
+
+
+def _capped(text: object) -> str:
+    s = str(text or "")
+    return s if len(s) <= SHOWN_MAX else f"{s[:SHOWN_MAX]}… ({len(s) - SHOWN_MAX} more characters)"
 
 
 def failure_lines(con: Any, run_id: str, tail_lines: int = TAIL_SHOWN) -> list[str]:
@@ -22,14 +28,14 @@ def failure_lines(con: Any, run_id: str, tail_lines: int = TAIL_SHOWN) -> list[s
     ).fetchall()
     out: list[str] = []
     for backend, status, description in jobs:
-        out.append(f"[{safe_text(backend)}] {safe_text(status)}: {safe_text(description)}")
+        out.append(f"[{safe_text(backend)}] {safe_text(status)}: {safe_text(_capped(description))}")
         ranks = con.execute(
             "SELECT rank, exc_type, exc_message, stack_trigger, stack_where, log_tail, headline "
             "FROM failure_diagnosis WHERE run_id = ? AND backend = ? ORDER BY rank",
             [run_id, backend],
         ).fetchall()
         if ranks and ranks[0][6]:
-            out.append(f"  cause: {safe_text(ranks[0][6])}")
+            out.append(f"  cause: {safe_text(_capped(ranks[0][6]))}")
         for rank, exc_type, exc_message, trigger, where, tail, _ in ranks:
             said = []
             if exc_type:

@@ -7,6 +7,7 @@ import typer
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
+from moelab.core.validate import require_text, validate_label
 from moelab.reports.query import latest_run_ids
 from moelab.store import labels
 from moelab.store.db import open_db, resolve_db_path
@@ -40,6 +41,8 @@ def label(
         return
     if not run or not name:
         raise MoelabError("give RUN and NAME (e.g. moelab label latest main), or --list")
+    validate_label(name)  # before the database is opened: a name the store cannot hold changes nothing
+    require_text(run, "run or label")
     with open_db(path) as con:
         if run == "latest" and not con.execute("SELECT 1 FROM labels WHERE label = 'latest'").fetchone():
             ids = latest_run_ids(con)

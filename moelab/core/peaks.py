@@ -1,5 +1,6 @@
 """Measured figures of a run, without torch: link peaks (RUN_DIR/peaks.json) and the GPU's dense matmul and
-memory copy rates (RUN_DIR/rates.json); the types, and reading and writing them."""
+memory copy rates (RUN_DIR/rates.json): the types, and writing them (moelab.job.rundir reads them back as
+data)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,6 @@ def write_peaks(path: Path, peaks: list[MeasuredPeak]) -> None:
     path.write_text(json.dumps([asdict(p) for p in peaks], indent=2))
 
 
-def read_peaks(path: Path) -> list[MeasuredPeak]:
-    if not path.exists():
-        return []
-    return [MeasuredPeak(**d) for d in json.loads(path.read_text())]
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MeasuredRate:
     """One GPU's achievable compute or memory rate (RUN_DIR/rates.json): the e2e layer's roofline."""
@@ -39,9 +34,3 @@ class MeasuredRate:
 
 def write_rates(path: Path, rates: list[MeasuredRate]) -> None:
     path.write_text(json.dumps([asdict(r) for r in rates], indent=2))
-
-
-def read_rates(path: Path) -> list[MeasuredRate]:
-    if not path.exists():
-        return []
-    return [MeasuredRate(**d) for d in json.loads(path.read_text())]

@@ -48,24 +48,40 @@ def validate_run_id(run_id: str) -> str:
     """A run id is a folder name under --out and a key in the database: letters, digits, `.`, `_`, `-`,
     starting with a letter or digit, at most 128 characters (so no path separator and no `..` alone)."""
     if not RUN_ID_RE.match(run_id) or ".." in run_id:
-        shown = run_id.encode("unicode_escape").decode("ascii")[:60]
         raise SpecError(
-            f"--run-id {shown!r} is not a plain name: use letters, digits, '.', '_' and '-' "
+            f"--run-id {shown(run_id)!r} is not a plain name: use letters, digits, '.', '_' and '-' "
             "(starting with a letter or digit, no '..', at most 128 characters)"
         )
     return run_id
 
 
+def shown(text: str, limit: int = 60) -> str:
+    """`text` for an error line: control characters and undecodable bytes escaped, at most `limit` long."""
+    return text.encode("unicode_escape").decode("ascii")[:limit]
+
+
+def require_text(text: str, what: str) -> str:
+    """`text` as the store can hold it: valid UTF-8. Bytes that are not UTF-8 on a command line (a
+    non-UTF-8 locale, `$'\\xff'`) reach Python as lone surrogates, which DuckDB refuses when the run is
+    stored, after the measuring: they are refused here, before anything runs."""
+    bad = sorted({c for c in text if 0xD800 <= ord(c) <= 0xDFFF})
+    if bad:
+        codes = " ".join(f"\\x{ord(c) - 0xDC00:02x}" if ord(c) >= 0xDC80 else f"U+{ord(c):04X}" for c in bad)
+        raise SpecError(f"{what} {shown(text)!r} is not valid UTF-8 (it holds {codes}): use UTF-8 text")
+    return text
+
+
 def validate_label(label: str) -> str:
-    """A label is printed on terminals and in reports: no control characters (ESC, BEL, newlines...),
-    not empty, at most LABEL_MAX characters. Returns it stripped of surrounding spaces."""
-    name = label.strip()
+    """A label is printed on terminals and in reports and stored: valid UTF-8, no control characters
+    (ESC, BEL, newlines...), not empty, at most LABEL_MAX characters. Returns it stripped of surrounding
+    spaces."""
+    name = require_text(label, "label").strip()
     if not name:
         raise SpecError("a label cannot be empty")
     bad = [c for c in name if _is_control(c)]
     if bad:
         raise SpecError(
-            f"label {name.encode('unicode_escape').decode('ascii')[:60]!r} holds control characters "
+            f"label {shown(name)!r} holds control characters "
             f"({', '.join(sorted({f'U+{ord(c):04X}' for c in bad}))})"
         )
     if len(name) > LABEL_MAX:

@@ -80,7 +80,16 @@ class GpuState:
     load_ms: float | None = None
     loaded_sm_clock_mhz: float | None = None
     loaded_clocks_event_mask: int | None = None
-    loaded_clocks_event_reasons: tuple[str, ...] = ()
+    loaded_clocks_event_reasons: tuple[str, ...] = ()  # every reason seen in any sample under load
+    loaded_samples: int | None = None  # how many times NVML was read under load
+    loaded_reason_samples: dict[str, int] = field(default_factory=dict)  # in how many samples each reason was
+    loaded_sm_clock_min_mhz: int | None = None
+    # growth of NVML's violation counters between the first and the last sample under load (ns), and the
+    # time between those samples: thermal violation time under a load is thermal throttling, whatever the
+    # reason bits showed at the instants sampled
+    loaded_thermal_violation_ns: int | None = None
+    loaded_power_violation_ns: int | None = None
+    loaded_window_ms: float | None = None
     loaded_temperature_c: int | None = None
     loaded_pcie_gen: int | None = None
     ecc_enabled: bool | None = None

@@ -85,6 +85,12 @@ class LoadSample:
     clocks_event_mask: int | None
     temperature_c: int | None
     pcie_gen: int | None
+    # NVML's cumulative violation counters (ns the clocks were held below the application clocks for thermal
+    # or power reasons), read with every sample: their growth between the first and the last sample is how
+    # long the load ran throttled, whatever the reason bits showed at the instants sampled
+    thermal_violation_ns: int | None = None
+    power_violation_ns: int | None = None
+    at_s: float | None = None  # time.monotonic() when taken
 
 
 # (gpu, seconds, sample) → the samples taken while the load ran
@@ -207,35 +213,10 @@ def _probe_gpu(
         links.append(NvLinkState(link=link, active=bool(state), version=version))
     speed = _field_uint(p, h, "nvlink_speed", "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON") if links else None
 
-    samples: list[LoadSample] = []
     uuid = _text(p.call("uuid", "nvmlDeviceGetUUID", h))
+    samples: list[LoadSample] = []
     if load is not None and load_ms > 0:
-
-        def sample() -> LoadSample:
-            sp = _Probe(nvml)
-            return LoadSample(
-                sm_clock_mhz=sp.call("c", "nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM")),
-                clocks_event_mask=sp.call("r", "nvmlDeviceGetCurrentClocksEventReasons", h),
-                temperature_c=sp.call("t", "nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU")),
-                pcie_gen=sp.call("g", "nvmlDeviceGetCurrPcieLinkGeneration", h),
-            )
-
-        try:
-            samples = load(
-                GpuIdentity(nvml_index=index, uuid=uuid, pci_bus_id=bus_id), load_ms / 1000.0, sample
-            )
-        except Exception as exc:  # a load that cannot run (no CUDA, GPU hidden) leaves the idle facts
-            p.unavailable["load"] = f"{type(exc).__name__}: {exc}"
-        if not samples and "load" not in p.unavailable:
-            p.unavailable["load"] = "no samples taken under load"
-
-    def _vals(attr: str) -> list[int]:
-        return [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
-
-    loaded_mask = 0
-    for m in _vals("clocks_event_mask"):
-        loaded_mask |= m
-    clocks = _vals("sm_clock_mhz")
+        samples = _run_load(p, h, GpuIdentity(nvml_index=index, uuid=uuid, pci_bus_id=bus_id), load, load_ms)
     state = GpuState(
         index=index,
         name=_text(p.call("name", "nvmlDeviceGetName", h)),
@@ -259,12 +240,7 @@ def _probe_gpu(
         clocks_event_reasons=decode_clocks_event_reasons(mask) if mask is not None else (),
         thermal_violation_ns=int(thermal.violationTime) if thermal is not None else None,
         power_violation_ns=int(power.violationTime) if power is not None else None,
-        load_ms=load_ms if samples else None,
-        loaded_sm_clock_mhz=float(statistics.median(clocks)) if clocks else None,
-        loaded_clocks_event_mask=loaded_mask if samples else None,
-        loaded_clocks_event_reasons=decode_clocks_event_reasons(loaded_mask) if samples else (),
-        loaded_temperature_c=max(_vals("temperature_c"), default=None),
-        loaded_pcie_gen=max(_vals("pcie_gen"), default=None),
+        **_loaded_fields(samples, load_ms),
         ecc_enabled=ecc_on,
         ecc_volatile_corrected=ecc.get("volatile_corrected"),
         ecc_volatile_uncorrected=ecc.get("volatile_uncorrected"),
@@ -288,6 +264,74 @@ def _probe_gpu(
         unavailable=p.unavailable,
     )
     return h, state
+
+
+def _run_load(p: _Probe, h: Any, gpu: GpuIdentity, load: LoadFn, load_ms: float) -> list[LoadSample]:
+    """NVML read a few times while `load` keeps the GPU busy: clock, clock-event reasons, temperature, PCIe
+    generation and the cumulative violation counters; the reason in `p.unavailable` when it cannot run."""
+    c, nvml = p.const, p.nvml
+
+    def sample() -> LoadSample:
+        sp = _Probe(nvml)
+        thermal_v = sp.call("v", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_THERMAL"))
+        power_v = sp.call("v", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_POWER"))
+        return LoadSample(
+            sm_clock_mhz=sp.call("c", "nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM")),
+            clocks_event_mask=sp.call("r", "nvmlDeviceGetCurrentClocksEventReasons", h),
+            temperature_c=sp.call("t", "nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU")),
+            pcie_gen=sp.call("g", "nvmlDeviceGetCurrPcieLinkGeneration", h),
+            thermal_violation_ns=int(thermal_v.violationTime) if thermal_v is not None else None,
+            power_violation_ns=int(power_v.violationTime) if power_v is not None else None,
+            at_s=time.monotonic(),
+        )
+
+    samples: list[LoadSample] = []
+    try:
+        samples = load(gpu, load_ms / 1000.0, sample)
+    except Exception as exc:  # a load that cannot run (no CUDA, GPU hidden) leaves the idle facts
+        p.unavailable["load"] = f"{type(exc).__name__}: {exc}"
+    if not samples and "load" not in p.unavailable:
+        p.unavailable["load"] = "no samples taken under load"
+    return samples
+
+
+def _loaded_fields(samples: Sequence[LoadSample], load_ms: float) -> dict[str, Any]:
+    """GpuState's `loaded_*` fields from the samples taken under load (empty values without samples)."""
+
+    def vals(attr: str) -> list[int]:
+        return [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
+
+    mask = 0
+    reason_counts: dict[str, int] = {}
+    for m in vals("clocks_event_mask"):
+        mask |= m
+        for name in decode_clocks_event_reasons(m):
+            reason_counts[name] = reason_counts.get(name, 0) + 1
+    clocks = vals("sm_clock_mhz")
+    return {
+        "load_ms": load_ms if samples else None,
+        "loaded_sm_clock_mhz": float(statistics.median(clocks)) if clocks else None,
+        "loaded_clocks_event_mask": mask if samples else None,
+        "loaded_clocks_event_reasons": decode_clocks_event_reasons(mask) if samples else (),
+        "loaded_samples": len(samples) if samples else None,
+        "loaded_reason_samples": reason_counts,
+        "loaded_sm_clock_min_mhz": min(clocks, default=None),
+        "loaded_thermal_violation_ns": _growth(vals("thermal_violation_ns")),
+        "loaded_power_violation_ns": _growth(vals("power_violation_ns")),
+        "loaded_window_ms": _window_ms(samples),
+        "loaded_temperature_c": max(vals("temperature_c"), default=None),
+        "loaded_pcie_gen": max(vals("pcie_gen"), default=None),
+    }
+
+
+def _growth(values: Sequence[int]) -> int | None:
+    """How much a cumulative counter grew over the samples (None with fewer than two readings)."""
+    return max(0, values[-1] - values[0]) if len(values) >= 2 else None
+
+
+def _window_ms(samples: Sequence[LoadSample]) -> float | None:
+    times = [s.at_s for s in samples if s.at_s is not None]
+    return 1000.0 * (times[-1] - times[0]) if len(times) >= 2 else None
 
 
 def _probe_pair(nvml: Any, a: int, b: int, ha: Any, hb: Any) -> GpuPair:

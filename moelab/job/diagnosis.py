@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from moelab.job.rundir import JobFiles
+from moelab.job.safe_read import RunDirFileError, read_json, read_tail
 
 STACK_SIGNAL = signal.SIGUSR1
 TAIL_LINES = 20
 MAX_TEXT = 20_000
+TAIL_BYTES = 1 << 20  # of a rank log: where a faulthandler dump is found, at its end
 # exceptions that are the consequence of another rank failing, not a cause
 CONSEQUENCE_RE = re.compile(
     r"Connection closed by peer|Connection reset|timed out|Timed out|timeout|Broken pipe|"
@@ -218,18 +220,31 @@ class JobDiagnosis:
 
 
 def _read_error(path: Path, rank: int) -> RankError | None:
+    """rank<R>.error.json, or None when it is unreadable (cut by the crash it reports, replaced by a link):
+    its fields are capped whatever wrote them."""
     try:
-        data = json.loads(path.read_text(errors="replace"))
-    except (OSError, json.JSONDecodeError):
+        data = read_json(path, cap=4 * MAX_TEXT)
+    except (OSError, RunDirFileError):
+        return None
+    if not isinstance(data, dict):
         return None
     return RankError(
         rank=rank,
-        type=str(data.get("type") or "unknown"),
-        message=str(data.get("message") or ""),
-        traceback=str(data.get("traceback") or ""),
+        type=str(data.get("type") or "unknown")[:200],
+        message=str(data.get("message") or "")[:MAX_TEXT],
+        traceback=str(data.get("traceback") or "")[-MAX_TEXT:],
         source="exception",
-        at=path.stat().st_mtime,
+        at=path.lstat().st_mtime,
     )
+
+
+def _tail(path: Path, cap: int = 4 * MAX_TEXT) -> str:
+    """The end of a rank's log or stack file (a link or a non-regular file reads as empty)."""
+    try:
+        data = read_tail(path, cap)
+    except (OSError, RunDirFileError):
+        return ""
+    return (data or b"").decode("utf-8", errors="replace")
 
 
 def parse_faulthandler(text: str) -> list[tuple[str, list[str]]]:
@@ -279,11 +294,7 @@ def _last_dump(text: str) -> str:
 
 
 def _from_log(rank: int, log: Path) -> tuple[RankError | None, RankStack | None]:
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return None, None
-    dump = _last_dump(text)
+    dump = _last_dump(_tail(log, TAIL_BYTES))
     if not dump:
         return None, None
     fatal = next((m for line in dump.splitlines() if (m := _FATAL_RE.match(line))), None)
@@ -294,8 +305,8 @@ def _from_log(rank: int, log: Path) -> tuple[RankError | None, RankStack | None]
     error = None
     if fatal:
         error = RankError(
-            rank=rank, type="Fatal Python error", message=fatal["what"], traceback=dump, source="fatal",
-            at=log.stat().st_mtime,
+            rank=rank, type="Fatal Python error", message=fatal["what"][:MAX_TEXT], traceback=dump, source="fatal",
+            at=log.lstat().st_mtime,
         )  # fmt: skip
     return error, stack
 
@@ -311,15 +322,13 @@ def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
         if (err := _read_error(path, rank)) is not None:
             errors[rank] = err
     for rank, path in files.rank_files("stack").items():
-        text = path.read_text(errors="replace")[-MAX_TEXT:] if path.exists() else ""
+        text = _tail(path)[-MAX_TEXT:]
         if text.strip():
             stacks[rank] = RankStack(
                 rank=rank, trigger="timeout", text=text, where=main_thread_frame(parse_faulthandler(text))
             )
     for rank, log in files.rank_files("log").items():
-        with log.open(errors="replace") as fh:
-            lines = fh.readlines()
-        tails[rank] = "".join(lines[-tail_lines:])
+        tails[rank] = "".join(_tail(log).splitlines(keepends=True)[-tail_lines:])
         fatal, stopped = _from_log(rank, log)
         if fatal is not None and rank not in errors:
             errors[rank] = fatal
@@ -334,7 +343,10 @@ def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
 
 
 def _job_failed(job_dir: Path) -> bool:
-    job = JobFiles.of_dir(job_dir).read_job()
+    try:
+        job = JobFiles.of_dir(job_dir).read_job()
+    except RunDirFileError:
+        return True  # ingest names the unreadable file; what the ranks left is still worth reading
     return job is not None and (bool(job.get("timed_out")) or job.get("returncode") not in (0, None))
 
 

@@ -24,9 +24,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from moelab.job.safe_read import RunDirFileError, open_plain
+
 SetupKind = Literal["jit", "buffers", "communicator"]
 SETUP_KINDS: tuple[str, ...] = ("jit", "buffers", "communicator")
 PROGRESS_FILE = "progress.jsonl"
+MAX_EVENTS_READ = 64 << 20  # per read: a job writes a few lines per case
 
 
 class ProgressEvents:
@@ -81,11 +84,14 @@ def read_events(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]
     """Whole events appended to `path` since byte `offset`, and the offset to read from next time.
     A line still being written (no newline yet) is left for the next read; a garbled line is skipped."""
     try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
+        fd = open_plain(path)  # a link is not followed, a FIFO not waited on
+    except RunDirFileError:
         return [], offset
+    if fd is None:
+        return [], offset
+    with os.fdopen(fd, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read(MAX_EVENTS_READ)
     end = data.rfind(b"\n") + 1
     events = []
     for line in data[:end].splitlines():

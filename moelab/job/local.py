@@ -28,6 +28,7 @@ from typing import Any
 from moelab.job.diagnosis import request_stack_dumps, with_descendants
 from moelab.job.lifeline import job_preexec, subreaper
 from moelab.job.rundir import JobFiles, now_iso
+from moelab.job.safe_read import read_tail
 
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
@@ -173,7 +174,7 @@ def _run_job(files: JobFiles, argv: list[str], timeout_s: float, env: dict[str, 
     # timeout everything had its SIGTERM already: what is left gets SIGKILL at once)
     leftover = end_job(before, grace_s=0.2 if timed_out else TERM_GRACE_S)
     rc = proc.returncode
-    text = files.launcher_log.read_text(errors="replace")
+    text = (read_tail(files.launcher_log) or b"").decode(errors="replace")  # torchrun's summary is at its end
     outcome = JobOutcome(
         backend=files.backend,
         argv=argv,

@@ -34,16 +34,17 @@ import json
 import os
 import re
 import socket
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from moelab.core.case_record import CaseRecord
+from moelab.core.case_record import RECORD_VERSION, CaseRecord
 from moelab.core.library_figures import VerifyRow
-from moelab.core.spec import RunSpec
+from moelab.core.peaks import MeasuredPeak, MeasuredRate
+from moelab.core.spec import SPEC_VERSION, RunSpec
+from moelab.job.safe_read import RunDirFileError, expect, iter_lines, read_json, tail_text
 
 RUNDIR_VERSION = 1
 LIBRARY_FIGURES = Path("verify") / "library_figures.json"
@@ -58,6 +59,22 @@ RANK_FILES = {
 def safe_name(part: str) -> str:
     """A case id as one path component (ids hold '/' only by accident, but must never escape the folder)."""
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", part)
+
+
+PEAKS = "peaks.json"
+# job.json's fields that ingest reads, with the JSON types the launcher writes (moelab.job.local.JobOutcome)
+JOB_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "returncode": int,
+    "signal": str,
+    "timed_out": (bool, int),
+    "duration_s": (int, float),
+    "description": str,
+    "interrupted": (str, bool),
+    "failed_ranks": list,
+    "stderr_tails": dict,
+    "argv": list,
+}
+_CASE_ID_RE = re.compile(rb'"case_id":\s*("(?:[^"\\]|\\.)*")')
 
 
 def now_iso() -> str:
@@ -170,20 +187,18 @@ class JobFiles:
         (self.dir / f"health_{phase}.json").write_text(snapshot_json)
         _write_json_atomic(self.dir / f"health_{phase}_verdict.json", verdict)
 
-    def read_health(self, phase: str) -> tuple[str, dict[str, Any]] | None:
-        """(the snapshot's JSON text, its verdict) of `phase`, or None when none was taken."""
-        snap = self.dir / f"health_{phase}.json"
-        if not snap.exists():
+    def read_health(self, phase: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(the snapshot, its verdict) of `phase`, or None when none was taken."""
+        snapshot = self.read_json_file(f"health_{phase}.json")
+        if snapshot is None:
             return None
-        verdict = self.dir / f"health_{phase}_verdict.json"
-        return snap.read_text(), json.loads(verdict.read_text()) if verdict.exists() else {}
+        return snapshot, self.read_json_file(f"health_{phase}_verdict.json") or {}
 
     def write_health_diff(self, diff: dict[str, Any]) -> None:
         _write_json_atomic(self.dir / "health_diff.json", diff)
 
     def read_health_diff(self) -> dict[str, Any] | None:
-        p = self.dir / "health_diff.json"
-        return json.loads(p.read_text()) if p.exists() else None
+        return self.read_json_file("health_diff.json")
 
     def write_contention(self, findings: list[dict[str, Any]]) -> Path:
         path = self.dir / "contention.json"
@@ -192,15 +207,15 @@ class JobFiles:
         return path
 
     def read_contention(self) -> list[dict[str, Any]]:
-        p = self.dir / "contention.json"
-        return list(json.loads(p.read_text()).get("findings", [])) if p.exists() else []
+        data = self.read_json_file("contention.json") or {}
+        found = expect(data.get("findings", []), list, str(self.dir / "contention.json"))
+        return [expect(f, dict, str(self.dir / "contention.json")) for f in found]
 
     def write_nsys_traces(self, traces: list[dict[str, Any]], note: str | None) -> None:
         _write_json_atomic(self.dir / "nsys_traces.json", {"traces": traces, "note": note})
 
     def read_nsys_traces(self) -> dict[str, Any]:
-        p = self.dir / "nsys_traces.json"
-        return json.loads(p.read_text()) if p.exists() else {}
+        return self.read_json_file("nsys_traces.json") or {}
 
     def append_result(self, record: CaseRecord | dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -212,18 +227,29 @@ class JobFiles:
             fh.flush()
             os.fsync(fh.fileno())
 
-    def read_results(self) -> list[CaseRecord]:
-        if not self.results.exists():
-            return []
-        out = []
-        for line in self.results.read_text().splitlines():
-            if not line.strip():
+    def scan_results(self) -> ResultsScan:
+        """Every record of results.jsonl, and each line that is not one, by line number. A line cut by a
+        crash mid-write, or any other bad line, never hides the good records after it. A record of another
+        version is refused (RunDirFileError naming both versions): its fields may mean something else."""
+        scan = ResultsScan()
+        where = f"{self.backend}/results.jsonl"
+        for number, raw, ended in iter_lines(self.results):
+            if not raw.strip():
                 continue
-            try:
-                out.append(CaseRecord.from_json(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash mid-write: everything before it is good
-        return out
+            data, why = _record_json(raw, ended)
+            if why is None:
+                if data.get("version") != RECORD_VERSION:
+                    raise RunDirFileError(
+                        f"{self.results} line {number}: case record version {data.get('version')!r}, "
+                        f"this moelab reads version {RECORD_VERSION}: ingest it with the moelab that wrote it"
+                    )
+                try:
+                    scan.records.append(CaseRecord.from_dict(data))
+                    continue
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    why = f"not a case record ({type(exc).__name__}: {str(exc)[:200]})"
+            scan.problems.append(LineProblem(file=where, line=number, reason=why, case_id=_case_id_in(raw)))
+        return scan
 
     def write_env(self, envs: list[dict[str, Any]]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -231,21 +257,91 @@ class JobFiles:
 
     def read_env(self) -> list[dict[str, Any]]:
         p = self.dir / "env.json"
-        return json.loads(p.read_text()) if p.exists() else []
+        envs = expect(read_json(p) or [], list, str(p))
+        return [expect(e, dict, f"{p} (an entry)") for e in envs]
 
     def write_job(self, job: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(self.job_file, job)
 
     def read_job(self) -> dict[str, Any] | None:
-        return json.loads(self.job_file.read_text()) if self.job_file.exists() else None
+        """job.json (None before the job ended), its fields of the types the launcher writes."""
+        p = self.job_file
+        job = read_json(p)
+        if job is None:
+            return None
+        expect(job, dict, str(p))
+        for name, kinds in JOB_FIELD_TYPES.items():
+            if job.get(name) is not None and not isinstance(job[name], kinds):
+                raise RunDirFileError(
+                    f"{p}: field {name!r} is a {type(job[name]).__name__}, not as a launcher writes it"
+                )
+        if not all(isinstance(f, dict) for f in job.get("failed_ranks") or []):
+            raise RunDirFileError(f"{p}: field 'failed_ranks' is not a list of objects")
+        return job  # type: ignore[no-any-return]
+
+    def read_json_file(self, name: str) -> dict[str, Any] | None:
+        """A JSON object the runner wrote beside the job (health_before.json, health_diff.json,
+        nsys_traces.json, ...), read as data (`moelab.job.safe_read`); None when it is not there."""
+        p = self.dir / name
+        data = read_json(p)
+        return None if data is None else expect(data, dict, str(p))
 
     def log_tails(self, lines: int = 20) -> dict[int, str]:
+        """Each rank log's last `lines` lines, read from its last bytes only; a log that is a link or not a
+        plain file is not read."""
         tails = {}
         for rank, log in self.rank_files("log").items():
-            with log.open(errors="replace") as fh:
-                tails[rank] = "".join(deque(fh, maxlen=lines))
+            if (tail := tail_text(log, lines)) is not None:
+                tails[rank] = tail
         return tails
+
+
+@dataclass(frozen=True, slots=True)
+class LineProblem:
+    """A results.jsonl line that is not a record (cut mid-write, not UTF-8, not JSON, not a record), and
+    the case it was about where its text still names one."""
+
+    file: str  # relative to the run directory
+    line: int
+    reason: str
+    case_id: str | None = None
+
+    def text(self) -> str:
+        return f"{self.file} line {self.line}: {self.reason}"
+
+
+@dataclass(slots=True)
+class ResultsScan:
+    records: list[CaseRecord] = field(default_factory=list)
+    problems: list[LineProblem] = field(default_factory=list)
+
+
+def _record_json(raw: bytes, ended: bool) -> tuple[Any, str | None]:
+    """The JSON object of one line, or why the line is not one."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
+    except (json.JSONDecodeError, RecursionError) as exc:
+        if not ended:
+            return None, "cut before its end (the writer stopped mid-line)"
+        return None, f"not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})"
+    if not isinstance(data, dict):
+        return None, f"not a case record (a JSON {type(data).__name__})"
+    return data, None
+
+
+def _case_id_in(raw: bytes) -> str | None:
+    """The case id a (cut) record line names: a record starts with its case, and the case with its id."""
+    m = _CASE_ID_RE.search(raw[:4096])
+    if m is None:
+        return None
+    try:
+        value = json.loads(m.group(1).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _json_default(obj: Any) -> Any:
@@ -278,11 +374,26 @@ class RunDir:
 
     @property
     def spec(self) -> RunSpec:
-        return RunSpec.read(self.spec_file)
+        """spec.json, or a RunDirFileError naming the file (another version's spec is refused by both
+        version numbers: its fields may mean something else)."""
+        p = self.spec_file
+        data = read_json(p)
+        if data is None:
+            raise RunDirFileError(f"{self.path} is not a run directory (no spec.json)")
+        expect(data, dict, str(p))
+        if data.get("spec_version") != SPEC_VERSION:
+            raise RunDirFileError(
+                f"{p}: run spec version {data.get('spec_version')!r}, this moelab reads version {SPEC_VERSION}: "
+                "ingest it with the moelab that wrote it"
+            )
+        try:
+            return RunSpec.from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RunDirFileError(f"{p}: not a run spec ({type(exc).__name__}: {str(exc)[:200]})") from None
 
     @property
     def peaks_file(self) -> Path:
-        return self.path / "peaks.json"
+        return self.path / PEAKS
 
     @property
     def rates_file(self) -> Path:
@@ -305,8 +416,24 @@ class RunDir:
         _write_json_atomic(self.path / "run.json", info)
 
     def info(self) -> dict[str, Any]:
+        """run.json ({} before it is written); a newer run-directory layout is refused naming both versions."""
         p = self.path / "run.json"
-        return json.loads(p.read_text()) if p.exists() else {}
+        info = expect(read_json(p) or {}, dict, str(p))
+        version = info.get("rundir_version", RUNDIR_VERSION)
+        if version != RUNDIR_VERSION:
+            raise RunDirFileError(
+                f"{p}: run directory version {version!r}, this moelab reads version {RUNDIR_VERSION}"
+            )
+        return info
+
+    def peaks(self) -> list[MeasuredPeak]:
+        """The link peaks the first GPU job measured (peaks.json; none on CPU runs)."""
+        p = self.peaks_file
+        rows = expect(read_json(p) or [], list, str(p))
+        try:
+            return [MeasuredPeak(**expect(d, dict, str(p))) for d in rows]
+        except TypeError as exc:
+            raise RunDirFileError(f"{p}: not a list of measured peaks ({exc})") from None
 
     def write_library_figures(self, rows: Sequence[VerifyRow]) -> Path:
         """`moelab verify`'s rows, kept in the run directory so a re-ingest restores them."""
@@ -315,9 +442,20 @@ class RunDir:
         path.write_text(json.dumps([r.to_dict() for r in rows], indent=2))
         return path
 
+    def rates(self) -> list[MeasuredRate]:
+        """The GPU's dense matmul and HBM copy rates the first GPU job measured (rates.json; none on CPU)."""
+        p = self.rates_file
+        rows = expect(read_json(p) or [], list, str(p))
+        try:
+            return [MeasuredRate(**expect(d, dict, str(p))) for d in rows]
+        except TypeError as exc:
+            raise RunDirFileError(f"{p}: not a list of measured rates ({exc})") from None
+
     def library_figures(self) -> list[VerifyRow]:
         """The rows `moelab verify` wrote (none when verify never ran on this run)."""
         path = self.path / LIBRARY_FIGURES
-        if not path.exists():
-            return []
-        return [VerifyRow.from_dict(d) for d in json.loads(path.read_text())]
+        rows = expect(read_json(path) or [], list, str(path))
+        try:
+            return [VerifyRow.from_dict(expect(d, dict, str(path))) for d in rows]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunDirFileError(f"{path}: not a list of library figures ({exc})") from None

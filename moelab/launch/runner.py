@@ -3,6 +3,7 @@ before and after) → ingest in one transaction."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -172,6 +173,23 @@ def job_name(spec: RunSpec, backend: str, repeat: int) -> str:
     return backend if spec.launch.repeats == 1 else f"{backend} {repeat + 1}/{spec.launch.repeats}"
 
 
+def _run_dir_unwritable(
+    rd: RunDir, spec: RunSpec, backend: str, done: list[str], db_path: Path, exc: OSError
+) -> MoelabError:
+    """A run directory that cannot be written (ENOSPC) ends the run with the cause and what did not run,
+    its run.json marked failed where that still can be written (else `moelab ingest` finds the launcher
+    gone and marks it interrupted)."""
+    not_run = [b for b in spec.backends if b not in done and b != backend]
+    cause = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    with contextlib.suppress(OSError):
+        rd.set_status("failed", reason=f"run directory not writable during {backend}: {cause}")
+    return MoelabError(
+        f"cannot write run directory {rd.path} during backend {backend} ({cause})"
+        + (f"; not run: {', '.join(not_run)}" if not_run else "")
+        + f"; what finished is kept: store it with `moelab ingest {rd.path} --db {db_path}` once there is room"
+    )
+
+
 def is_launching_host(spec: RunSpec) -> bool:
     """Only one host writes the database: the single host, node 0 under torchrun, task 0's host under SLURM."""
     if spec.launch.launcher == "torchrun":
@@ -206,10 +224,14 @@ def execute(
                 f"[{name}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
             )
             cls = registry.load(backend)
-            if issubclass(cls, HostJob):
-                outcome = cls.run_job(spec, files)
-            else:
-                outcome = run_backend(spec, rd, backend, quiet, repeat)
+            try:
+                if issubclass(cls, HostJob):
+                    outcome = cls.run_job(spec, files)
+                else:
+                    outcome = run_backend(spec, rd, backend, quiet, repeat)
+            except OSError as exc:  # the run directory cannot be written (a full disk): say so, stop here
+                done = list(dict.fromkeys(name.split(" ")[0] for name in jobs))  # backends that ran
+                raise _run_dir_unwritable(rd, spec, backend, done, db_path, exc) from exc
             if stop.requested:
                 note_interrupted_job(files, str(stop.signal_name))
             jobs[name] = outcome
@@ -230,8 +252,13 @@ def execute(
                     ingest(con, rd.path)
                     judge(con, spec.run_id)
             except Exception as exc:  # the measurements are on disk: say how to store them later
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                what = (
+                    first
+                    if isinstance(exc, MoelabError)
+                    else f"storing run {spec.run_id} failed ({type(exc).__name__}: {first})"
+                )
                 raise MoelabError(
-                    f"storing run {spec.run_id} failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
-                    f"its run directory is kept: store it with `moelab ingest {rd.path} --db {db_path}`"
+                    f"{what}; its run directory is kept: store it with `moelab ingest {rd.path} --db {db_path}`"
                 ) from exc
     return RunOutcome(spec.run_id, rd.path, jobs, ingested, stop.signal_name, trace_notes)

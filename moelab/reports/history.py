@@ -166,7 +166,7 @@ def _query(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, np.ndarray]:
                    {", ".join(f"e.{c}" for c in ENV_FIELDS)}
             FROM sel s JOIN cases c USING (run_id) JOIN results r USING (run_id, backend, case_id)
             LEFT JOIN bw USING (run_id, backend, case_id, op) LEFT JOIN env e USING (run_id, backend)
-            WHERE {" AND ".join(f"({w})" for w in case_where)} AND r.median_us > 0)
+            WHERE {" AND ".join(f"({w})" for w in case_where)} AND r.median_us > 0 AND isfinite(r.median_us))
         SELECT dense_rank() OVER (ORDER BY backend, knobs, dtype, op, hidden, tokens_per_rank, topk,
                                   experts_per_rank, routing, routing_seed, world, sms) AS sid, *
         FROM rows ORDER BY sid, t, run_id"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -17,6 +18,20 @@ from moelab.core.ops import OPS
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS
 
 LOCK_WAIT_S = 60.0
+Config = dict[str, str | bool | int | float | list[str]]
+# Every connection: DuckDB never downloads or loads an extension by itself (a SQLite file given as --db
+# would otherwise make it fetch sqlite_scanner from the network).
+BASE_CONFIG: Config = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+# `moelab db query` without --write: besides the read-only open, no file outside the database (COPY ... TO,
+# ATTACH of another file or of a hard link to this one, read_csv of any path), no extension, and the
+# settings locked so that the query cannot turn them back on (DuckDB's "Securing DuckDB" guide).
+QUERY_CONFIG: Config = BASE_CONFIG | {
+    "enable_external_access": False,
+    "lock_configuration": True,
+}
 
 
 def data_dir() -> Path:
@@ -35,39 +50,156 @@ def resolve_db_path(cli_value: str | None) -> Path:
     return Path(env).expanduser() if env else default_db_path()
 
 
-def _connect_once(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _connect_once(path: Path, read_only: bool, config: Config) -> duckdb.DuckDBPyConnection:
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-    return duckdb.connect(str(path), read_only=read_only)
+    return duckdb.connect(str(path), read_only=read_only, config=config)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+
+
+def _open(path: Path, read_only: bool, lock_wait_s: float, config: Config) -> duckdb.DuckDBPyConnection:
+    """A connection, waiting while another process holds the file's lock; one-line MoelabError otherwise."""
+    if read_only and not path.exists():
+        raise MoelabError(f"no database at {path}")
+    deadline = time.monotonic() + lock_wait_s
+    while True:
+        try:
+            return _connect_once(path, read_only, config)
+        except (duckdb.IOException, OSError) as exc:
+            msg = _first_line(exc)
+            if "lock" in msg.lower() and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise MoelabError(f"cannot open database {path}: {_why_unopenable(msg)}") from exc
+        except duckdb.Error as exc:
+            raise MoelabError(f"cannot open database {path}: {_why_unopenable(_first_line(exc))}") from exc
+
+
+def _why_unopenable(msg: str) -> str:
+    if (
+        "sqlite_scanner" in msg
+        or "Install it first" in msg
+        or "Loading external extensions is disabled" in msg
+    ):
+        return "it is not a DuckDB database (a SQLite file?); moelab never installs DuckDB extensions"
+    return msg
 
 
 def connect(
     path: Path, read_only: bool = False, lock_wait_s: float = LOCK_WAIT_S
 ) -> duckdb.DuckDBPyConnection:
-    """Open (and, read-write, create and migrate) the database; waits while another moelab holds the lock."""
-    deadline = time.monotonic() + lock_wait_s
-    while True:
-        try:
-            con = _connect_once(path, read_only)
-            break
-        except (duckdb.IOException, OSError) as exc:
-            msg = str(exc).splitlines()[0]
-            if "lock" in msg.lower() and time.monotonic() < deadline:
-                time.sleep(0.5)
-                continue
-            raise MoelabError(f"cannot open database {path}: {msg}") from exc
-        except duckdb.Error as exc:
-            raise MoelabError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
-    if not read_only:
-        migrate(con)
-    else:
-        version = current_version(con)
-        if version > LATEST_VERSION:
-            con.close()
-            raise MoelabError(
-                f"database {path} has schema version {version}, newer than this moelab ({LATEST_VERSION}): upgrade moelab"
-            )
+    """Open (and, read-write, create and migrate) the database; waits while another moelab holds the lock.
+
+    Read-only (reports, compare, check, queries) nothing is migrated: a database of an older moelab is
+    refused with one line naming the command that migrates it, never read with a schema it lacks."""
+    con = _open(path, read_only, lock_wait_s, BASE_CONFIG)
+    try:
+        check_complete(con, path)
+        if not read_only:
+            migrate(con, path)
+        else:
+            check_version(con, path)
+    except duckdb.Error as exc:  # a file that opens but cannot be read through (truncated, damaged)
+        con.close()
+        raise MoelabError(f"cannot use database {path}: {_first_line(exc)}") from exc
+    except BaseException:
+        con.close()
+        raise
     return con
+
+
+HEADER_BYTES = 3 * 4096  # DuckDB's file: a main header and two database headers, then the blocks
+
+
+def check_complete(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A file cut short (a copy that stopped, a full disk) opens, and fails only when a query reaches a
+    missing block, after `moelab run` has measured. The blocks in use must be in the file: a file shorter
+    than its headers plus its used blocks is cut. (Checked without a WAL beside it: blocks replayed from a
+    WAL are in memory only; a trailing free block may be cut off by DuckDB itself.)"""
+    if not path.is_file() or Path(f"{path}.wal").exists():
+        return
+    row = con.execute(
+        "SELECT block_size, used_blocks FROM pragma_database_size() WHERE database_name = current_database()"
+    ).fetchone()
+    if row is None:
+        return
+    need = HEADER_BYTES + int(row[0]) * int(row[1])
+    have = path.stat().st_size
+    if have < need:
+        raise MoelabError(
+            f"database {path} is truncated: {have} bytes, its blocks in use need {need} "
+            "(restore it from a copy; run directories can be ingested again into a new one)"
+        )
+
+
+def check_version(con: duckdb.DuckDBPyConnection, path: Path) -> int:
+    """The schema version of a database opened read-only, or a one-line MoelabError when this moelab cannot
+    read it as it is (not a moelab database, an older schema, a newer one)."""
+    try:
+        version = current_version(con)
+    except duckdb.Error as exc:
+        raise MoelabError(f"cannot read database {path}: {_first_line(exc)}") from exc
+    if version > LATEST_VERSION:
+        raise MoelabError(
+            f"database {path} has schema version {version}, newer than this moelab ({LATEST_VERSION}): upgrade moelab"
+        )
+    if version == 0:
+        raise MoelabError(f"{path} is not a moelab database (no schema_version table)")
+    if version < LATEST_VERSION:
+        raise MoelabError(
+            f"database {path} has schema version {version}, older than this moelab ({LATEST_VERSION}): "
+            f"migrate it with `moelab db migrate --db {path}` (a copy first, if older moelabs still use it)"
+        )
+    return version
+
+
+def migrate_file(path: Path) -> tuple[int, int]:
+    """`moelab db migrate`: the schema version of the database before and after applying the migrations."""
+    con = _open(path, False, LOCK_WAIT_S, BASE_CONFIG)
+    try:
+        check_complete(con, path)
+        before = current_version(con)
+        after = migrate(con, path)
+    except duckdb.Error as exc:
+        raise MoelabError(f"cannot migrate database {path}: {_first_line(exc)}") from exc
+    finally:
+        con.close()
+    return before, after
+
+
+def query_connection(path: Path, write: bool) -> duckdb.DuckDBPyConnection:
+    """The connection `moelab db query` runs a user's SQL on: read-write and migrated with --write; else
+    read-only with no access outside the file and its settings locked (QUERY_CONFIG)."""
+    if write:
+        return connect(path)
+    con = _open(path, True, LOCK_WAIT_S, QUERY_CONFIG)
+    try:
+        check_complete(con, path)
+        check_version(con, path)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection, what: str) -> Iterator[None]:
+    """BEGIN ... COMMIT, rolled back on any failure. A COMMIT that fails (a full disk) has already ended the
+    transaction: the ROLLBACK after it fails too, and must not replace the first error, which names the
+    cause (`No space left on device`)."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        con.execute("COMMIT")
+    except BaseException as exc:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        if isinstance(exc, duckdb.Error):
+            raise MoelabError(f"{what} failed, nothing was stored: {_first_line(exc)}") from exc
+        raise
 
 
 @contextmanager
@@ -89,8 +221,21 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Apply every migration newer than the database, each in its own transaction."""
+def _user_tables(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_catalog = current_database() "
+        "AND table_schema = 'main' AND table_name <> 'schema_version'"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
+    """Apply every migration newer than the database, each in its own transaction. A DuckDB file that holds
+    other tables and no schema_version is someone else's database: refused, never written into."""
+    if current_version(con) == 0 and _user_tables(con):
+        raise MoelabError(
+            f"{path or 'the database'} is not a moelab database (it has tables, no schema_version)"
+        )
     con.execute(
         "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP DEFAULT now())"
     )
@@ -102,17 +247,12 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     for m in MIGRATIONS:
         if m.version <= version:
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with transaction(con, f"migrating to schema version {m.version}"):
             for stmt in m.statements:
                 con.execute(stmt)
             con.execute(
                 "INSERT INTO schema_version (version, description) VALUES (?, ?)", [m.version, m.description]
             )
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
     texts = (
         [(d.name, d.text) for d in DEFINITIONS.values()]
         + [(f"op:{o.name}", o.text) for o in OPS.values()]

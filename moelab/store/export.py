@@ -1,13 +1,23 @@
-"""Export runs to files (one per table, plus a versioned manifest) and read such exports back."""
+"""Export runs to files (one per table, plus a versioned manifest) and read such exports back.
+
+An export is written whole into a temporary folder beside its destination and renamed into place, so a
+failed export (a full disk) leaves the previous one as it was; the manifest holds each file's size and
+SHA-256, so a folder mixing two exports is refused when read.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
+import shutil
 from pathlib import Path
 
 import duckdb
 
 from moelab.core.errors import MoelabError
+from moelab.job.safe_read import RunDirFileError, read_json
 from moelab.store.schema import EXPORT_TABLES, LATEST_VERSION
 
 EXPORT_VERSION = 1
@@ -22,32 +32,84 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
         missing = [r for r in run_ids if r not in known]
         if missing:
             raise MoelabError(f"no such run(s): {', '.join(missing)}")
-    selected = sorted(run_ids or known)
+    _check_replaceable(out)
+    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MoelabError(f"cannot create {out}: {exc}") from exc
-    written = []
+        tmp.mkdir(parents=True)
+        names = _write_tables(con, tmp, fmt, sorted(run_ids or known))
+        _replace_folder(tmp, out)
+    except (OSError, duckdb.Error) as exc:
+        raise MoelabError(
+            f"export to {out} failed ({str(exc).strip().splitlines()[0][:300]}); "
+            + (
+                "the previous export there is unchanged"
+                if (out / "manifest.json").exists()
+                else "nothing was written"
+            )
+        ) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out / name for name in names]
+
+
+def _check_replaceable(out: Path) -> None:
+    """An export replaces its folder whole: only an earlier export (or an empty folder) is replaced."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise MoelabError(f"{out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise MoelabError(f"{out} holds other files and is not a moelab export: give a new or empty folder")
+
+
+def _write_tables(con: duckdb.DuckDBPyConnection, folder: Path, fmt: str, selected: list[str]) -> list[str]:
+    """Every run table of the selected runs, then the manifest (written last, naming each file's hash)."""
+    # run ids are checked against the table first; the list is bound through a temp table, not formatted in
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _export_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [selected]
+    )
+    files = {}
     for table in EXPORT_TABLES:
-        path = out / f"{table}.{fmt}"
-        # run ids are checked against the table above; the list is bound through a temp table, not formatted in
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE _export_ids AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [selected]
-        )
+        path = folder / f"{table}.{fmt}"
         con.execute(
             f"COPY (SELECT t.* FROM {table} t SEMI JOIN _export_ids USING (run_id)) TO '{_quote(path)}' {FORMATS[fmt]}"
         )
-        written.append(path)
+        files[path.name] = _file_facts(path)
     manifest = {
         "export_version": EXPORT_VERSION,
         "schema_version": LATEST_VERSION,
         "format": fmt,
         "runs": selected,
         "tables": list(EXPORT_TABLES),
+        "files": files,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    written.append(out / "manifest.json")
-    return written
+    with (folder / "manifest.json").open("w") as fh:
+        fh.write(json.dumps(manifest, indent=2))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return [*files, "manifest.json"]
+
+
+def _file_facts(path: Path) -> dict[str, object]:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _replace_folder(new: Path, out: Path) -> None:
+    """`new` becomes `out`; an `out` already there is moved aside first and removed only after."""
+    old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
+    had_old = out.exists()
+    if had_old:
+        os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except OSError:
+        if had_old:
+            os.rename(old, out)
+        raise
+    if had_old:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _quote(path: Path) -> str:
@@ -57,19 +119,24 @@ def _quote(path: Path) -> str:
 def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """Insert an export folder's runs into `con` (e.g. an in-memory database); returns their run ids."""
     manifest_path = folder / "manifest.json"
-    if not manifest_path.exists():
-        raise MoelabError(f"{folder} is not a moelab export (no manifest.json)")
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        manifest = read_json(manifest_path, cap=64 << 20)
+    except RunDirFileError as exc:
         raise MoelabError(f"{folder}: manifest.json is not a moelab export manifest ({exc})") from None
+    if manifest is None:
+        raise MoelabError(f"{folder} is not a moelab export (no manifest.json)")
     if not isinstance(manifest, dict) or manifest.get("export_version") != EXPORT_VERSION:
         found = manifest.get("export_version") if isinstance(manifest, dict) else None
         raise MoelabError(f"{folder}: export version {found} is not {EXPORT_VERSION}")
     fmt = manifest.get("format")
     readers = {"parquet": "read_parquet", "csv": "read_csv_auto", "json": "read_json_auto"}
     tables, runs = manifest.get("tables"), manifest.get("runs")
-    if fmt not in readers or not isinstance(tables, list) or not isinstance(runs, list):
+    if (
+        fmt not in readers
+        or not isinstance(tables, list)
+        or not isinstance(runs, list)
+        or not all(isinstance(r, str) for r in runs)
+    ):
         raise MoelabError(f"{folder}: manifest.json lacks a known format, a table list or a run list")
     reader = readers[fmt]
     for table in tables:
@@ -78,6 +145,7 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
         path = folder / f"{table}.{fmt}"
         if not path.exists():
             raise MoelabError(f"{folder}: {path.name} is missing")
+        _check_file(path, manifest.get("files"))
         if fmt == "json":
             # typed columns: an empty table or sparse rows must not change types or invent keys
             cols = con.execute(
@@ -85,14 +153,24 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
                 [table],
             ).fetchall()
             spec = "{" + ", ".join(f"'{c}': '{t}'" for c, t in cols) + "}"
-            con.execute(
-                f"INSERT INTO {table} BY NAME SELECT * FROM read_json('{_quote(path)}', format='array', columns={spec})"
-            )
+            sql = f"INSERT INTO {table} BY NAME SELECT * FROM read_json('{_quote(path)}', format='array', columns={spec})"
         else:
-            try:
-                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')")
-            except duckdb.Error as exc:
-                raise MoelabError(
-                    f"{path}: not a readable {fmt} export table ({str(exc).splitlines()[0]})"
-                ) from None
+            sql = f"INSERT INTO {table} BY NAME SELECT * FROM {reader}('{_quote(path)}')"
+        try:
+            con.execute(sql)
+        except duckdb.Error as exc:
+            raise MoelabError(
+                f"{path}: not a readable {fmt} export table ({str(exc).splitlines()[0]})"
+            ) from None
     return list(runs)
+
+
+def _check_file(path: Path, files: object) -> None:
+    """A table file as its manifest describes it (exports written before the manifest held hashes pass)."""
+    if files is None:
+        return
+    facts = files.get(path.name) if isinstance(files, dict) else None
+    if not isinstance(facts, dict) or _file_facts(path) != facts:
+        raise MoelabError(
+            f"{path} does not match the export's manifest.json (changed, or from another export): not read"
+        )

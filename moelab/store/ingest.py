@@ -8,6 +8,7 @@ worker's CaseRecord (moelab.record) or by the runner next to the job's files. Ro
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,13 @@ from typing import Any
 import duckdb
 
 from moelab.core.case_record import CaseRecord, OpResult
-from moelab.core.peaks import read_peaks, read_rates
 from moelab.core.repeats import merge_starts, process_ops
 from moelab.core.spec import CaseSpec, RunSpec
 from moelab.health.contention import job_suspect_reason
 from moelab.job.diagnosis import diagnosis_rows
 from moelab.job.events import one_time_costs
-from moelab.job.rundir import HEALTH_PHASES, JobFiles, RunDir
+from moelab.job.rundir import HEALTH_PHASES, JobFiles, LineProblem, RunDir
+from moelab.store.db import transaction
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 
@@ -66,6 +67,31 @@ def _finite(v: Any) -> float | None:
     return f if f == f and abs(f) != float("inf") else None
 
 
+def storable(v: Any) -> Any:
+    """A value DuckDB can store: text that is not valid UTF-8 (lone surrogates from a command line read
+    under another locale, `spec.command`, a path) is kept with those characters escaped, never refused."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    return v
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {storable(str(k)): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return storable(obj)
+
+
+def _json(obj: Any, **kwargs: Any) -> str:
+    """JSON text for a JSON column: DuckDB refuses a lone surrogate escape (`\\udcff`) in JSON, so text
+    that is not valid UTF-8 is escaped first, as in `storable`."""
+    return json.dumps(_clean(obj), **kwargs)
+
+
 class RunRows:
     """Rows of every table for one run, gathered from its directory before the transaction opens."""
 
@@ -74,13 +100,14 @@ class RunRows:
         self.tables: dict[str, list[Row]] = {}
         self.samples = SampleColumns()
         self.definitions: dict[str, str] = {}
+        self.problems: list[str] = []  # lines of the run directory that were not records, stored as failures
 
     def add(self, table: str, **row: Any) -> None:
         self.tables.setdefault(table, []).append({"run_id": self.run_id} | row)
 
 
-def _job_row(files: JobFiles) -> tuple[Row, dict[str, Any] | None, str | None]:
-    """(the `jobs` columns of one start of a job, its job.json, its nsys note)."""
+def _job_row(files: JobFiles) -> tuple[Row, dict[str, Any] | None]:
+    """(the `jobs` columns of one start of a job, its job.json)."""
     job = files.read_job()
     status = _job_status(job)
     j = job or {}
@@ -90,11 +117,12 @@ def _job_row(files: JobFiles) -> tuple[Row, dict[str, Any] | None, str | None]:
         description = f"{description}; {note}"
     row = dict(
         status=status, description=description, returncode=j.get("returncode"), signal=j.get("signal"),
-        timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"), failed_ranks=json.dumps(j.get("failed_ranks", [])),
-        stderr_tails=json.dumps({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
-        argv=json.dumps(j.get("argv", [])), one_time_s=json.dumps(one_time_costs(files.dir)),
+        timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"),
+        failed_ranks=_json(j.get("failed_ranks", [])),
+        stderr_tails=_json({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
+        argv=_json(j.get("argv", [])), one_time_s=_json(one_time_costs(files.dir)),
     )  # fmt: skip
-    return row, job, note
+    return row, job
 
 
 def _merged_job(starts: list[Row]) -> Row:
@@ -113,7 +141,7 @@ def _merged_job(starts: list[Row]) -> Row:
 def job_rows(rows: RunRows, backend: str, starts: list[JobFiles]) -> list[dict[str, Any] | None]:
     """The job's row (one over all its starts) and its traces; returns each start's job.json."""
     found = [_job_row(files) for files in starts]
-    row = found[0][0] if len(found) == 1 else _merged_job([r for r, _, _ in found])
+    row = found[0][0] if len(found) == 1 else _merged_job([r for r, _ in found])
     rows.add("jobs", backend=backend, **row)
     for files in starts:
         for t in files.read_nsys_traces().get("traces", []):
@@ -126,7 +154,7 @@ def job_rows(rows: RunRows, backend: str, starts: list[JobFiles]) -> list[dict[s
                 path=t.get("path"),
                 size_bytes=t.get("size_bytes"),
             )
-    return [job for _, job, _ in found]
+    return [job for _, job in found]
 
 
 def process_rows(
@@ -135,7 +163,7 @@ def process_rows(
     """With --repeat N, one `processes` row per start: where it ran in the rotated order, how it ended."""
     order = spec.job_order()
     for files, suspect in zip(starts, suspects, strict=True):
-        row, _, _ = _job_row(files)
+        row, _ = _job_row(files)
         rows.add(
             "processes",
             backend=backend,
@@ -158,8 +186,8 @@ def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, 
             gpu_name=env.get("gpu_name"), gpu_count=env.get("gpu_count"), sm_count=env.get("sm_count"),
             driver=env.get("driver"), cuda=env.get("cuda"), nccl=env.get("nccl"), torch=env.get("torch"),
             python=env.get("python"), moelab_version=env.get("moelab_version"), git_sha=env.get("moelab_git_sha"),
-            library_versions=json.dumps(env.get("library_versions", {})), env_vars=json.dumps(env.get("env_vars", {})),
-            raw=json.dumps(env),
+            library_versions=_json(env.get("library_versions", {})), env_vars=_json(env.get("env_vars", {})),
+            raw=_json(env),
         )  # fmt: skip
     return first
 
@@ -173,9 +201,9 @@ def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
             continue
         snapshot, verdict = health
         rows.add(
-            "health", backend=backend, phase=phase, host=json.loads(snapshot).get("host"), node=0,
-            worst=verdict.get("worst"), findings=json.dumps(verdict.get("findings", [])), snapshot=snapshot,
-            repeat=files.repeat,
+            "health", backend=backend, phase=phase, host=snapshot.get("host"), node=0,
+            worst=verdict.get("worst"), findings=_json(verdict.get("findings", [])),
+            snapshot=_json(snapshot, sort_keys=True), repeat=files.repeat,
         )  # fmt: skip
 
 
@@ -194,8 +222,8 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
         "cases", backend=rec.backend, case_id=rec.case_id, status=rec.status, reason=rec.reason, hidden=wl.hidden,
         tokens_per_rank=wl.tokens_per_rank, topk=wl.topk, experts_per_rank=wl.experts_per_rank, world=spec.launch.world,
         gpus_per_node=spec.launch.gpus_per_node, routing=wl.routing.kind, routing_seed=wl.routing.seed,
-        routing_params=json.dumps(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=json.dumps(case.asked_knobs()),
-        backend_record=json.dumps(rec.backend_record), dispatch_err=_finite(check.dispatch_err) if check else None,
+        routing_params=_json(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=_json(case.asked_knobs()),
+        backend_record=_json(rec.backend_record), dispatch_err=_finite(check.dispatch_err) if check else None,
         combine_err=_finite(check.combine_err) if check else None, host_sync=rec.host_sync,
         suspect=suspect is not None, suspect_reason=suspect,
     )  # fmt: skip
@@ -249,20 +277,40 @@ def nccl_tests_rows(rows: RunRows, rec: CaseRecord) -> None:
         "nccl_tests", size_bytes=r.size_bytes, count=r.count, dtype=r.dtype, time_us_oop=r.time_us_oop,
         algbw_gbps_oop=r.algbw_gbps_oop, busbw_gbps_oop=r.busbw_gbps_oop, wrong_oop=r.wrong_oop, time_us_ip=r.time_us_ip,
         algbw_gbps_ip=r.algbw_gbps_ip, busbw_gbps_ip=r.busbw_gbps_ip, wrong_ip=r.wrong_ip,
-        avg_busbw_gbps=r.avg_busbw_gbps, status=r.status, source=r.source, argv=json.dumps(list(r.argv)),
+        avg_busbw_gbps=r.avg_busbw_gbps, status=r.status, source=r.source, argv=_json(list(r.argv)),
     )  # fmt: skip
     for op in rec.ops:  # the alltoall line as an op, with nccl-tests' own algbw/busbw as its figures
         op_rows(rows, rec, op)
 
 
 def _record_for(
-    case: CaseSpec, got: CaseRecord | None, job: dict[str, Any] | None, world: int, gpn: int
+    case: CaseSpec,
+    got: CaseRecord | None,
+    job: dict[str, Any] | None,
+    world: int,
+    gpn: int,
+    problems: dict[str | None, list[LineProblem]],
 ) -> CaseRecord:
-    """The worker's record, or what the case became when the worker never wrote one."""
+    """The worker's record, or what the case became when no whole record of it is on disk."""
     if got is not None:
         return got
     if case.skip_reason:
         return CaseRecord.skipped(case, case.skip_reason, world=world, gpus_per_node=gpn)
+    own = problems.get(case.case_id, [])
+    if own:
+        return CaseRecord.failed(
+            case, "its record is unreadable: " + own[-1].text(), world=world, gpus_per_node=gpn
+        )
+    if job is not None and _job_status(job) == "ok":
+        where = f"{case.backend}/results.jsonl"
+        unnamed = problems.get(None, [])
+        why = "; ".join(p.text() for p in unnamed[:3]) if unnamed else f"no record of it in {where}"
+        return CaseRecord.failed(
+            case,
+            f"its job ended ok but left no readable record of this case ({why})",
+            world=world,
+            gpus_per_node=gpn,
+        )
     return CaseRecord.failed(case, _failure_reason(job), world=world, gpus_per_node=gpn)
 
 
@@ -293,35 +341,44 @@ def start_rows(rows: RunRows, merged: CaseRecord, starts: list[CaseRecord]) -> N
             rows.add("process_metrics", **key, repeat=k, name=m.name, value=_finite(m.value))
 
 
-def _start_suspects(starts: list[JobFiles]) -> list[str | None]:
-    return [job_suspect_reason(f.read_contention(), suspect_reason(f)) for f in starts]
+def start_records(
+    rows: RunRows, spec: RunSpec, files: JobFiles, job: dict[str, Any] | None
+) -> list[CaseRecord]:
+    """One start's record of every case of its backend (what each case became where it left none), its
+    diagnosis and health rows."""
+    backend = files.backend
+    scan = files.scan_results()
+    records = {r.case_id: r for r in scan.records}
+    problems: dict[str | None, list[LineProblem]] = {}
+    spec_ids = {c.case_id for c in spec.cases_for(backend)}
+    for p in scan.problems:  # keyed by the case a bad line names, when that case has no whole record
+        key = p.case_id if p.case_id in spec_ids and p.case_id not in records else None
+        problems.setdefault(key, []).append(p)
+        rows.problems.append(p.text())
+    for d in diagnosis_rows(spec.run_id, files.dir):
+        rows.tables.setdefault("failure_diagnosis", []).append(dict(zip(DIAGNOSIS_COLUMNS, d, strict=True)))
+    health_rows(rows, backend, files)
+    world, gpn = spec.launch.world, spec.launch.gpus_per_node
+    return [
+        _record_for(case, records.get(case.case_id), job, world, gpn, problems)
+        for case in spec.cases_for(backend)
+    ]
 
 
 def backend_rows(rows: RunRows, spec: RunSpec, rd: RunDir, backend: str) -> dict[str, Any]:
-    """Every table's rows of one backend: its job over all its starts, each case merged over them
-    (moelab.core.repeats); returns the first rank's environment."""
+    """Every table's rows of one backend: its job over all its starts (--repeat), each case merged over
+    them (moelab.core.repeats); returns the first rank's environment."""
     starts = rd.starts(backend)
     jobs = job_rows(rows, backend, starts)
     first_env: dict[str, Any] = {}
     for files in starts:
         first_env = first_env or environment_rows(rows, backend, files)
-    suspects = _start_suspects(starts)
+    suspects = [job_suspect_reason(f.read_contention(), suspect_reason(f)) for f in starts]
     if len(starts) > 1:
         process_rows(rows, spec, backend, starts, suspects)
     named = [f"start {k + 1}: {s}" for k, s in enumerate(suspects) if s]
     job_suspect = suspects[0] if len(starts) == 1 else "; ".join(named)[:1000] or None
-    world, gpn = spec.launch.world, spec.launch.gpus_per_node
-    records = []
-    for files, job in zip(starts, jobs, strict=True):
-        found = {r.case_id: r for r in files.read_results()}
-        records.append(
-            [_record_for(c, found.get(c.case_id), job, world, gpn) for c in spec.cases_for(backend)]
-        )
-        for d in diagnosis_rows(spec.run_id, files.dir):
-            rows.tables.setdefault("failure_diagnosis", []).append(
-                dict(zip(DIAGNOSIS_COLUMNS, d, strict=True))
-            )
-        health_rows(rows, backend, files)
+    records = [start_records(rows, spec, files, job) for files, job in zip(starts, jobs, strict=True)]
     for per_start in zip(*records, strict=True):
         merged = merge_starts(per_start)
         case_rows(rows, spec, merged, job_suspect)
@@ -330,29 +387,31 @@ def backend_rows(rows: RunRows, spec: RunSpec, rd: RunDir, backend: str) -> dict
 
 
 def collect(run_dir: Path) -> RunRows:
-    """Rows for every table, from the run directory alone."""
+    """Rows for every table, from the run directory alone (a file that is not as moelab wrote it is a
+    RunDirFileError naming it; a bad results line is a failure of its case, stored)."""
     rd = RunDir(run_dir)
     spec = rd.spec
+    info = rd.info()
     rows = RunRows(spec.run_id)
     env0: dict[str, Any] = {}
     for backend in spec.backends:
         first_env = backend_rows(rows, spec, rd, backend)
         env0 = env0 or first_env
     # written by `moelab verify`
-    rows.tables["library_figures"] = [r.to_dict() for r in RunDir(run_dir).library_figures()]
-    for p in read_peaks(RunDir(run_dir).peaks_file):
+    rows.tables["library_figures"] = [r.to_dict() for r in rd.library_figures()]
+    for p in rd.peaks():
         rows.add("measured_peaks", name=p.name, gbps=p.gbps, bytes=p.bytes, definition=p.definition)
-    for r in read_rates(RunDir(run_dir).rates_file):
+    for r in rd.rates():
         rows.add(
             "measured_rates", name=r.name, value=r.value, unit=r.unit, work=r.work, definition=r.definition
         )
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     rows.add(
         "runs", created_at=created, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None), label=spec.label,
-        suite=spec.suite, status=rd.info().get("status", "unknown"), backends=list(spec.backends),
+        suite=spec.suite, status=info.get("status", "unknown"), backends=list(spec.backends),
         command=" ".join(spec.command), device=spec.launch.device, world=spec.launch.world, nodes=spec.launch.nodes,
         gpus_per_node=spec.launch.gpus_per_node, moelab_version=env0.get("moelab_version"),
-        git_sha=env0.get("moelab_git_sha"), run_dir=str(run_dir.resolve()), spec=json.dumps(spec.to_dict()),
+        git_sha=env0.get("moelab_git_sha"), run_dir=str(run_dir.resolve()), spec=_json(spec.to_dict()),
     )  # fmt: skip
     return rows
 
@@ -362,26 +421,33 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[Row]) -> None
     marks = ", ".join(["?"] * len(columns))
     con.executemany(
         f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})",
-        [[r[c] for c in columns] for r in rows],
+        [[storable(r[c]) for c in columns] for r in rows],
     )
 
 
-def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
-    """Replace the run's rows with what its directory holds, atomically. Returns the run id."""
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    run_id: str
+    problems: tuple[str, ...]  # lines of the run directory that were not records (stored as failures)
+
+
+def ingest_run(con: duckdb.DuckDBPyConnection, run_dir: Path) -> Ingested:
+    """Replace the run's rows with what its directory holds, atomically: on any failure (a full disk at
+    COMMIT included) the store is as it was and the error names the first cause."""
     rows = collect(run_dir)
     run_id = rows.run_id
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con, f"storing run {run_id}"):
         for table in RUN_TABLES:
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         for table, table_rows in rows.tables.items():
             if table_rows:
                 _insert(con, table, table_rows)
         for name, text in rows.definitions.items():
-            con.execute("INSERT OR REPLACE INTO definitions VALUES (?, ?)", [name, text])
+            con.execute("INSERT OR REPLACE INTO definitions VALUES (?, ?)", [name, storable(text)])
         insert_samples(con, run_id, rows.samples)
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
-    return str(run_id)
+    return Ingested(str(run_id), tuple(rows.problems))
+
+
+def ingest(con: duckdb.DuckDBPyConnection, run_dir: Path) -> str:
+    """`ingest_run`, returning the run id."""
+    return ingest_run(con, run_dir).run_id

@@ -40,7 +40,8 @@ def test_throttled_gpu_fails_by_nvbench_rule_and_nvml_reasons(tmp_path: Path) ->
     findings = rules.evaluate(recorded_snapshot(tmp_path, "throttled_h200x2", "dgx_h200x2", "cx7_h200x2"))
     clock = by_check(findings, "gpu1", "clock_under_load")
     assert clock.status == "fail"
-    assert "1110 MHz" in clock.reason and "56%" in clock.reason and "NVBench" in clock.source
+    assert "1110 MHz" in clock.reason and "56%" in clock.reason and "hw_thermal_slowdown" in clock.reason
+    assert "nvmlDeviceGetViolationStatus" in clock.source
     reasons = by_check(findings, "gpu1", "clocks_event_reasons")
     assert reasons.status == "fail"
     assert "hw_thermal_slowdown" in reasons.reason and "sw_thermal_slowdown" in reasons.reason
@@ -50,11 +51,30 @@ def test_throttled_gpu_fails_by_nvbench_rule_and_nvml_reasons(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    ("loaded_mhz", "expected"),
-    [(1485.0, "pass"), (1484.0, "fail"), (None, "info")],
+    ("loaded_mhz", "loaded_reasons", "thermal_ns", "expected"),
+    [
+        (1485.0, (), None, "pass"),
+        (1410.0, ("sw_power_cap",), 0, "pass"),  # a card at its power cap under full load: routine
+        (1410.0, (), None, "warn"),  # slow with nothing to say why: a look, never a fail on its own
+        (1900.0, ("sw_thermal_slowdown",), 0, "fail"),
+        (1900.0, ("sw_power_cap",), 2_000_000, "fail"),  # thermal violation time under load
+        (1900.0, ("sw_power_cap",), 999_999, "pass"),
+        (1900.0, ("hw_slowdown",), None, "fail"),
+        (None, (), None, "info"),
+    ],
 )
-def test_throttle_threshold_is_75_percent_of_max_clock(loaded_mhz: float | None, expected: str) -> None:
-    gpu = GpuState(index=0, max_sm_clock_mhz=1980, loaded_sm_clock_mhz=loaded_mhz, sm_clock_mhz=345)
+def test_throttling_is_judged_from_nvml_reasons_and_counters_not_one_clock_fraction(
+    loaded_mhz: float | None, loaded_reasons: tuple[str, ...], thermal_ns: int | None, expected: str
+) -> None:
+    gpu = GpuState(
+        index=0,
+        max_sm_clock_mhz=1980,
+        loaded_sm_clock_mhz=loaded_mhz,
+        sm_clock_mhz=345,
+        loaded_clocks_event_mask=0 if loaded_reasons else None,
+        loaded_clocks_event_reasons=loaded_reasons,
+        loaded_thermal_violation_ns=thermal_ns,
+    )
     snap = HealthSnapshot(host="h", taken_at="t", nvml_available=True, gpus=(gpu,))
     assert by_check(rules.evaluate(snap), "gpu0", "clock_under_load").status == expected
 
@@ -64,7 +84,8 @@ def test_throttle_threshold_is_75_percent_of_max_clock(loaded_mhz: float | None,
     [
         (("gpu_idle",), "pass"),
         (("sw_power_cap",), "info"),
-        (("sw_thermal_slowdown",), "warn"),
+        (("sw_thermal_slowdown",), "fail"),
+        (("board_limit",), "warn"),
         (("hw_slowdown",), "fail"),
         (("hw_power_brake_slowdown", "sw_power_cap"), "fail"),
     ],
@@ -143,7 +164,8 @@ def test_nic_without_atomics_warns_for_nvshmem(tmp_path: Path) -> None:
     findings = rules.evaluate(recorded_snapshot(tmp_path, "healthy_h200x2", "azure_ndv5", "azure_ndv5"))
     an0 = by_check(findings, "mlx5_an0", "pcie_atomics")
     assert an0.status == "warn"
-    assert "NVSHMEM" in an0.reason and "32bit, 64bit, 128bitCAS" in an0.reason and "seed 003" in an0.source
+    assert "NVSHMEM" in an0.reason and "32bit, 64bit, 128bitCAS" in an0.reason
+    assert "techcommunity.microsoft.com" in an0.source
     assert by_check(findings, "mlx5_ib0", "pcie_atomics").status == "pass"
 
 

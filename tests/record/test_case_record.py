@@ -54,13 +54,13 @@ def test_constructors_and_refusals() -> None:
 
 def test_synthetic_runs_write_what_the_worker_writes(tmp_path: Path) -> None:
     """tests/synthetic_runs builds CaseRecords with the worker's own builder (record.build.op_result); read
-    back through the same JobFiles.read_results ingest uses, every line is a CaseRecord with every ok op
+    back through the same JobFiles.scan_results ingest uses, every line is a CaseRecord with every ok op
     summarised and figured as a worker's op is."""
     from tests.synthetic_runs import BackendModel, RunModel, write_run
 
     run_dir = write_run(tmp_path, RunModel(run_id="s", created_at="2026-11-22T07:00:00+00:00",
                                            backends=(BackendModel(name="nccl-a2a", peak_gbps=300),)))  # fmt: skip
-    records = RunDir(run_dir).job("nccl-a2a").read_results()
+    records = RunDir(run_dir).job("nccl-a2a").scan_results().records
     assert records and all(type(r) is CaseRecord for r in records)
     ok = [r for r in records if r.status == "ok"]
     assert ok and all(o.summary.n > 0 and {f.definition for f in o.figures} >= {"nvl_recv", "nvl_remote"}

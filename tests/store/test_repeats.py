@@ -161,7 +161,7 @@ def test_a_run_without_repeats_stores_exactly_what_it_did(store: tuple[Path, Pat
     assert spec.launch.repeats == 1
     assert not [p for p in (runs / "once").glob("*/r[0-9]*") if p.is_dir()]
     for backend in ("nccl-a2a", "mxfp8-a2a"):
-        (rec,) = JobFiles(runs / "once", backend).read_results()
+        (rec,) = JobFiles(runs / "once", backend).scan_results().records
         for op in rec.ops:
             s = op.summary
             stored = _q(

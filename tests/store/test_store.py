@@ -228,25 +228,43 @@ def _missing_ops(rec: dict[str, Any]) -> None:
     del rec["ops"]
 
 
+def _unknown_version(rec: dict[str, Any]) -> None:
+    rec["version"] = 99
+
+
 @pytest.mark.parametrize(
-    ("corrupt", "error"), [(_bad_type_inside_transaction, duckdb.Error), (_missing_ops, ValueError)]
+    ("corrupt", "error"),
+    [
+        (_bad_type_inside_transaction, "storing run run-a failed, nothing was stored: Conversion Error"),
+        (_unknown_version, "line 1: case record version 99, this moelab reads version 2"),
+    ],
 )
-def test_ingest_is_atomic(
-    tmp_path: Path, con: duckdb.DuckDBPyConnection, corrupt: Any, error: type[Exception]
-) -> None:
+def test_ingest_is_atomic(tmp_path: Path, con: duckdb.DuckDBPyConnection, corrupt: Any, error: str) -> None:
     run_a = write_run(tmp_path / "runs", "run-a")
     ingest(con, run_a)
     ingest(con, write_run(tmp_path / "runs", "run-b"))
     before = _snapshot(con)
     assert before["results"] and before["samples"]
     _rewrite_ok_record(run_a, corrupt)
-    with pytest.raises(error):
+    with pytest.raises(MoelabError, match=error):
         ingest(con, run_a)
     assert _snapshot(con) == before
     # and the connection is usable afterwards: no transaction left open
     _rewrite_ok_record(run_a, lambda rec: rec.update(_record(CaseSpec(**_case_fields(rec)), 3.0).to_dict()))
     ingest(con, run_a)
     assert _count(con, "samples", "run-a") == len(BYTES) * WORLD * ITERS
+
+
+def test_a_record_that_is_not_one_is_its_cases_failure(
+    tmp_path: Path, con: duckdb.DuckDBPyConnection
+) -> None:
+    run_a = write_run(tmp_path / "runs", "run-a")
+    _rewrite_ok_record(run_a, _missing_ops)
+    ingest(con, run_a)
+    ((status, reason),) = con.execute("SELECT status, reason FROM cases WHERE status <> 'skipped'").fetchall()
+    assert status == "failed"
+    assert reason.startswith("its record is unreadable: nccl-a2a/results.jsonl line 1: not a case record")
+    assert "status ok with nothing measured" in reason
 
 
 def _case_fields(rec: dict[str, Any]) -> dict[str, Any]:

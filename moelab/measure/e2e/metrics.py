@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
@@ -32,6 +32,7 @@ class MetricInputs:
     check: Mapping[str, Any]
     rows_per_rank: Sequence[int] = ()
     rates: DeviceRates | None = None
+    half_spread: Mapping[str, float] = field(default_factory=dict)  # op -> (p90 - p10) / 2, µs
 
     @property
     def layer(self) -> float:
@@ -114,9 +115,14 @@ def _gemm_op_floor(m: MetricInputs) -> float:
 
 
 def _outside_gemm_over_floor(m: MetricInputs) -> float | None:
+    """None where the difference of the two medians is inside their spread: in a GEMM-bound layer the
+    non-GEMM time is smaller than the noise of two timed totals, and a difference of noise is no figure."""
     assert m.rates is not None
     w = m.work(False)
-    return _share(m.med["compute_only"] - m.med["gemm"], w.bytes_floor_us(w.permute_bytes(False), m.rates))
+    outside = m.med["compute_only"] - m.med["gemm"]
+    if outside <= m.half_spread.get("compute_only", 0.0) + m.half_spread.get("gemm", 0.0):
+        return None
+    return _share(outside, w.bytes_floor_us(w.permute_bytes(False), m.rates))
 
 
 LAYER = (
@@ -172,7 +178,8 @@ ROOFLINE = (
         needs_rates=True,
         value=_outside_gemm_over_floor,
         definition="(compute_only - gemm time: grouping, permute, un-permute) / (their bytes / hbm_copy_gbps), "
-        "busiest rank: 1 = at copy speed",
+        "busiest rank: 1 = at copy speed; none where that difference is inside the two ops' p10-p90 spread "
+        "(a GEMM-bound layer: read the non-GEMM kernels off a --trace torch breakdown instead)",
     ),
     MetricDef(
         name="compute_roofline_us",
@@ -287,7 +294,9 @@ def e2e_metrics(
 ) -> list[dict[str, Any]]:
     """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration);
     the roofline's from `rates` and each rank's received rows, or None with `no_rates_reason`."""
-    med = {op: summarize(data["samples_us"]).median_us for op, data in ops.items()}
+    summaries = {op: summarize(data["samples_us"]) for op, data in ops.items()}
+    med = {op: s.median_us for op, s in summaries.items()}
+    half_spread = {op: (s.p90_us - s.p10_us) / 2 for op, s in summaries.items()}
     usable = rates if rates is not None and len(rows_per_rank) == len(pairs_per_rank) else None
     inputs = MetricInputs(
         med=med,
@@ -297,6 +306,7 @@ def e2e_metrics(
         check=check,
         rows_per_rank=rows_per_rank,
         rates=usable,
+        half_spread=half_spread,
     )
     out = []
     for d in metric_defs(settings):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from moelab.core.peaks import MeasuredRate, read_rates
+from moelab.core.peaks import MeasuredRate
 from moelab.job.rundir import RunDir
 
 ACT_BYTES = 2  # bf16 activations, whatever the dispatch payload
@@ -49,7 +49,7 @@ def run_rates(run_dir: Path | None) -> tuple[DeviceRates | None, str]:
     """The run's measured rates, or None and why there are none."""
     if run_dir is None:
         return None, "no run directory to read measured rates from"
-    rates = rates_from(read_rates(RunDir(run_dir).rates_file))
+    rates = rates_from(RunDir(run_dir).rates())
     if rates is None:
         return None, "this run measured no GPU rates (a CPU run, or peaks not measured)"
     return rates, ""

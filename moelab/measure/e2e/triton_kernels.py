@@ -1,8 +1,8 @@
 """Triton kernels for the e2e layer's memory-bound steps: the permute's row gather, the un-permute's
 weighted sum over each row's slots, and the fused SwiGLU (forward and backward).
 
-Each program owns one output row and one block of its columns, reads what that row needs and writes it
-once: no atomics, so every result is bitwise the same run to run, and each step moves the bytes it must
+Each program owns a tile of output rows and columns (autotuned on CUDA per row width), reads what those
+rows need and writes them once: no atomics, so every result is bitwise the same run to run, and each step moves the bytes it must
 (moelab.measure.e2e.roofline counts them) and no more. Arithmetic is float32, rounded to the output's
 dtype once.
 
@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from types import ModuleType
 from typing import Any
 
 import torch
-
-MAX_BLOCK = 4096  # columns per program: one row of 8192 bf16 in two programs, 16-byte vectors per thread
 
 
 def unavailable_reason(t: torch.Tensor) -> str | None:
@@ -39,11 +38,19 @@ def kernels() -> ModuleType:
     return importlib.import_module("moelab.measure.e2e.triton_jit")
 
 
-def _launch(width: int) -> tuple[ModuleType, int, dict[str, Any]]:
-    """The kernels, the column block for rows `width` wide, and the launch options for that block."""
+INTERPRETED_TILE = {"BLOCK_R": 2, "BLOCK_C": 64}  # under triton's interpreter (CPU tests): one small tile
+
+
+def _launch(name: str, rows: int, width: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The kernel to launch for `rows` x `width` outputs (autotuned on CUDA), its grid, and its options."""
     k = kernels()
-    block = min(k.next_power_of_2(max(width, 1)), MAX_BLOCK)
-    return k, block, {"BLOCK": block, "num_warps": 8 if block >= 4096 else 4}
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (k.cdiv(rows, meta["BLOCK_R"]), k.cdiv(width, meta["BLOCK_C"]))
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return getattr(k, name), grid, dict(INTERPRETED_TILE)
+    return getattr(k, f"{name}_tuned"), grid, {}
 
 
 def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,11 +59,11 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | No
     dst = src.new_empty(n, hidden)
     if n == 0 or hidden == 0:
         return dst
-    k, block, opts = _launch(hidden)
-    src_c = src.contiguous()
-    k.gather_rows[(n, k.cdiv(hidden, block))](
-        src_c, index, scale if scale is not None else index, dst, hidden, HAS_SCALE=scale is not None, **opts
-    )
+    kernel, grid, opts = _launch("gather_rows", n, hidden)
+    kernel[grid](
+        src.contiguous(), index, scale if scale is not None else index, dst, n, hidden,
+        HAS_SCALE=scale is not None, **opts,
+    )  # fmt: skip
     return dst
 
 
@@ -67,9 +74,9 @@ def slot_sum(y: torch.Tensor, slot_pair: torch.Tensor, slot_weight: torch.Tensor
     out = y.new_empty(rows, hidden)
     if rows == 0 or hidden == 0:
         return out
-    k, block, opts = _launch(hidden)
-    k.slot_sum[(rows, k.cdiv(hidden, block))](
-        y.contiguous(), slot_pair, slot_weight if slot_weight is not None else slot_pair, out, hidden,
+    kernel, grid, opts = _launch("slot_sum", rows, hidden)
+    kernel[grid](
+        y.contiguous(), slot_pair, slot_weight if slot_weight is not None else slot_pair, out, rows, hidden,
         K=topk, WEIGHTED=slot_weight is not None, **opts,
     )  # fmt: skip
     return out
@@ -80,8 +87,8 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     pairs, inter = int(h.shape[0]), int(h.shape[1]) // 2
     a = h.new_empty(pairs, inter)
     if pairs and inter:
-        k, block, opts = _launch(inter)
-        k.swiglu_fwd[(pairs, k.cdiv(inter, block))](h.contiguous(), a, inter, **opts)
+        kernel, grid, opts = _launch("swiglu_fwd", pairs, inter)
+        kernel[grid](h.contiguous(), a, pairs, inter, **opts)
     return a
 
 
@@ -90,8 +97,6 @@ def swiglu_backward(h: torch.Tensor, grad_a: torch.Tensor) -> torch.Tensor:
     pairs, inter = int(h.shape[0]), int(h.shape[1]) // 2
     grad_h = h.new_empty(pairs, 2 * inter)
     if pairs and inter:
-        k, block, opts = _launch(inter)
-        k.swiglu_bwd[(pairs, k.cdiv(inter, block))](
-            h.contiguous(), grad_a.contiguous(), grad_h, inter, **opts
-        )
+        kernel, grid, opts = _launch("swiglu_bwd", pairs, inter)
+        kernel[grid](h.contiguous(), grad_a.contiguous(), grad_h, pairs, inter, **opts)
     return grad_h

@@ -1,0 +1,86 @@
+"""Every row of the hostile-input table (tests/hostile/cases.py) through the `moelab` command: its exit
+code, exactly one `error:` line (or the failure stored for its case), the store unchanged or the run stored
+exactly once, and no process left behind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.cases import CASES, Hostile
+from tests.hostile.world import (
+    Outcome,
+    World,
+    file_hashes,
+    processes_naming,
+    rows_of,
+    store_state,
+    without_run,
+)
+
+
+def _param(c: Hostile) -> object:
+    marks: list[pytest.MarkDecorator] = [pytest.mark.slow] if c.slow else []
+    if c.xfail:
+        marks.append(pytest.mark.xfail(reason=c.xfail, strict=True))
+    return pytest.param(c, id=c.id, marks=marks)
+
+
+def test_the_table_covers_every_area() -> None:
+    assert len(CASES) >= 60
+    assert len({c.id for c in CASES}) == len(CASES)
+    areas = {c.area for c in CASES}
+    assert {"store", "ingest", "labels", "db", "export", "gate", "report", "suite", "signals"} <= areas
+
+
+def _run(w: World, c: Hostile, argv: list[object]) -> Outcome:
+    if c.via == "cli":
+        assert all(isinstance(a, str) for a in argv), "bytes arguments need via='proc'"
+        return w.cli([str(a) for a in argv])
+    if c.via == "proc":
+        return w.proc(argv, env=w.env, preexec=w.preexec)
+    assert w.signal is not None and w.ready is not None
+    return w.signalled([str(a) for a in argv], w.signal, w.ready)
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory: pytest.TempPathFactory) -> World:
+    return World.build(tmp_path_factory.mktemp("hostile-template"))
+
+
+@pytest.mark.parametrize("c", [_param(c) for c in CASES])
+def test_hostile_input(tmp_path: Path, template: World, c: Hostile) -> None:
+    w = template.copy_to(tmp_path)
+    argv = c.make(w)  # breaks the inputs, then says what to run
+    before, kept = store_state(w.store), file_hashes(w.keep)
+    out = _run(w, c, argv)
+    said = f"exit {out.code}\nstdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-3000:]}"
+    assert out.exception is None, f"{type(out.exception).__name__}: {out.exception}\n{said}"
+    assert "Traceback" not in out.stdout + out.stderr, said
+    assert out.code == c.code, said
+    if c.expect == "error":
+        assert len(out.error_lines) == 1 and c.says in out.error_lines[0], said
+    else:
+        assert not out.error_lines, said
+    if c.expect == "ok":
+        assert c.says in out.stdout, said
+    if c.expect == "failure":
+        sql = "SELECT reason FROM cases WHERE run_id = ? AND status = 'failed'"
+        reasons = [r[0] or "" for r in rows_of(w.db, sql, [c.once])]
+        assert any(c.says in r for r in reasons), (reasons, said)
+        assert "warning:" in out.stderr, said
+    after = store_state(w.store)
+    if c.store == "unchanged":
+        assert after == before, f"the store changed\n{said}"
+    else:
+        assert c.once is not None
+        assert without_run(after, c.once) == without_run(before, c.once), f"other rows changed\n{said}"
+        assert rows_of(w.store, "SELECT count(*) FROM runs WHERE run_id = ?", [c.once]) == [(1,)], said
+    assert file_hashes(w.keep) == kept, f"files a failed command must keep changed\n{said}"
+    assert not [p for p in w.absent if p.exists() or p.is_symlink()], f"files written\n{said}"
+    deadline = time.monotonic() + 10
+    while (left := processes_naming(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, left
