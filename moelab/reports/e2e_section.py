@@ -30,14 +30,19 @@ METRICS = (
 
 def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """One row per stored e2e case of the selected runs (the temp table _sel), its metrics as columns."""
-    cases = dicts(con.execute(
-        """SELECT c.run_id, c.backend, c.case_id, c.sms, c.knobs, c.hidden, c.tokens_per_rank, c.topk,
+    cases = dicts(
+        con.execute(
+            """SELECT c.run_id, c.backend, c.case_id, c.sms, c.knobs, c.hidden, c.tokens_per_rank, c.topk,
                   c.experts_per_rank, c.world, c.dtype, c.backend_record
-           FROM cases c SEMI JOIN _sel USING (run_id) WHERE c.status = 'ok'"""))  # fmt: skip
+           FROM cases c SEMI JOIN _sel USING (run_id) WHERE c.status = 'ok'"""
+        )
+    )
     metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
-    for m in dicts(con.execute(
-        "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)"
-    )):  # fmt: skip
+    for m in dicts(
+        con.execute(
+            "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)"
+        )
+    ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
     out = []
     for c in cases:
@@ -54,10 +59,14 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
             if k not in ("bench", "mode", "intermediate", "profile", "backward")
         }
         out.append(
-            c | {"mode": knobs.get("mode", "serial"), "intermediate": e2e.get("intermediate", knobs.get("intermediate")),
-                 "knob_text": ", ".join(f"{k}={v}" for k, v in sorted(extra.items())),
-                 **{name: m.get(name) for name in METRICS}}
-        )  # fmt: skip
+            c
+            | {
+                "mode": knobs.get("mode", "serial"),
+                "intermediate": e2e.get("intermediate", knobs.get("intermediate")),
+                "knob_text": ", ".join(f"{k}={v}" for k, v in sorted(extra.items())),
+                **{name: m.get(name) for name in METRICS},
+            }
+        )
     return out
 
 
@@ -93,7 +102,7 @@ def build(rows: Sequence[dict[str, Any]], draw: bool = True) -> list[dict[str, A
             r["world"],
             r["intermediate"],
         )
-        groups[key].append(r)  # fmt: skip
+        groups[key].append(r)
     blocks = []
     for n, (key, grows) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
         _, hidden, tokens, topk, epr, world, inter = key
@@ -115,8 +124,10 @@ def build(rows: Sequence[dict[str, Any]], draw: bool = True) -> list[dict[str, A
                     else ()
                 )
                 series[name] = charts.Series(
-                    xs=[r["sms"] for r in numeric], ys=[r["tokens_per_s_per_rank"] for r in numeric], marks=marks
-                )  # fmt: skip
+                    xs=[r["sms"] for r in numeric],
+                    ys=[r["tokens_per_s_per_rank"] for r in numeric],
+                    marks=marks,
+                )
         winner = max(grows, key=lambda r: r["tokens_per_s_per_rank"])
         ranked = sorted(grows, key=lambda r: -r["tokens_per_s_per_rank"])
         runner = next((r for r in ranked[1:] if r["backend"] != winner["backend"]), None)
@@ -126,14 +137,36 @@ def build(rows: Sequence[dict[str, Any]], draw: bool = True) -> list[dict[str, A
             svg = charts.line_chart(
                 series, "MoE layer: tokens/s vs communication SMs", "communication SMs", "tokens/s per rank"
             )
-        blocks.append({
-            "id": f"e2e-chart-{n + 1}", "run_id": key[0], "workload": workload, "svg": svg, "best": best,
-            "winner": {"backend": winner["backend"], "mode": winner["mode"], "sms": _sms_text(winner["sms"]),
-                       "knobs": winner["knob_text"], "tokens_per_s": winner["tokens_per_s_per_rank"]},
-            "margin_other_backend": (
-                winner["tokens_per_s_per_rank"] / runner["tokens_per_s_per_rank"] - 1 if runner else None
-            ),
-            "other_backend": _series_name(runner) + f" at {_sms_text(runner['sms'])} SMs" if runner else None,
-            "rows": sorted(grows, key=lambda r: (r["backend"], r["mode"], r["knob_text"], r["sms"] is not None, r["sms"] or 0)),
-        })  # fmt: skip
+        blocks.append(
+            {
+                "id": f"e2e-chart-{n + 1}",
+                "run_id": key[0],
+                "workload": workload,
+                "svg": svg,
+                "best": best,
+                "winner": {
+                    "backend": winner["backend"],
+                    "mode": winner["mode"],
+                    "sms": _sms_text(winner["sms"]),
+                    "knobs": winner["knob_text"],
+                    "tokens_per_s": winner["tokens_per_s_per_rank"],
+                },
+                "margin_other_backend": (
+                    winner["tokens_per_s_per_rank"] / runner["tokens_per_s_per_rank"] - 1 if runner else None
+                ),
+                "other_backend": _series_name(runner) + f" at {_sms_text(runner['sms'])} SMs"
+                if runner
+                else None,
+                "rows": sorted(
+                    grows,
+                    key=lambda r: (
+                        r["backend"],
+                        r["mode"],
+                        r["knob_text"],
+                        r["sms"] is not None,
+                        r["sms"] or 0,
+                    ),
+                ),
+            }
+        )
     return blocks

@@ -114,14 +114,15 @@ def nsys_profile_argv(
     if osrt and "osrt" not in kinds:
         kinds.append("osrt")
     return [
-        nsys, "profile",
+        nsys,
+        "profile",
         f"--trace={','.join(kinds)}",
         "--capture-range=cudaProfilerApi",
         f"--capture-range-end={capture_end}",
         "--sample=none",
         "--cpuctxsw=none",
         "--force-overwrite=true",
-    ]  # fmt: skip
+    ]
 
 
 def nsys_prefix_argv(
