@@ -42,7 +42,12 @@ def annotate_bounds(
         combine = stored_combine_dtype(r["hidden"], combine_bytes.get(_case_key(r)))
         traits = (r.get("dispatch_family"), combine)  # a run before the family was stored: the fastest
         gpu = gpus.get((r["run_id"], r["backend"]))
-        b = case_bound(r, r["op"], gpu, r.get("measured_peer_peak_gbps"), table, traits)
+        # one rank moves nothing over a link: no bound to hold it to
+        b = (
+            None
+            if r["world"] == 1
+            else case_bound(r, r["op"], gpu, r.get("measured_peer_peak_gbps"), table, traits)
+        )
         r["bound_us"] = b.time_us if b else None
         r["bound_family"] = b.family if b else None
         r["bound_links"] = b.links if b else None
