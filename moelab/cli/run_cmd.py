@@ -37,6 +37,7 @@ SUITE = opt.Flag(
     ("--suite", "-s"),
     "Built-in suite name or a suite TOML file",
     opt.WORKLOAD_PANEL,
+    metavar="NAME|FILE",
 )
 CASE = opt.Flag(
     "case",
@@ -45,6 +46,7 @@ CASE = opt.Flag(
     ("--case",),
     "Run only these case ids (--list-cases prints them)",
     opt.WORKLOAD_PANEL,
+    metavar="ID",
 )
 LIST_CASES = opt.Flag(
     "list_cases",
@@ -61,6 +63,7 @@ MODEL = opt.Flag(
     ("--model",),
     f"A model's MoE layer shape (hidden, topk, experts / ranks, e2e expert width): {', '.join(MODELS)}",
     opt.WORKLOAD_PANEL,
+    metavar="MODEL",
 )
 QUIET = opt.Flag(
     "quiet", bool, False, ("--quiet", "-q"), "No per-case progress while jobs run", opt.LAUNCH_PANEL

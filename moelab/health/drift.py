@@ -12,6 +12,7 @@ what `moelab check` and `moelab compare` are for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,12 @@ _FINGERPRINT = """
 """
 
 
-def _held(con: Any, run_id: str, device: str) -> list[tuple[Any, ...]]:
+def _held(
+    con: Any, run_id: str, device: str, leave_out: Sequence[str] | None = None
+) -> list[tuple[Any, ...]]:
     """(backend, case_id, op, median, [previous run, its median] or None) per measured op of `run_id`
-    (host jobs left out), the previous being the latest earlier run of the same case and fingerprint."""
+    (host jobs left out: `leave_out`, else found by their backend's type), the previous being the latest
+    earlier run of the same case and fingerprint."""
     return con.execute(
         f"""
         WITH fp AS ({_FINGERPRINT}),
@@ -70,7 +74,7 @@ def _held(con: Any, run_id: str, device: str) -> list[tuple[Any, ...]]:
                   AND hf.libs IS NOT DISTINCT FROM cur.libs) AS previous
         FROM cur ORDER BY cur.backend, cur.case_id, cur.op
         """,
-        [run_id, tool_timed_backends(con, run_id), run_id, device],
+        [run_id, list(tool_timed_backends(con, run_id) if leave_out is None else leave_out), run_id, device],
     ).fetchall()
 
 
@@ -97,9 +101,10 @@ def drift_flags(
     return out
 
 
-def not_judged(con: Any, run_id: str, devices: tuple[str, ...] = ("cuda",)) -> str | None:
+def not_judged(con: Any, run_id: str, devices: tuple[str, ...] = ("cuda",), exact: bool = True) -> str | None:
     """Why a run's medians were not (all) held against an earlier run, in one line; None when every
-    measured op was."""
+    measured op was. Not `exact` (views that must not import the backends, hence torch): host jobs are
+    not told apart, so only a run none of whose ops was held is said."""
     device = _device(con, run_id)
     if device is None:
         return None
@@ -108,9 +113,9 @@ def not_judged(con: Any, run_id: str, devices: tuple[str, ...] = ("cuda",)) -> s
             f"run {run_id}: drift between runs not judged: a {device} run (timings over gloo are for "
             "function; drift and spread are judged on GPU runs only)"
         )
-    held = _held(con, run_id, device)
+    held = _held(con, run_id, device, None if exact else ())
     alone = sum(1 for row in held if row[4] is None)
-    if not held or not alone:
+    if not held or not alone or (not exact and alone < len(held)):
         return None
     if alone == len(held):
         return (

@@ -131,7 +131,7 @@ def load(
     data.summary_rows = summary.build(results, data.knees, baseline.verdicts if baseline else None)
     data.baseline = baseline.described if baseline else None
     data.notes = summary.notes(data.summary_rows) + [
-        n for r in data.runs if (n := not_judged(con, r["run_id"]))
+        n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))
     ]
     return data
 
