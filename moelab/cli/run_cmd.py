@@ -19,7 +19,7 @@ from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.core.display import format_pct, format_time_us
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
-from moelab.core.spec import CaseSpec, RunSpec
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
 from moelab.job import launchers
 from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import case_rows
@@ -144,7 +144,7 @@ def run(
     planned = plan_run(req, HostFacts(cuda_devices=cuda_devices()), new_run_id=new_run_id())
     spec = planned.spec
     if list_cases:
-        return print_case_list(spec.cases)
+        return print_case_list(spec.cases, spec.launch)
     for note in planned.notes:
         console.print(note)
     if spec.launch.device == "cpu":
@@ -418,7 +418,20 @@ def print_answer(view: RunView) -> None:
         console.print(note)
 
 
-def print_case_list(cases: Sequence[CaseSpec]) -> None:
-    """A table of `case_rows` on the console; case ids stay on one line."""
-    print_table(["backend", "case", "workload", "plan"], case_rows(cases))
-    console.print(f"{len(cases)} cases; run some with --case ID (repeatable)")
+def print_case_list(cases: Sequence[CaseSpec], launch: LaunchSpec) -> None:
+    """A table of `case_rows` on the console; case ids stay on one line, and each reason a case will not
+    run (skipped, unsupported here) is said once under the table, by its number."""
+    reasons: dict[str, int] = {}
+    rows = []
+    for backend, case_id, workload, plan in case_rows(cases, launch):
+        what, _, why = plan.partition(": ")
+        if why:
+            plan = f"{what} [{reasons.setdefault(why, len(reasons) + 1)}]"
+        rows.append((backend, case_id, workload, plan))
+    print_table(["backend", "case", "workload", "plan"], rows)
+    for why, n in reasons.items():
+        console.print(f"[{n}] {why}")
+    runs = sum(1 for r in rows if r[3] == "to run")
+    console.print(
+        f"{len(cases)} cases ({runs} to run, {len(cases) - runs} not); run some with --case ID (repeatable)"
+    )

@@ -61,7 +61,9 @@ def test_model_sets_the_workload_and_the_e2e_expert_width() -> None:
     plain = plan_run(
         RunRequest(suite="dispatch-combine", model="mixtral-8x7b"), HostFacts(), new_run_id="r"
     ).spec
-    assert all(c.workload.topk == 2 and c.e2e is None and "intermediate" not in c.case_id for c in plain.cases)
+    assert all(
+        c.workload.topk == 2 and c.e2e is None and "intermediate" not in c.case_id for c in plain.cases
+    )
     assert any("model mixtral-8x7b" in n and "huggingface.co/mistralai" in n for n in plain.notes)
 
 
