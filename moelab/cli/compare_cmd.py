@@ -76,8 +76,8 @@ def compare(
             label_of = compare_select.label_groups(con) if by == "label" else None
             compare_select.newest_runs_only(con, by, label_of)
         results, environment = query.results(con), query.environment(con)
-        bounds.annotate_bounds(results, environment, table_peaks)
         links = hardware.job_links(query.health_snapshots(con), environment, table_peaks)
+        bounds.annotate_bounds(results, environment, table_peaks, links)
         table = cmp.build(
             results,
             environment,

@@ -380,7 +380,7 @@ def print_answer(view: RunView) -> None:
 
     rows = []
     for s in view.summary_rows:
-        ranking = "; ".join(
+        ranking = "\n".join(
             f"{'≈ ' if e.tie else ''}{e.name} {format_time_us(e.estimate.median_us)} "
             f"{('±' + format_pct(e.estimate.half_width)) if e.estimate.known else '(no interval)'}"
             f"{(' ' + e.marks) if e.marks else ''} at {e.sms} SMs{f', knee {e.knee_sms}' if e.knee_sms is not None else ''}"
@@ -401,18 +401,9 @@ def print_answer(view: RunView) -> None:
         )
     if rows:
         print_table(
-            [
-                "op",
-                "payload",
-                "workload",
-                "answer",
-                "fastest first (median ±95% interval)",
-                "% measured",
-                "% bound",
-                "flagged",
-            ],
+            ["op", "payload", "workload", "answer", "fastest first", "% measured", "% bound", "flagged"],
             rows,
-            title="summary (≈ indistinguishable from the fastest; " + UNSTABLE_MARK + " unstable, ! suspect)",
+            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, ! suspect",
         )
     for note in view.notes:
         console.print(note)

@@ -117,7 +117,7 @@ def load(
     links = hardware.job_links(query.health_snapshots(con), env, peaks)
     data.nodes = sections.nodes_panel(env, links)
     sections.annotate_results(results, links)
-    bounds.annotate_bounds(results, env, peaks)
+    bounds.annotate_bounds(results, env, peaks, links)
     data.bound_sources = bounds.bound_sources(results)
     data.published = bounds.published_beside(results)
     ids: list[int] = []

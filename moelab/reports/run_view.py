@@ -28,7 +28,7 @@ def load_view(con: duckdb.DuckDBPyConnection, run_id: str, peaks: PeakTable | No
     results, environment = query.results(con), query.environment(con)
     links = hardware.job_links(query.health_snapshots(con), environment, peaks)
     sections.annotate_results(results, links)
-    bounds.annotate_bounds(results, environment, peaks)
+    bounds.annotate_bounds(results, environment, peaks, links)
     _, knees = sections.sm_sweeps(results, [], draw=False)
     rows = summary.build(results, knees)
     notes = summary.notes(rows)

@@ -113,6 +113,8 @@ class SummaryRow:
         tied = [e.name for e in self.entries if e.tie]
         if tied:
             return f"{', '.join([self.entries[0].name, *tied])}: indistinguishable"
+        if not (self.entries[0].estimate.known and self.entries[1].estimate.known):
+            return f"{self.entries[0].name} fastest (no interval stored to tell)"
         return f"{self.entries[0].name} fastest"
 
     @property
