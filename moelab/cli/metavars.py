@@ -4,7 +4,7 @@ typer 0.29 shows an option without a metavar by its Python type: `<bool>` beside
 `--help` itself, `<str>` beside a file or a run id. moelab's shared flags declare what they take
 (moelab.cli.options.Flag.metavar); for every other option of every command this fills in the rest once
 the command is built: nothing for a flag, and a word for the type (N, NUMBER, TEXT, PATH) where the option
-declared none.
+declared none (an argument shows its own name).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _word(display: str) -> str | None:
 
 
 def _fill_option(param: Any, ctx: _click.Context) -> None:
-    if getattr(param, "param_type_name", None) != "option" or param.metavar is not None:
+    if param is None or getattr(param, "param_type_name", None) != "option" or param.metavar is not None:
         return
     if getattr(param, "is_flag", False) or getattr(param, "count", False):
         param.metavar = ""

@@ -109,12 +109,12 @@ class SummaryRow:
     def answer(self) -> str:
         """Who is fastest, in words: one name, or the names the intervals cannot separate."""
         if len(self.entries) == 1:
-            return f"{self.entries[0].name} (only one measured)"
+            return f"{self.entries[0].name} (only one)"
         tied = [e.name for e in self.entries if e.tie]
         if tied:
             return f"{', '.join([self.entries[0].name, *tied])}: indistinguishable"
         if not (self.entries[0].estimate.known and self.entries[1].estimate.known):
-            return f"{self.entries[0].name} fastest (no interval stored to tell)"
+            return f"{self.entries[0].name} fastest (no interval)"
         return f"{self.entries[0].name} fastest"
 
     @property

@@ -258,7 +258,7 @@ def test_report_of_one_case_leads_with_the_summary(stored: tuple[Path, Path, str
     assert result.exit_code == 0, result.output
     html = out.read_text()
     assert run_id in html and html.index('id="summary"') < html.index('id="results"')
-    assert "nccl-a2a (only one measured)" in html and "<svg" not in html
+    assert "nccl-a2a (only one)" in html and "<svg" not in html
     assert "Not in these runs: an SM sweep" in html and "No SM sweep" not in html
 
 

@@ -80,3 +80,23 @@ def test_several_reasons_of_one_case_land_in_their_own_groups() -> None:
     assert groups["suspect:host-load"].items[0].detail == "3.6 on 2 cores"
     assert groups["unstable:modes"].items[0].detail == "dispatch 240%"
     assert [b[0] for b in rows[0]["badges"]] == ["suspect", "unstable"]
+
+
+def test_console_marks_unstable_and_suspect_medians(
+    flagged: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from moelab.cli.failures import print_failures
+    from moelab.cli.run_cmd import print_run_summary
+
+    _, view = print_run_summary(flagged, "ten")
+    print_failures(flagged, "ten", view.flag_groups)
+    out = capsys.readouterr().out
+    rows = [x for x in out.splitlines() if "nccl-a2a" in x and "│" in x]
+    dispatch = [x for x in rows if "│ dispatch " in x]
+    combine = [x for x in rows if "│ combine " in x]
+    assert len(dispatch) == 10 and all("│ ~! │" in x for x in dispatch)  # unstable and suspect
+    assert len(combine) == 10 and all("│ !  │" in x for x in combine)  # suspect only
+    assert "marks: ~ unstable median" in out and "! suspect case" in out
+    # the flags below the table: each kind once, counted, its first cases listed
+    assert out.count("suspect: spread far above its reference (10 cases)") == 1
+    assert "… and 6 more (moelab report lists them all)" in out

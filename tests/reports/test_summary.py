@@ -59,7 +59,7 @@ def test_summary_names_the_fastest_backend(two: Path, tmp_path: Path) -> None:
     assert set(rows) == {"dispatch", "combine", "roundtrip"}
     for op, cells in rows.items():
         assert cells[3] == (
-            "**deepep fastest**" if op != "roundtrip" else "**deepep fastest (no interval stored to tell)**"
+            "**deepep fastest**" if op != "roundtrip" else "**deepep fastest (no interval)**"
         ), (op, cells)
         first, second = cells[4].split("<br>")
         assert first.startswith("1. **deepep**") and second.startswith("2. **nccl-a2a**")
