@@ -85,13 +85,20 @@ class ReportData:
     @property
     def absent(self) -> list[str]:
         """What these runs hold none of, said in one line instead of one empty section each."""
-        kinds = {c["kind"] for c in self.charts}
         missing = [
-            ("sm" not in kinds, "an SM sweep (--sms default,8,16,24)"),
-            ("tokens" not in kinds, "a token sweep (--tokens-per-rank 1024,4096)"),
+            (not _swept(self.results, "sms"), "an SM sweep (--sms default,8,16,24)"),
+            (not _swept(self.results, "tokens_per_rank"), "a token sweep (--tokens-per-rank 1024,4096)"),
             (not self.traces, "traces (--trace torch or nsys)"),
         ]
         return [text for gone, text in missing if gone]
+
+
+def _swept(results: list[dict[str, Any]], axis: str) -> bool:
+    """Whether some backend measured one op of one run at two or more values of `axis`."""
+    seen: dict[tuple[Any, ...], set[Any]] = {}
+    for r in results:
+        seen.setdefault((r["run_id"], r["backend"], r["op"]), set()).add(r[axis])
+    return any(len(values) > 1 for values in seen.values())
 
 
 def load(

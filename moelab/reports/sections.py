@@ -1,5 +1,7 @@
-"""The report's sections, built from plain query rows: hardware panel, link-peak flags, SM sweeps with
-knees, token sweeps with alpha/beta fits. No SQL and no HTML here."""
+"""The report's sections, built from plain query rows: hardware panel, each row's link peak (what its
+machine reported: moelab.reports.hardware) and fractions of it, SM sweeps with knees, token sweeps with
+alpha/beta fits. Flags are moelab.reports.flags', the summary moelab.reports.summary's. No SQL and no HTML
+here."""
 
 from __future__ import annotations
 
