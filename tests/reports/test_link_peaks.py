@@ -119,3 +119,47 @@ def test_one_rank_shows_no_link_figures(
     out = capsys.readouterr().out
     assert "NVL GB/s" not in out and "% bound" not in out.split("summary:")[0]
     assert "one rank: nothing crossed a link" in out
+
+
+def test_a_peaks_file_wins_over_nvml(stores: Path, tmp_path: Path) -> None:
+    """`moelab compare --peaks FILE`: the user's entry, then what NVML reported, then the datasheet."""
+    from moelab.model.links import load_peaks
+    from moelab.reports import hardware, query
+
+    peaks = tmp_path / "peaks.toml"
+    peaks.write_text('[gpu."H100"]\nlink = "lab PCIe"\ngbps = 100\n')
+    con = connect(stores, read_only=True)
+    try:
+        query.select_runs(con, ["pcie", "nvlink", "unread"])
+        env, snaps = query.environment(con), query.health_snapshots(con)
+    finally:
+        con.close()
+    user = hardware.job_links(snaps, env, load_peaks(peaks))
+    own = hardware.job_links(snaps, env, load_peaks(None))
+    assert [
+        (p.gbps, hardware.basis(p)) for p in (user.get("pcie", "nccl-a2a"), user.get("nvlink", "nccl-a2a"))
+    ] == [
+        (100, "peaks file"),
+        (pytest.approx(478.1, abs=0.1), "NVML"),
+    ]
+    assert (
+        hardware.basis(own.get("pcie", "nccl-a2a")) == "NVML"
+        and hardware.basis(own.get("unread", "nccl-a2a")) == "datasheet"
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--db",
+            str(stores),
+            "--by",
+            "run",
+            "--run",
+            "pcie",
+            "--run",
+            "nvlink",
+            "--peaks",
+            str(peaks),
+        ],
+    )
+    assert result.exit_code == 0, result.output
