@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.base import BackendContext, CaseConfig, Placement
 from moelab.backends.deepep_rules import Shape
 
 BUILD_HINT = (
@@ -153,7 +153,7 @@ def git_sha_near(root: Path) -> str | None:
     return None
 
 
-def shape_of(ctx: BackendContext, case: CaseConfig, sm90_features: bool = True) -> Shape:
+def shape_of(ctx: BackendContext | Placement, case: CaseConfig, sm90_features: bool = True) -> Shape:
     wl = case.workload
     return Shape(
         hidden=wl.hidden,

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import resolve_db_path
+
+if TYPE_CHECKING:
+    from moelab.reports.html import Baseline
 
 AUTO_HISTORY_RUNS = 20  # more runs than this get the history view unless --no-history: the full report
 # draws every run's charts (about a second each), the history one chart per series
@@ -41,6 +45,13 @@ def report(
     ),
     metric: str = typer.Option("nvl_recv", "--metric", help="History: the bandwidth definition drawn"),
     x_axis: str = typer.Option("time", "--x", help="History: x axis, run time or runs in order ('run')"),
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        "-B",
+        metavar="RUN|LABEL|DIR",
+        help="Verdicts of the run's ops against this baseline (moelab check's rule) in the summary",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Render a report of one run (or several), or the history of many runs as trends with detected steps.
@@ -78,5 +89,32 @@ def report(
         raise MoelabError("--metric and --x apply to the history view: add --history")
     from moelab.reports.html import write_report
 
-    written = write_report(path, run or None, out, fmt)
+    against = _baseline(path, run, baseline) if baseline else None
+    ids = [against.run_id] if against else run
+    written = write_report(path, ids or None, out, fmt, baseline=against)
     console.print(f"report: {written}")
+
+
+def _baseline(path: Path, run: list[str], baseline: str) -> Baseline:
+    """The gate's verdicts of one run's ops against `baseline` (a label, a run id or an export folder)."""
+    from moelab.gate.baseline import candidate_run, load_baseline
+    from moelab.gate.decision import Policy, decide, verdicts_by_case
+    from moelab.gate.samples import load_side
+    from moelab.reports.html import Baseline
+    from moelab.store.db import open_db
+
+    if len(run) > 1:
+        raise MoelabError("--baseline holds one run against it: give one --run")
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=True) as con:
+        base, described = load_baseline(con, baseline)
+        cand_id = candidate_run(
+            con, run[0] if run else None, exclude=base.run_id if base.where == "database" else None
+        )
+        if cand_id == base.run_id and base.where == "database":
+            raise MoelabError(f"the run and the baseline are the same run ({cand_id})")
+        cand = load_side(con, cand_id)
+    result = decide(base, cand, Policy(), described)
+    verdicts = {(cand_id, *key): status for key, status in verdicts_by_case(result, cand).items()}
+    return Baseline(described=described, run_id=cand_id, verdicts=verdicts)

@@ -44,25 +44,28 @@ SRC_NVML_PAGES = "NVML nvmlDeviceGetRetiredPages / nvmlDeviceGetRetiredPagesPend
 SRC_NVML_PCIE = "NVML nvmlDeviceGetCurrPcieLink* vs nvmlDeviceGetMaxPcieLink*"
 SRC_NVML_NVLINK = "NVML nvmlDeviceGetNvLinkState"
 SRC_TOPOLOGY = (
-    "NVML nvmlDeviceGetP2PStatus(NVLINK) / nvmlDeviceGetTopologyCommonAncestor; 'Your GPU Cluster Is Burning "
-    "Cash: My Bloody Battle with MoE Communication on Heterogeneous Hardware' (PCIe cards sold as SXM)"
-)
-SRC_AZURE_DEEPEP = (
-    "https://techcommunity.microsoft.com/blog/azurehighperformancecomputingblog/"
-    "achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
+    "NVML nvmlDeviceGetP2PStatus(NVLINK) / nvmlDeviceGetTopologyCommonAncestor; `nvidia-smi topo -m` (NV# between "
+    "SXM GPUs, PIX/NODE/SYS over PCIe): docs.nvidia.com/deploy/nvidia-smi"
 )
 SRC_ATOMICS = (
-    "lspci -vvv AtomicOpsCap/AtomicOpsCtl; NVSHMEM: 'device does not support all necessary atomic operations' "
-    f"({SRC_AZURE_DEEPEP})"
+    "lspci -vvv AtomicOpsCap/AtomicOpsCtl; NVSHMEM Installation Guide, hardware requirements (atomics need NVLink or "
+    "GPUDirect RDMA): docs.nvidia.com/nvshmem/release-notes-install-guide/install-guide/abstract.html"
 )
 SRC_IB = "/sys/class/infiniband/*/ports/*/{state,phys_state,rate}"
 SRC_NUMA = (
-    f"sysfs numa_node of GPU and NIC PCI functions; DeepEP on Azure: NUMA affinity ({SRC_AZURE_DEEPEP})"
+    "sysfs numa_node of GPU and NIC PCI functions; Azure HPC blog, 'Achieving Optimal Performance for DeepSeek "
+    "Expert Parallelism (DeepEP) on Azure' (2025-05-16): techcommunity.microsoft.com/blog/"
+    "azurehighperformancecomputingblog/achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
 )
-SRC_AFFINITY = f"os.sched_getaffinity vs the GPU's NVML CPU affinity ({SRC_AZURE_DEEPEP})"
+SRC_AFFINITY = (
+    "os.sched_getaffinity vs the GPU's NVML CPU affinity (nvmlDeviceGetCpuAffinity); Azure HPC blog, 'Achieving "
+    "Optimal Performance for DeepSeek Expert Parallelism (DeepEP) on Azure' (2025-05-16): techcommunity.microsoft.com/"
+    "blog/azurehighperformancecomputingblog/achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
+)
 SRC_OUTLIER = (
-    "https://jingchaozhang.github.io/Dense-vs-MoE-Communication-Patterns-on-Azure-H100: 2 of 10 nodes "
-    "thermally throttled made a 2-node job 2.4x slower; the slowest GPU sets the pace"
+    "J. Zhang, 'Dense vs MoE: IB and GPU Communication Patterns' (2026): 2 of 10 Azure ND H100 v5 nodes thermally "
+    "throttled made a 2-node job 2.4x slower; the slowest GPU sets the pace: "
+    "jingchaozhang.github.io/Dense-vs-MoE-Communication-Patterns-on-Azure-H100"
 )
 
 # Clock-event reasons and how bad they are for a benchmark. NVML documents the hardware slowdowns as
