@@ -188,24 +188,6 @@ class LibraryFigure:
     bytes: float
 
 
-def deepep_nvl_figure(recv_rows: int, hidden: int, dtype: str, time_us: float) -> LibraryFigure:
-    """DeepEP tests/test_intranode.py: `recv_x.numel() * 2` (bf16 bytes of the rows this rank received, its own
-    included), times `(1 + 4/128) / 2` for fp8, over the rank's average time; printed by local rank 0."""
-    nbytes = recv_rows * hidden * 2 * ((1 + 4 / 128) / 2 if dtype == "fp8" else 1.0)
-    return LibraryFigure(
-        definition="deepep_nvl", gbps=nbytes / 1e9 / (time_us * 1e-6), time_us=time_us, bytes=nbytes
-    )
-
-
-def deepep_rdma_pairs(is_token_in_rank: torch.Tensor, gpus_per_node: int) -> int:
-    """DeepEP tests/test_internode.py RDMA bytes count: unique (token, destination node) pairs, own node included."""
-    tokens, world = is_token_in_rank.shape
-    nodes = -(-world // gpus_per_node)
-    padded = torch.zeros(tokens, nodes * gpus_per_node, dtype=torch.bool)
-    padded[:, :world] = is_token_in_rank.bool().cpu()
-    return int(padded.view(tokens, nodes, gpus_per_node).any(dim=2).sum())
-
-
 def hybrid_ep_figure(rank0_bytes: float, per_rank_time_us: Sequence[float]) -> LibraryFigure:
     """Hybrid-EP tests/test_hybrid_ep.py `_report_bw`: rank 0's bytes over the MEAN of the ranks' times
     (each rank's time being its own average over the bench iterations); NVL bytes = `dispatched_hidden.numel() * 2`
