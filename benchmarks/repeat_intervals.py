@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from moelab.model.links import PeakTable  # noqa: E402
 from moelab.reports import compare as cmp  # noqa: E402
-from moelab.reports import query  # noqa: E402
+from moelab.reports import hardware, query  # noqa: E402
 from moelab.store.db import open_db, resolve_db_path  # noqa: E402
 from moelab.store.labels import resolve_run  # noqa: E402
 
@@ -56,12 +56,12 @@ def per_op(con: Any, run_id: str) -> list[dict[str, Any]]:
 
 def between_backends(con: Any, run_id: str, reference: str | None) -> list[dict[str, Any]]:
     query.select_runs(con, [run_id])
-    results = query.results(con)
+    results, env = query.results(con), query.environment(con)
     table = cmp.build(
         results,
-        query.environment(con),
+        env,
         query.runs(con),
-        PeakTable(),
+        hardware.job_links(query.health_snapshots(con), env, PeakTable()),
         by="backend",
         reference=reference,
         processes=query.process_medians(con),

@@ -19,6 +19,7 @@ from moelab.core.rows import RankRows
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import RoutingSpec, Workload, payload_bytes_per_token
 from moelab.job.rundir import JobFiles, RunDir
+from moelab.measure.timing import median_noise
 from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.suites.loader import case_id_for
@@ -187,13 +188,14 @@ def _write_job(
         for op, mult, n in (("dispatch", 1.0, m.iters), ("combine", 1.0, m.iters), ("roundtrip", 2.0, 5)):
             nbytes = rows[0].recv_rows * bpr * mult
             t = (b.alpha_us + nbytes / (gbps * 1e3)) * m.slowdown * level
-            samples = t * _rank_factors(m, b) * rng.lognormal(0.0, m.noise, size=(m.world, n))
-            ops.append(
-                op_result(
-                    OpMeasurement(op=op, samples_us=samples.round(3).tolist(), bytes_per_row=int(bpr * mult)),
-                    rows,
-                )
+            samples = (t * _rank_factors(m, b) * rng.lognormal(0.0, m.noise, size=(m.world, n))).round(3)
+            measured = OpMeasurement(
+                op=op,
+                samples_us=samples.tolist(),
+                bytes_per_row=int(bpr * mult),
+                noise=median_noise(samples.max(axis=0)),  # as the ranks store it (timing.py)
             )
+            ops.append(op_result(measured, rows))
         files.append_result(
             CaseRecord(
                 case=case,

@@ -50,6 +50,23 @@ class BackendContext:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Placement:
+    """Where a backend's ranks run, as known before any of them starts: what `planned_reason` may use."""
+
+    world: int
+    gpus_per_node: int
+    comm_backend: str  # "nccl" or "gloo"
+
+    @classmethod
+    def of(cls, where: BackendContext | LaunchSpec) -> Placement:
+        """A running rank's placement, or a planned launch's (CUDA ranks talk NCCL, CPU ranks gloo)."""
+        if isinstance(where, BackendContext):
+            return cls(world=where.world, gpus_per_node=where.gpus_per_node, comm_backend=where.comm_backend)
+        comm = "nccl" if where.device == "cuda" else "gloo"
+        return cls(world=where.world, gpus_per_node=where.gpus_per_node, comm_backend=comm)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CaseConfig:
     """What a backend needs to know about one case."""
 
@@ -159,13 +176,20 @@ class Backend(Registered):
         """Make buffers and communicators once per job, sized for the largest of `cases`."""
         self.ctx = ctx
 
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
+        """Why the library cannot run this case, from what is known before any rank starts (the case and
+        where it is placed); `moelab run --list-cases` shows it. Ranks ask unsupported_reason, which adds
+        what only a running rank knows (the library build, the device)."""
+        if case.workload.dtype not in cls.payload_dtypes:
+            return f"{cls.name} has no {case.workload.dtype} dispatch payload (has {', '.join(cls.payload_dtypes)})"
+        if case.sms is not None and cls.sm_control is None:
+            return f"{cls.name} has no SM control here; run it with sms = default"
+        return None
+
     def unsupported_reason(self, case: CaseConfig) -> str | None:
         """Host-side check for configurations the library cannot run (it may trap on the device)."""
-        if case.workload.dtype not in self.payload_dtypes:
-            return f"{self.name} has no {case.workload.dtype} dispatch payload (has {', '.join(self.payload_dtypes)})"
-        if case.sms is not None and self.sm_control is None:
-            return f"{self.name} has no SM control here; run it with sms = default"
-        return None
+        return type(self).planned_reason(case, Placement.of(self.ctx))
 
     def prepare(self, case: CaseConfig) -> None:  # noqa: B027 - optional hook
         """Apply per-case settings (SM count, knobs) before the case runs."""

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends import deepep_common as common
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
 from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
@@ -354,7 +354,7 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
 
     # ---- per case ------------------------------------------------------------------------------------
     def _reason(self, case: CaseConfig) -> str | None:
-        reason = Backend.unsupported_reason(self, case)
+        reason = type(self).planned_reason(case, Placement.of(self.ctx))
         if reason:
             return reason
         try:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends import deepep_common as common
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
 from moelab.backends.capabilities import ChainedPairs, DefaultWorkload
 from moelab.backends.deepep_own_tests import LOW_LATENCY_TEST
 from moelab.backends.deepep_rules import v1_low_latency_reason
@@ -128,11 +128,12 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
         self._combine_cache = InputCache()
         self._combine_in: torch.Tensor | None = None
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
-        reason = super().unsupported_reason(case)
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
+        reason = super().planned_reason(case, where)
         if reason:
             return reason
-        return v1_low_latency_reason(common.shape_of(self.ctx, case))
+        return v1_low_latency_reason(common.shape_of(where, case))
 
     def prepare(self, case: CaseConfig) -> None:
         if self._case is not None and (self._case.workload.hidden, self._case.workload.experts_per_rank) != (

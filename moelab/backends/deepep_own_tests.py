@@ -55,7 +55,6 @@ _BEST_DISPATCH = re.compile(
 _BEST_COMBINE = re.compile(
     r"\[tuning\] Best combine: SMs (\d+), NVL chunk (\d+): ([\d.]+) GB/s \(NVL\), t: ([\d.]+) us"
 )
-_CONFIG = re.compile(r"\[config\] num_tokens=(\d+), hidden=(\d+), num_topk=(\d+)")
 _LL_PAIR = re.compile(r"\[rank (\d+)\] Dispatch \+ combine bandwidth: ([\d.]+) GB/s, avg_t=([\d.]+) us")
 _LL_KERNEL = re.compile(
     r"\[rank (\d+)\] Dispatch bandwidth: ([\d.]+) GB/s, avg_t=([\d.]+) us \| "
@@ -144,11 +143,6 @@ def intranode_figures(text: str) -> list[LibraryFigure]:
         for t in parse_intranode(text)
         if t.nvl_chunk == "default" and not t.best
     ]
-
-
-def intranode_config(text: str) -> dict[str, int] | None:
-    m = _CONFIG.search(text)
-    return {"num_tokens": int(m[1]), "hidden": int(m[2]), "num_topk": int(m[3])} if m else None
 
 
 def low_latency_figures(text: str, rank: int = 0) -> list[LibraryFigure]:

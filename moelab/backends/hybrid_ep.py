@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends import deepep_common as common
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
 from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason, LibraryFigures
 from moelab.backends.deepep_rules import hybrid_ep_reason
 from moelab.backends.hybrid_ep_own_test import HYBRID_EP_TEST
@@ -289,15 +289,16 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
             s.combine_sms or case.sms,
         )
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
-        reason = super().unsupported_reason(case)
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
+        reason = super().planned_reason(case, where)
         if reason:
             return reason
         try:
             s = HybridSettings.from_knobs(case.knobs)
         except SpecError as exc:
             return str(exc)
-        return hybrid_ep_reason(common.shape_of(self.ctx, case), fused=s.fused)
+        return hybrid_ep_reason(common.shape_of(where, case), fused=s.fused)
 
     def prepare(self, case: CaseConfig) -> None:
         self._harvest()  # what the previous case compiled survives a job killed later on

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from moelab.backends.base import BackendContext, CaseConfig, Dispatched
+from moelab.backends.base import BackendContext, CaseConfig, Dispatched, Placement
 from moelab.backends.knobs import UNKNOWN, Knobs, knob
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend, NcclTuning, exchange_field, exchange_knob
 from moelab.backends.tuning import TuneSpace
@@ -155,21 +155,28 @@ class Mxfp8A2ABackend(NcclA2ABackend):
             return None
         return settings if settings.quantizes and case.workload.hidden % mxfp8.BLOCK == 0 else None
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
-        reason = super().unsupported_reason(case)
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
+        reason = super().planned_reason(case, where)
         if reason is not None:
             return reason
         try:
             settings = Mxfp8Settings.from_case(case)
         except SpecError as exc:
             return str(exc)
-        if settings.quantizes:
-            if case.workload.hidden % mxfp8.BLOCK != 0:
-                return f"MXFP8 needs hidden divisible by {mxfp8.BLOCK}, got {case.workload.hidden}"
-            if settings.quantizer != "auto":
-                why = mxfp8.impl_unavailable_reason(settings.quantizer, self.ctx.device)
-                if why is not None:
-                    return f"quantizer {settings.quantizer}: {why}"
+        if settings.quantizes and case.workload.hidden % mxfp8.BLOCK != 0:
+            return f"MXFP8 needs hidden divisible by {mxfp8.BLOCK}, got {case.workload.hidden}"
+        return None
+
+    def unsupported_reason(self, case: CaseConfig) -> str | None:
+        reason = super().unsupported_reason(case)
+        if reason is not None:
+            return reason
+        settings = Mxfp8Settings.from_case(case)
+        if settings.quantizes and settings.quantizer != "auto":
+            why = mxfp8.impl_unavailable_reason(settings.quantizer, self.ctx.device)
+            if why is not None:
+                return f"quantizer {settings.quantizer}: {why}"
         return None
 
     def _resolved(self, settings: Mxfp8Settings) -> tuple[str, str]:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
 from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle
 from moelab.backends.knobs import Knobs, knob
 from moelab.backends.padded import SparseDispatched
@@ -170,10 +170,11 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
         self._fill = 0.0
         self._lists = ctx.comm_backend == "nccl"  # all_to_all of tensor lists: uneven sizes need NCCL
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
-        if case.sms is not None and self.ctx.comm_backend != "nccl":
-            return f"SM control needs NCCL; {self.ctx.comm_backend} has none (run sms = default)"
-        return super().unsupported_reason(case)
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
+        if case.sms is not None and where.comm_backend != "nccl":
+            return f"SM control needs NCCL; {where.comm_backend} has none (run sms = default)"
+        return super().planned_reason(case, where)
 
     def prepare(self, case: CaseConfig) -> None:
         self._experts_per_rank = case.workload.experts_per_rank

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Placement
 from moelab.backends.capabilities import ChainedPairs
 from moelab.backends.padded import PaddedDispatched
 
@@ -186,12 +186,13 @@ class NcclEPBackend(Backend, ChainedPairs):
         self._x_desc: tuple[tuple[int, tuple[int, ...]], Any, Any] | None = None
         self._combine_desc: tuple[tuple[int, tuple[int, ...]], Any] | None = None
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
         if case.knobs:
-            return f"{self.name}: unknown knob(s) {', '.join(sorted(case.knobs))} (it has none)"
+            return f"{cls.name}: unknown knob(s) {', '.join(sorted(case.knobs))} (it has none)"
         if (case.workload.hidden * 2) % 16:
-            return f"{self.name}: NCCL EP high-throughput rows must be a multiple of 16 bytes (hidden {case.workload.hidden})"
-        return super().unsupported_reason(case)
+            return f"{cls.name}: NCCL EP high-throughput rows must be a multiple of 16 bytes (hidden {case.workload.hidden})"
+        return super().planned_reason(case, where)
 
     def _stream(self) -> int:
         return int(torch.cuda.current_stream(self.ctx.device).cuda_stream)

@@ -128,82 +128,102 @@ def _status(rows: Sequence[AlltoallRow], oob: int | None, problems: list[str], c
     return "ok"
 
 
+@dataclass
+class _TextParse:
+    """What parse_text has read so far."""
+
+    rows: list[AlltoallRow] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    version: str | None = None
+    nccl_version: int | None = None
+    avg: float | None = None
+    oob: int | None = None
+    group: int = 4  # columns per out-of-place / in-place group (8 with per-iteration columns)
+
+
 def parse_text(text: str) -> NcclTestsResult:
     """Parse alltoall_perf's stdout. Tolerates per-iteration and timestamp columns and a cut-off table."""
-    rows: list[AlltoallRow] = []
-    problems: list[str] = []
-    version = nccl_version = None
-    avg = oob = None
-    group = 4  # columns per out-of-place / in-place group
+    st = _TextParse()
     for raw in text.splitlines():
         line = raw.rstrip()
-        failure = _FAILURE.search(line)
-        if failure:
-            host, prefix = failure["host"], line[: failure.start()].split()
-            if len(prefix) == 4 and prefix[0].isdigit():
-                # printed right after a row's preamble, glued to its root column ("-1host: Test ...")
-                glued = re.match(r"^(-?\d+)(.+)$", host)
-                host = glued.group(2) if glued else host
-                problems.append(f"row for size {prefix[0]} cut off")
-            problems.insert(
-                len(problems) - (1 if prefix else 0),
-                f"{failure['kind']} failure at {failure['where']} on {host}: {failure['msg']}",
-            )
-            continue
-        tf = _TEST_FAILURE.search(line)
-        if tf:
-            problems.append(f"test failure at {tf['where']} on {tf['host']}")
-            continue
-        if m := _VERSION.match(line):
-            version, nccl_version = m.group(1), int(m.group(3))
-            continue
-        if m := _AVG.match(line):
-            avg = _num(m.group(1))
-            continue
-        if m := _OOB.match(line):
-            oob = int(m.group(1))
-            continue
-        if m := _ERROR.match(line):
-            problems.append(f"error: {m.group(1)}")
-            continue
-        if line.startswith("#"):
-            if "size" in line.split() and "i_min" in line:
-                group = 8
+        if _read_failure(line, st) or _read_summary_line(line, st):
             continue
         words = line.split()
         if not words or not words[0].isdigit():
             continue
-        if len(words) < 5 + 2 * group:
-            problems.append(f"row for size {words[0]} cut off")
+        if len(words) < 5 + 2 * st.group:
+            st.problems.append(f"row for size {words[0]} cut off")
             continue
-        oop, ip = words[5 : 5 + group], words[5 + group : 5 + 2 * group]
-        rows.append(
-            AlltoallRow(
-                size_bytes=int(words[0]),
-                count=int(words[1]),
-                dtype=words[2],
-                redop=words[3],
-                root=int(words[4]),
-                time_us_oop=_num(oop[0]),
-                algbw_gbps_oop=_num(oop[1]),
-                busbw_gbps_oop=_num(oop[2]),
-                wrong_oop=_wrong(oop[3]),
-                time_us_ip=_num(ip[0]),
-                algbw_gbps_ip=_num(ip[1]),
-                busbw_gbps_ip=_num(ip[2]),
-                wrong_ip=_wrong(ip[3]),
-            )
-        )
-    complete = avg is not None and not any(p.endswith("cut off") for p in problems)
+        st.rows.append(_row(words, st.group))
+    complete = st.avg is not None and not any(p.endswith("cut off") for p in st.problems)
     return NcclTestsResult(
-        rows=tuple(rows),
-        avg_busbw_gbps=avg,
-        out_of_bounds=oob,
+        rows=tuple(st.rows),
+        avg_busbw_gbps=st.avg,
+        out_of_bounds=st.oob,
         source="text",
-        status=_status(rows, oob, problems, complete),
-        problems=tuple(problems),
-        nccl_tests_version=version,
-        nccl_version=nccl_version,
+        status=_status(st.rows, st.oob, st.problems, complete),
+        problems=tuple(st.problems),
+        nccl_tests_version=st.version,
+        nccl_version=st.nccl_version,
+    )
+
+
+def _read_failure(line: str, st: _TextParse) -> bool:
+    """A CUDA/NCCL failure line or a test failure: recorded as a problem."""
+    failure = _FAILURE.search(line)
+    if failure:
+        host, prefix = failure["host"], line[: failure.start()].split()
+        if len(prefix) == 4 and prefix[0].isdigit():
+            # printed right after a row's preamble, glued to its root column ("-1host: Test ...")
+            glued = re.match(r"^(-?\d+)(.+)$", host)
+            host = glued.group(2) if glued else host
+            st.problems.append(f"row for size {prefix[0]} cut off")
+        st.problems.insert(
+            len(st.problems) - (1 if prefix else 0),
+            f"{failure['kind']} failure at {failure['where']} on {host}: {failure['msg']}",
+        )
+        return True
+    tf = _TEST_FAILURE.search(line)
+    if tf:
+        st.problems.append(f"test failure at {tf['where']} on {tf['host']}")
+        return True
+    return False
+
+
+def _read_summary_line(line: str, st: _TextParse) -> bool:
+    """The version, average bus bandwidth, out-of-bounds count, error and comment lines."""
+    if m := _VERSION.match(line):
+        st.version, st.nccl_version = m.group(1), int(m.group(3))
+    elif m := _AVG.match(line):
+        st.avg = _num(m.group(1))
+    elif m := _OOB.match(line):
+        st.oob = int(m.group(1))
+    elif m := _ERROR.match(line):
+        st.problems.append(f"error: {m.group(1)}")
+    elif line.startswith("#"):
+        if "size" in line.split() and "i_min" in line:
+            st.group = 8
+    else:
+        return False
+    return True
+
+
+def _row(words: list[str], group: int) -> AlltoallRow:
+    oop, ip = words[5 : 5 + group], words[5 + group : 5 + 2 * group]
+    return AlltoallRow(
+        size_bytes=int(words[0]),
+        count=int(words[1]),
+        dtype=words[2],
+        redop=words[3],
+        root=int(words[4]),
+        time_us_oop=_num(oop[0]),
+        algbw_gbps_oop=_num(oop[1]),
+        busbw_gbps_oop=_num(oop[2]),
+        wrong_oop=_wrong(oop[3]),
+        time_us_ip=_num(ip[0]),
+        algbw_gbps_ip=_num(ip[1]),
+        busbw_gbps_ip=_num(ip[2]),
+        wrong_ip=_wrong(ip[3]),
     )
 
 
@@ -370,39 +390,39 @@ def run_alltoall_perf(
                 json_path=json_path,
                 prefix=prefix,
             )
-            full_env = {**os.environ, **(env or {})}
-            try:
-                done = subprocess.run(
-                    argv,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout_s,
-                    env=full_env,
-                    stdin=subprocess.DEVNULL,
-                )
-                stdout, rc, extra = done.stdout + done.stderr, done.returncode, []
-            except subprocess.TimeoutExpired as e:
-                out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-                stdout, rc, extra = out, None, [f"timed out after {timeout_s:.0f} s"]
-            result = _pick(stdout, json_path)
-            status = result.status
-            if rc is None:
-                status = "truncated" if status == "ok" else status
-            elif rc != 0 and status == "ok":
-                status = "exit_code"
-                extra.append(f"exit code {rc}")
-            results.append(
-                NcclTestsResult(
-                    **{
-                        **_fields(result),
-                        "status": status,
-                        "problems": (*result.problems, *extra),
-                        "returncode": rc,
-                        "argv": tuple(argv),
-                    }
-                )
-            )
+            results.append(_run_one(argv, json_path, {**os.environ, **(env or {})}, timeout_s))
     return AlltoallPerfRun(binary=str(exe), results=tuple(results), json_output=use_json, env=dict(env or {}))
+
+
+def _run_one(
+    argv: list[str], json_path: Path | None, env: dict[str, str], timeout_s: float
+) -> NcclTestsResult:
+    """One size's run: its result with the exit code and argv; a timeout is a truncated result, a non-zero
+    exit after a clean table is `exit_code`."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL
+        )
+        stdout, rc, extra = done.stdout + done.stderr, done.returncode, []
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stdout, rc, extra = out, None, [f"timed out after {timeout_s:.0f} s"]
+    result = _pick(stdout, json_path)
+    status = result.status
+    if rc is None:
+        status = "truncated" if status == "ok" else status
+    elif rc != 0 and status == "ok":
+        status = "exit_code"
+        extra.append(f"exit code {rc}")
+    return NcclTestsResult(
+        **{
+            **_fields(result),
+            "status": status,
+            "problems": (*result.problems, *extra),
+            "returncode": rc,
+            "argv": tuple(argv),
+        }
+    )
 
 
 def _fields(result: NcclTestsResult) -> dict[str, Any]:

@@ -31,10 +31,11 @@ NAME = BACKEND
 
 
 def availability(binary: str | None) -> str | None:
+    """None when alltoall_perf is found, else find_alltoall_perf's reason, which says what to do."""
     try:
         find_alltoall_perf(binary)
     except Exception as exc:
-        return f"alltoall_perf not found ({exc}); build nccl-tests and pass --nccl-tests-bin"
+        return str(exc)
     return None
 
 

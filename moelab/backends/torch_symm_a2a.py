@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Placement
 from moelab.backends.capabilities import ChainedPairs
 from moelab.backends.padded import PaddedDispatched
 from moelab.backends.symm_layout import (
@@ -135,12 +135,13 @@ class TorchSymmA2ABackend(Backend, ChainedPairs):
         self._current: SymmBuffers | None = None
         self._experts_per_rank = 1
 
-    def unsupported_reason(self, case: CaseConfig) -> str | None:
+    @classmethod
+    def planned_reason(cls, case: CaseConfig, where: Placement) -> str | None:
         if case.knobs:
-            return f"{self.name}: unknown knob(s) {', '.join(sorted(case.knobs))} (it has none)"
+            return f"{cls.name}: unknown knob(s) {', '.join(sorted(case.knobs))} (it has none)"
         if case.workload.hidden % 2:
-            return f"{self.name}: hidden must be even (metadata is packed as 32-bit words), got {case.workload.hidden}"
-        return super().unsupported_reason(case)
+            return f"{cls.name}: hidden must be even (metadata is packed as 32-bit words), got {case.workload.hidden}"
+        return super().planned_reason(case, where)
 
     def prepare(self, case: CaseConfig) -> None:
         wl = case.workload

@@ -65,6 +65,7 @@ def user_errors(fn: F) -> F:
 TIME_SUFFIX = " µs"
 FOLD_COLUMNS = {
     "case": 30, "reason": 20, "note": 20, "description": 20, "label": 12, "command": 20, "workload": 20, "plan": 12,
+    "answer": 16, "fastest first": 30, "flagged": 10,
 }  # fmt: skip
 
 
@@ -99,7 +100,7 @@ def _fmt(v: Any) -> str:
         if v != v:
             return "nan"
         return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.6g}"
-    return safe_text(v)
+    return safe_text(v, keep_newlines=True)  # a cell may hold several lines; control bytes stay escaped
 
 
 def cuda_devices() -> int:

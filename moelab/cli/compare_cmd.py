@@ -9,7 +9,7 @@ import typer
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.model.links import load_peaks
-from moelab.reports import bounds, compare_select, query
+from moelab.reports import bounds, compare_select, hardware, query
 from moelab.reports import compare as cmp
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import resolve_run
@@ -78,12 +78,13 @@ def compare(
             label_of = compare_select.label_groups(con) if by == "label" else None
             compare_select.newest_runs_only(con, by, label_of)
         results, environment = query.results(con), query.environment(con)
-        bounds.annotate_bounds(results, environment, table_peaks)
+        links = hardware.job_links(query.health_snapshots(con), environment, table_peaks)
+        bounds.annotate_bounds(results, environment, table_peaks, links)
         table = cmp.build(
             results,
             environment,
             query.runs(con),
-            table_peaks,
+            links,
             by=by,
             metric=metric,
             reference=reference,

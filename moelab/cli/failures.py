@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moelab.cli.common import console
 from moelab.core.display import safe_text
 from moelab.store.db import open_db
+
+if TYPE_CHECKING:
+    from moelab.reports.flags import FlagGroup
 
 TAIL_SHOWN = 6
 SHOWN_MAX = 500  # characters of a stored description on the console; the rest is in the store and on disk
@@ -49,19 +53,16 @@ def failure_lines(con: Any, run_id: str, tail_lines: int = TAIL_SHOWN) -> list[s
     return out
 
 
-def suspect_lines(con: Any, run_id: str, shown: int = 10) -> list[str]:
-    """Measured cases marked suspect (health worsened, the machine was shared, spread too wide), grouped
-    by reason so that one reason shared by every case is said once."""
-    rows = con.execute(
-        "SELECT backend, suspect_reason, list(case_id ORDER BY case_id) FROM cases_judged "
-        "WHERE run_id = ? AND suspect GROUP BY ALL ORDER BY backend, suspect_reason",
-        [run_id],
-    ).fetchall()
+def flag_lines(groups: Sequence[FlagGroup], shown: int = 4) -> list[str]:
+    """Each kind of flag once with its count and explanation, then its cases (the first `shown`)."""
     out = []
-    for backend, reason, cases in rows:
-        names = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
-        out.append(f"[{safe_text(backend)}] {len(cases)} case(s) ({safe_text(names)}): {safe_text(reason)}")
-    return out[:shown]
+    for g in groups:
+        unit = g.unit if g.count != 1 else g.unit[:-1]
+        out.append(f"{g.title} ({g.count} {unit}): {g.explain}")
+        out += [f"  {i.where}" + (f": {i.detail}" if i.detail else "") for i in g.items[:shown]]
+        if g.count > shown:
+            out.append(f"  … and {g.count - shown} more (moelab report lists them all)")
+    return [safe_text(line) for line in out]
 
 
 def nothing_measured_reason(db_path: Path, run_id: str) -> str | None:
@@ -75,17 +76,18 @@ def nothing_measured_reason(db_path: Path, run_id: str) -> str | None:
     return nothing_measured(statuses)
 
 
-def print_failures(db_path: Path, run_id: str) -> int:
-    """Print why jobs failed and which measured cases are suspect, for a stored run; returns the lines."""
+def print_failures(db_path: Path, run_id: str, groups: Sequence[FlagGroup] = ()) -> int:
+    """Print why jobs failed, then the flags of the measured cases grouped by kind (suspect, unstable,
+    above the link peak: moelab.reports.flags), for a stored run; returns the lines printed."""
     with open_db(db_path, read_only=True) as con:
         lines = failure_lines(con, run_id)
-        suspects = suspect_lines(con, run_id)
+    flagged = flag_lines(groups)
     if lines:
         console.print("why jobs failed:")
         for line in lines:
             console.print(line)
-    if suspects:
-        console.print("suspect (measured while something else shared the machine, or too noisy):")
-        for line in suspects:
+    if flagged:
+        console.print("flags (the marks in the table above):")
+        for line in flagged:
             console.print(f"  {line}")
-    return len(lines) + len(suspects)
+    return len(lines) + len(flagged)

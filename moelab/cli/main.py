@@ -89,14 +89,19 @@ def load_target(target: str) -> Any:
 
 def build_command(name: str, entry: LazyCommand) -> _click.Command:
     """The real click command (or group) for `name`, importing its module."""
+    from moelab.cli import metavars
+
     obj = load_target(entry.target)
     if isinstance(obj, typer.Typer):
         group = typer.main.get_group(obj)
         group.name = name
+        metavars.fill(group)
         return group
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     single.command(name)(obj)
-    return typer.main.get_command(single)
+    command = typer.main.get_command(single)
+    metavars.fill(command)
+    return command
 
 
 class LazyGroup(TyperGroup):
@@ -158,6 +163,9 @@ class LazyGroup(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
     def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        for param in [*self.params, self.get_help_option(ctx)]:  # --version and --help take nothing
+            if param is not None and param.metavar is None:
+                param.metavar = ""
         self._listing = True
         try:
             super().format_help(ctx, formatter)

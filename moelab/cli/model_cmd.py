@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
@@ -17,7 +18,7 @@ from moelab.core.workload import RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
 from moelab.model.published import check_row, load_rows
-from moelab.model.topology import TopologyRequest, resolve
+from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
 
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
@@ -163,111 +164,190 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
         raise typer.Exit(1)
 
 
-@user_errors
-def model(
-    gpus_per_node: int | None = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node (default 8, or the run's)", rich_help_panel=PANEL_TOPO
-    ),
-    nodes: int | None = typer.Option(
-        None, "--nodes", help="Nodes (default 1, or the run's)", rich_help_panel=PANEL_TOPO
-    ),
-    gpu: str | None = typer.Option(
-        None,
-        "--gpu",
-        help="GPU model in the link table (default H100, or the run's)",
-        rich_help_panel=PANEL_TOPO,
-    ),
-    nic: str | None = typer.Option(
-        None,
-        "--nic",
-        help="NIC model in the link table (default ConnectX-7 on several nodes)",
-        rich_help_panel=PANEL_TOPO,
-    ),
-    nics_per_node: int | None = typer.Option(
-        None,
-        "--nics-per-node",
-        help="NICs (rails) per node (default one per GPU)",
-        rich_help_panel=PANEL_TOPO,
-    ),
-    nvlink_gbps: float | None = typer.Option(
+@dataclass(frozen=True, kw_only=True)
+class TopologyOptions(opt.Options):
+    gpus_per_node: int | None = None
+    nodes: int | None = None
+    gpu: str | None = None
+    nic: str | None = None
+    nics_per_node: int | None = None
+    nvlink_gbps: float | None = None
+    pcie_gbps: float | None = None
+    nic_gbps: float | None = None
+    pcie_only: bool = False
+    from_run: str | None = None
+    peaks: Path | None = None
+    db: str | None = None
+
+    def topology(self) -> Topology:
+        """The topology these flags describe; a stored run (--from-run) fills what they leave out."""
+        facts = _run_facts(self.db, self.from_run) if self.from_run else None
+        req = TopologyRequest(
+            nodes=self.nodes or (facts.nodes if facts else 1),
+            gpus_per_node=self.gpus_per_node or (facts.gpus_per_node if facts else 8),
+            gpu=self.gpu or (facts.gpu if facts else None),
+            nic=self.nic,
+            nics_per_node=self.nics_per_node,
+            nvlink_gbps=self.nvlink_gbps,
+            pcie_gbps=self.pcie_gbps,
+            nic_gbps=self.nic_gbps,
+            pcie_only=self.pcie_only,
+            measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
+            measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
+        )
+        if facts and facts.measured_intra_gbps is None:
+            console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")
+        return resolve(req, load_peaks(self.peaks))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelWorkloadOptions(opt.Options):
+    hidden: int = 8192
+    tokens_per_rank: int = 4096
+    topk: int = 8
+    experts_per_rank: int | None = None
+    experts: int | None = None
+    routing: str = "uniform"
+    seed: int = 0
+    zipf_s: float = 1.2
+    hot_experts: int = 1
+    hot_share: float = 0.5
+    group_ranks: int = 8
+    topk_groups: int = 4
+    dtype: str = "bf16"
+    combine_dtype: str = "bf16"
+
+    def check_combine_dtype(self) -> None:
+        if self.combine_dtype not in COMBINE_DTYPES:
+            raise SpecError(
+                f"unknown --combine-dtype {self.combine_dtype!r}: choose one of {', '.join(COMBINE_DTYPES)}"
+            )
+
+    def workload(self, world: int) -> Workload:
+        """One workload over `world` ranks; --experts must divide over them."""
+        epr, experts = self.experts_per_rank, self.experts
+        if epr is not None and experts is not None:
+            raise SpecError("give --experts-per-rank or --experts, not both")
+        if experts is not None:
+            if experts < 1 or experts % world:
+                raise SpecError(f"--experts {experts} does not divide over {world} ranks")
+            epr = experts // world
+        routing = RoutingSpec(
+            kind=self.routing,
+            seed=self.seed,
+            zipf_s=self.zipf_s,
+            hot_experts=self.hot_experts,
+            hot_share=self.hot_share,
+            group_ranks=self.group_ranks,
+            topk_groups=self.topk_groups,
+        )
+        wl = Workload(
+            hidden=self.hidden,
+            tokens_per_rank=self.tokens_per_rank,
+            topk=self.topk,
+            experts_per_rank=epr or 2,
+            routing=routing,
+            dtype=self.dtype,
+        )
+        wl.validate(world)
+        return wl
+
+
+def _group_flags(
+    group: type[opt.Options] | None, panel: str | None, *specs: tuple[str, Any, Any, str, str]
+) -> list[opt.Flag]:
+    return [
+        opt.Flag(name, kind, default, (decl,), text, panel, group)
+        for name, kind, default, decl, text in specs
+    ]
+
+
+TOPOLOGY_FLAGS = _group_flags(
+    TopologyOptions,
+    PANEL_TOPO,
+    ("gpus_per_node", int | None, None, "--gpus-per-node", "GPUs per node (default 8, or the run's)"),
+    ("nodes", int | None, None, "--nodes", "Nodes (default 1, or the run's)"),
+    ("gpu", str | None, None, "--gpu", "GPU model in the link table (default H100, or the run's)"),
+    ("nic", str | None, None, "--nic", "NIC model in the link table (default ConnectX-7 on several nodes)"),
+    ("nics_per_node", int | None, None, "--nics-per-node", "NICs (rails) per node (default one per GPU)"),
+    (
+        "nvlink_gbps",
+        float | None,
         None,
         "--nvlink-gbps",
-        help="NVLink GB/s per GPU and direction, instead of the table's",
-        rich_help_panel=PANEL_TOPO,
+        "NVLink GB/s per GPU and direction, instead of the table's",
     ),
-    pcie_gbps: float | None = typer.Option(
+    (
+        "pcie_gbps",
+        float | None,
         None,
         "--pcie-gbps",
-        help="The GPU's PCIe GB/s per direction, instead of the table's",
-        rich_help_panel=PANEL_TOPO,
+        "The GPU's PCIe GB/s per direction, instead of the table's",
     ),
-    nic_gbps: float | None = typer.Option(
-        None,
-        "--nic-gbps",
-        help="GB/s per NIC and direction, instead of the table's",
-        rich_help_panel=PANEL_TOPO,
-    ),
-    pcie_only: bool = typer.Option(
-        False,
-        "--pcie-only",
-        help="No NVLink: peers talk over PCIe, sharing it with the NIC",
-        rich_help_panel=PANEL_TOPO,
-    ),
-    from_run: str | None = typer.Option(
+    ("nic_gbps", float | None, None, "--nic-gbps", "GB/s per NIC and direction, instead of the table's"),
+    ("pcie_only", bool, False, "--pcie-only", "No NVLink: peers talk over PCIe, sharing it with the NIC"),
+    (
+        "from_run",
+        str | None,
         None,
         "--from-run",
-        help="Topology, GPU and measured link peaks of a stored run (id or label)",
-        rich_help_panel=PANEL_TOPO,
+        "Topology, GPU and measured link peaks of a stored run (id or label)",
     ),
-    peaks: Path | None = typer.Option(None, "--peaks", help=PEAKS_OPTION_HELP, rich_help_panel=PANEL_TOPO),
-    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP, rich_help_panel=PANEL_TOPO),
-    hidden: int = typer.Option(8192, "--hidden", help="Hidden size", rich_help_panel=PANEL_WL),
-    tokens_per_rank: int = typer.Option(
-        4096, "--tokens-per-rank", help="Tokens per rank", rich_help_panel=PANEL_WL
+    ("peaks", Path | None, None, "--peaks", PEAKS_OPTION_HELP),
+    ("db", str | None, None, "--db", DB_OPTION_HELP),
+)
+MODEL_WORKLOAD_FLAGS = _group_flags(
+    ModelWorkloadOptions,
+    PANEL_WL,
+    ("hidden", int, 8192, "--hidden", "Hidden size"),
+    ("tokens_per_rank", int, 4096, "--tokens-per-rank", "Tokens per rank"),
+    ("topk", int, 8, "--topk", "Experts per token"),
+    ("experts_per_rank", int | None, None, "--experts-per-rank", "Experts per rank (default 2)"),
+    ("experts", int | None, None, "--experts", "Total experts, instead of --experts-per-rank"),
+    ("routing", str, "uniform", "--routing", "uniform, zipf, hot or grouped"),
+    ("seed", int, 0, "--seed", "Routing seed"),
+    ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
+    ("hot_experts", int, 1, "--hot-experts", "hot: how many experts are hot"),
+    ("hot_share", float, 0.5, "--hot-share", "hot: share of tokens whose first choice is hot"),
+    ("group_ranks", int, 8, "--group-ranks", "grouped: ranks per expert group"),
+    ("topk_groups", int, 4, "--topk-groups", "grouped: groups each token picks"),
+    ("dtype", str, "bf16", "--dtype", "Dispatch payload: bf16, fp8, mxfp8"),
+    ("combine_dtype", str, "bf16", "--combine-dtype", "Combine payload: bf16, fp8, mxfp8"),
+)
+MODEL_FLAGS = _group_flags(
+    None,
+    None,
+    ("family", str, "all", "--family", "all, or any of flat, hierarchical, low-latency"),
+    (
+        "latency_us",
+        float | None,
+        None,
+        "--latency-us",
+        "The latency term of every family, µs (default: per family, see README)",
     ),
-    topk: int = typer.Option(8, "--topk", help="Experts per token", rich_help_panel=PANEL_WL),
-    experts_per_rank: int | None = typer.Option(
-        None, "--experts-per-rank", help="Experts per rank (default 2)", rich_help_panel=PANEL_WL
-    ),
-    experts: int | None = typer.Option(
-        None, "--experts", help="Total experts, instead of --experts-per-rank", rich_help_panel=PANEL_WL
-    ),
-    routing: str = typer.Option(
-        "uniform", "--routing", help="uniform, zipf, hot or grouped", rich_help_panel=PANEL_WL
-    ),
-    seed: int = typer.Option(0, "--seed", help="Routing seed", rich_help_panel=PANEL_WL),
-    zipf_s: float = typer.Option(1.2, "--zipf-s", help="zipf: skew exponent", rich_help_panel=PANEL_WL),
-    hot_experts: int = typer.Option(
-        1, "--hot-experts", help="hot: how many experts are hot", rich_help_panel=PANEL_WL
-    ),
-    hot_share: float = typer.Option(
-        0.5, "--hot-share", help="hot: share of tokens whose first choice is hot", rich_help_panel=PANEL_WL
-    ),
-    group_ranks: int = typer.Option(
-        8, "--group-ranks", help="grouped: ranks per expert group", rich_help_panel=PANEL_WL
-    ),
-    topk_groups: int = typer.Option(
-        4, "--topk-groups", help="grouped: groups each token picks", rich_help_panel=PANEL_WL
-    ),
-    dtype: str = typer.Option(
-        "bf16", "--dtype", help="Dispatch payload: bf16, fp8, mxfp8", rich_help_panel=PANEL_WL
-    ),
-    combine_dtype: str = typer.Option(
-        "bf16", "--combine-dtype", help="Combine payload: bf16, fp8, mxfp8", rich_help_panel=PANEL_WL
-    ),
-    family: str = typer.Option("all", "--family", help="all, or any of flat, hierarchical, low-latency"),
-    latency_us: float | None = typer.Option(
-        None, "--latency-us", help="The latency term of every family, µs (default: per family, see README)"
-    ),
-    count: bool = typer.Option(
-        False, "--count", help="Count uniform routing with the generator instead of its closed form"
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON"),
-    check_published: bool = typer.Option(
+    ("count", bool, False, "--count", "Count uniform routing with the generator instead of its closed form"),
+    ("json_out", bool, False, "--json", "Print the result as JSON"),
+    (
+        "check_published",
+        bool,
         False,
         "--check-published",
-        help="Hold every published row against the bound of its own hardware (exit 1 when one is above it, or under 0.5 without a reason)",
+        "Hold every published row against the bound of its own hardware (exit 1 when one is above it, or "
+        "under 0.5 without a reason)",
     ),
+)
+
+
+@user_errors
+@opt.command(*TOPOLOGY_FLAGS, *MODEL_WORKLOAD_FLAGS, *MODEL_FLAGS)
+def model(
+    topo: TopologyOptions,
+    workload: ModelWorkloadOptions,
+    family: str,
+    latency_us: float | None,
+    count: bool,
+    json_out: bool,
+    check_published: bool,
 ) -> None:
     """Compute the lower-bound dispatch and combine time of a topology and workload, per dispatch family, from the bytes each link carries.
 
@@ -277,88 +357,24 @@ def model(
         raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
     latency = Latency(override_us=latency_us)
     if check_published:
-        return _check_published(json_out, peaks, latency)
-    if combine_dtype not in COMBINE_DTYPES:
-        raise SpecError(
-            f"unknown --combine-dtype {combine_dtype!r}: choose one of {', '.join(COMBINE_DTYPES)}"
-        )
-    facts = _run_facts(db, from_run) if from_run else None
-    req = TopologyRequest(
-        nodes=nodes or (facts.nodes if facts else 1),
-        gpus_per_node=gpus_per_node or (facts.gpus_per_node if facts else 8),
-        gpu=gpu or (facts.gpu if facts else None),
-        nic=nic,
-        nics_per_node=nics_per_node,
-        nvlink_gbps=nvlink_gbps,
-        pcie_gbps=pcie_gbps,
-        nic_gbps=nic_gbps,
-        pcie_only=pcie_only,
-        measured_intra_gbps=facts.measured_intra_gbps if facts and not nvlink_gbps else None,
-        measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
-    )
-    if facts and facts.measured_intra_gbps is None:
-        console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")
-    topology = resolve(req, load_peaks(peaks))
-    wl = _workload(
-        topology.world,
-        hidden,
-        tokens_per_rank,
-        topk,
-        experts_per_rank,
-        experts,
-        dtype,
-        RoutingSpec(
-            kind=routing,
-            seed=seed,
-            zipf_s=zipf_s,
-            hot_experts=hot_experts,
-            hot_share=hot_share,
-            group_ranks=group_ranks,
-            topk_groups=topk_groups,
-        ),
-    )
+        return _check_published(json_out, topo.peaks, latency)
+    workload.check_combine_dtype()
+    topology = topo.topology()
+    wl = workload.workload(topology.world)
     tr = traffic(wl, topology.world, topology.gpus_per_node, counted=count)
     est = estimate(
         tr,
         topology,
-        hidden=hidden,
-        dtype=dtype,
-        combine_dtype=combine_dtype,
+        hidden=wl.hidden,
+        dtype=wl.dtype,
+        combine_dtype=workload.combine_dtype,
         families=_families(family),
         latency=latency,
     )
     if json_out:
-        print(json.dumps(_as_json(est, wl, combine_dtype), indent=2))
+        print(json.dumps(_as_json(est, wl, workload.combine_dtype), indent=2))
     else:
-        _print_estimate(est, wl, combine_dtype)
-
-
-def _workload(
-    world: int,
-    hidden: int,
-    tokens: int,
-    topk: int,
-    epr: int | None,
-    experts: int | None,
-    dtype: str,
-    routing: RoutingSpec,
-) -> Workload:
-    if epr is not None and experts is not None:
-        raise SpecError("give --experts-per-rank or --experts, not both")
-    if experts is not None:
-        if experts < 1 or experts % world:
-            raise SpecError(f"--experts {experts} does not divide over {world} ranks")
-        epr = experts // world
-    wl = Workload(
-        hidden=hidden,
-        tokens_per_rank=tokens,
-        topk=topk,
-        experts_per_rank=epr or 2,
-        routing=routing,
-        dtype=dtype,
-    )
-    wl.validate(world)
-    return wl
+        _print_estimate(est, wl, workload.combine_dtype)
 
 
 def _as_json(est: Estimate, wl: Workload, combine: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class Flag:
     help: str = ""
     panel: str | None = None
     group: type[Options] | None = None  # the option group whose field it fills (None: the command's own)
+    metavar: str | None = None  # what the flag takes, shown in --help (a bool flag takes nothing)
 
     def but(self, **changes: Any) -> Flag:
         """This flag as one command means it (another help, default or type)."""
@@ -52,7 +53,11 @@ class Flag:
 
     def parameter(self, panels: bool) -> inspect.Parameter:
         option = typer.Option(
-            self.default, *self.decls, help=self.help, rich_help_panel=self.panel if panels else None
+            self.default,
+            *self.decls,
+            help=self.help,
+            rich_help_panel=self.panel if panels else None,
+            metavar="" if self.annotation is bool else self.metavar,
         )
         return inspect.Parameter(
             self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=self.annotation
@@ -218,23 +223,33 @@ class SbatchOptions(Options):
 
 
 def _flags(
-    group: type[Options], panel: str, *specs: tuple[str, Any, Any, tuple[str, ...], str]
+    group: type[Options], panel: str, *specs: tuple[str, Any, Any, tuple[str, ...], str, str | None]
 ) -> list[Flag]:
+    """Flags of one option group: (name, type, default, option names, help, metavar) each."""
     return [
-        Flag(name, kind, default, decls, text, panel, group) for name, kind, default, decls, text in specs
+        Flag(name, kind, default, decls, text, panel, group, metavar)
+        for name, kind, default, decls, text, metavar in specs
     ]
 
 
 BACKEND_FLAGS = _flags(
     BackendOptions,
     BACKENDS_PANEL,
-    ("backend", str | None, None, ("--backend", "-b"), "Backend(s), comma-separated; see `moelab backends`"),
+    (
+        "backend",
+        str | None,
+        None,
+        ("--backend", "-b"),
+        "Backend(s), comma-separated; see `moelab backends`",
+        "NAME[,NAME…]",
+    ),
     (
         "backend_path",
         list[str],
         [],
         ("--backend-path",),
         "NAME=DIR: put DIR first on PYTHONPATH for backend NAME's job (e.g. its deep_ep build)",
+        "NAME=DIR",
     ),
     (
         "nccl_tests_bin",
@@ -242,6 +257,7 @@ BACKEND_FLAGS = _flags(
         None,
         ("--nccl-tests-bin",),
         f"alltoall_perf (or its folder) for --backend {nccl_tests.BACKEND}; default: PATH",
+        "PATH",
     ),
     (
         "kernel_cache",
@@ -250,23 +266,45 @@ BACKEND_FLAGS = _flags(
         ("--kernel-cache",),
         "Folder where backends that compile kernels on first use (Hybrid-EP) keep them across jobs; "
         "auto: the user's cache folder; off: compile in every job",
+        "DIR|auto|off",
     ),
 )
 WORKLOAD_FLAGS = _flags(
     WorkloadOptions,
     WORKLOAD_PANEL,
-    ("hidden", str | None, None, (), "Hidden size(s), comma-separated; replaces the suite's"),
-    ("tokens_per_rank", str | None, None, ("--tokens-per-rank",), "Tokens per rank, comma-separated"),
-    ("topk", str | None, None, (), "Experts per token, comma-separated"),
-    ("experts_per_rank", str | None, None, ("--experts-per-rank",), "Experts per rank, comma-separated"),
-    ("routing", str | None, None, (), "Routing kind(s): uniform, zipf, hot"),
-    ("seed", str | None, None, (), "Routing seed(s)"),
-    ("dtype", str | None, None, (), "Dispatch payload(s): bf16, fp8, mxfp8"),
+    ("hidden", str | None, None, (), "Hidden size(s), comma-separated; replaces the suite's", "N[,N…]"),
+    (
+        "tokens_per_rank",
+        str | None,
+        None,
+        ("--tokens-per-rank",),
+        "Tokens per rank, comma-separated",
+        "N[,N…]",
+    ),
+    ("topk", str | None, None, (), "Experts per token, comma-separated", "N[,N…]"),
+    (
+        "experts_per_rank",
+        str | None,
+        None,
+        ("--experts-per-rank",),
+        "Experts per rank, comma-separated",
+        "N[,N…]",
+    ),
+    ("routing", str | None, None, (), "Routing kind(s): uniform, zipf, hot", "KIND[,KIND…]"),
+    ("seed", str | None, None, (), "Routing seed(s)", "N[,N…]"),
+    ("dtype", str | None, None, (), "Dispatch payload(s): bf16, fp8, mxfp8", "TYPE[,TYPE…]"),
 )
 (SMS,) = _flags(
     WorkloadOptions,
     BACKENDS_PANEL,
-    ("sms", str | None, None, (), "SM counts, comma-separated ('default' = the library's own choice)"),
+    (
+        "sms",
+        str | None,
+        None,
+        (),
+        "SM counts, comma-separated ('default' = the library's own choice)",
+        "N|default[,…]",
+    ),
 )
 RANK_FLAGS = _flags(
     LaunchOptions,
@@ -277,6 +315,7 @@ RANK_FLAGS = _flags(
         None,
         ("--gpus",),
         "Ranks on this host (default: every local GPU, else 2 CPU ranks)",
+        "N",
     ),
     (
         "gpus_per_node",
@@ -284,14 +323,16 @@ RANK_FLAGS = _flags(
         None,
         ("--gpus-per-node",),
         "Ranks per node for byte accounting (default: ranks on this host)",
+        "N",
     ),
-    ("cpu", bool, False, ("--cpu",), "Run on CPU ranks (gloo) even when GPUs are present"),
+    ("cpu", bool, False, ("--cpu",), "Run on CPU ranks (gloo) even when GPUs are present", None),
     (
         "timeout",
         float,
         900.0,
         (),
         "Wall-clock limit of one backend job, seconds; then it is killed and recorded as failed",
+        "SECONDS",
     ),
     (
         "collective_timeout",
@@ -299,6 +340,7 @@ RANK_FLAGS = _flags(
         300.0,
         ("--collective-timeout",),
         "torch.distributed timeout of a hung collective, seconds",
+        "SECONDS",
     ),
     (
         "launcher",
@@ -306,14 +348,23 @@ RANK_FLAGS = _flags(
         "auto",
         ("--launcher",),
         "auto (SLURM inside an allocation, else local), local, torchrun, slurm or mpirun",
+        "auto|local|torchrun|slurm|mpirun",
     ),
-    ("nodes", int, 1, ("--nodes",), "Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node"),
+    (
+        "nodes",
+        int,
+        1,
+        ("--nodes",),
+        "Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node",
+        "N",
+    ),
     (
         "rdzv_endpoint",
         str | None,
         None,
         ("--rdzv-endpoint",),
         "torchrun multi-node: HOST:PORT of the c10d rendezvous (node 0's)",
+        "HOST:PORT",
     ),
     (
         "node_rank",
@@ -321,6 +372,7 @@ RANK_FLAGS = _flags(
         None,
         ("--node-rank",),
         "torchrun multi-node: this node's rank; node 0 hosts the rendezvous and stores the run",
+        "N",
     ),
 )
 PLACEMENT_FLAGS = _flags(
@@ -332,6 +384,7 @@ PLACEMENT_FLAGS = _flags(
         None,
         ("--bind",),
         "numa: pin each rank to the CPUs and memory of its GPU's NUMA node",
+        "numa",
     ),
     (
         "emulate_internode",
@@ -339,6 +392,7 @@ PLACEMENT_FLAGS = _flags(
         False,
         ("--emulate-internode",),
         "Force NCCL's network (socket) transport between every pair of ranks, as between nodes",
+        None,
     ),
 )
 SBATCH_FLAGS = _flags(
@@ -350,12 +404,27 @@ SBATCH_FLAGS = _flags(
         False,
         ("--sbatch",),
         "Outside a SLURM allocation: write a batch script that runs this command and submit it",
+        None,
     ),
-    ("partition", str | None, None, (), "--sbatch: SLURM partition"),
-    ("account", str | None, None, (), "--sbatch: SLURM account"),
-    ("time_limit", str, "00:30:00", ("--time",), "--sbatch: SLURM time limit"),
-    ("container_image", str | None, None, ("--container-image",), "srun/sbatch with pyxis: container image"),
-    ("container_mounts", str | None, None, ("--container-mounts",), "srun/sbatch with pyxis: SRC:DST[,...]"),
+    ("partition", str | None, None, (), "--sbatch: SLURM partition", "NAME"),
+    ("account", str | None, None, (), "--sbatch: SLURM account", "NAME"),
+    ("time_limit", str, "00:30:00", ("--time",), "--sbatch: SLURM time limit", "HH:MM:SS"),
+    (
+        "container_image",
+        str | None,
+        None,
+        ("--container-image",),
+        "srun/sbatch with pyxis: container image",
+        "IMAGE",
+    ),
+    (
+        "container_mounts",
+        str | None,
+        None,
+        ("--container-mounts",),
+        "srun/sbatch with pyxis: SRC:DST[,...]",
+        "SRC:DST[,…]",
+    ),
 )
 TIMING_FLAGS = _flags(
     TimingOptions,
@@ -366,16 +435,25 @@ TIMING_FLAGS = _flags(
         None,
         (),
         "A fixed count of timed iterations per op (default: stop once the median is stable, see --noise-target)",
+        "N",
     ),
-    ("warmup", int | None, None, (), "Warm-up iterations per op"),
+    ("warmup", int | None, None, (), "Warm-up iterations per op", "N"),
     (
         "noise_target",
         float | None,
         None,
         ("--noise-target",),
         "Stop timing an op once its median is known within this fraction (default 0.02 on GPU)",
+        "FRACTION",
     ),
-    ("max_iters", int | None, None, ("--max-iters",), "Most timed iterations per op when stopping on noise"),
+    (
+        "max_iters",
+        int | None,
+        None,
+        ("--max-iters",),
+        "Most timed iterations per op when stopping on noise",
+        "N",
+    ),
     (
         "repeat",
         int | None,
@@ -383,22 +461,38 @@ TIMING_FLAGS = _flags(
         ("--repeat",),
         "Start each backend job N times, in rotated order; each start is a process sample (intervals, "
         "compare and check use the variation between them). Default: the suite's `repeat`, else 1",
+        "N",
     ),
 )
 STORE_FLAGS = _flags(
     StoreOptions,
     STORE_PANEL,
-    ("label", str | None, None, (), "A name for this run (baselines, comparisons)"),
-    ("db", str | None, None, ("--db",), DB_OPTION_HELP),
+    ("label", str | None, None, (), "A name for this run (baselines, comparisons)", "NAME"),
+    ("db", str | None, None, ("--db",), DB_OPTION_HELP, "FILE"),
     (
         "out",
         Path | None,
         None,
         ("--out",),
         "Folder for run directories (default: runs/ in the user's data directory)",
+        "DIR",
     ),
-    ("report", Path | None, None, ("--report",), "Also write the HTML report of this run to this file"),
-    ("run_id", str | None, None, ("--run-id",), "Run id (multi-node torchrun: give every node the same one)"),
+    (
+        "report",
+        Path | None,
+        None,
+        ("--report",),
+        "Also write the HTML report of this run to this file",
+        "FILE",
+    ),
+    (
+        "run_id",
+        str | None,
+        None,
+        ("--run-id",),
+        "Run id (multi-node torchrun: give every node the same one)",
+        "ID",
+    ),
 )
 TRACE_FLAGS = _flags(
     TraceOptions,
@@ -409,15 +503,17 @@ TRACE_FLAGS = _flags(
         "none",
         ("--trace",),
         "none, torch (torch.profiler Chrome traces + kernel-only times) or nsys (each rank under nsys profile)",
+        "none|torch|nsys",
     ),
-    ("trace_iters", int, 5, ("--trace-iters",), "Profiled iterations per op with --trace torch"),
-    ("nsys_osrt", bool, False, ("--nsys-osrt",), "--trace nsys: also trace OS runtime calls"),
+    ("trace_iters", int, 5, ("--trace-iters",), "Profiled iterations per op with --trace torch", "N"),
+    ("nsys_osrt", bool, False, ("--nsys-osrt",), "--trace nsys: also trace OS runtime calls", None),
     (
         "wrap",
         str | None,
         None,
         ("--wrap",),
         "Run each rank under a tool, e.g. 'ncu --profile-from-start off -o {out}'; {out} and {rank} are expanded",
+        "COMMAND",
     ),
 )
 HEALTH_FLAGS = _flags(
@@ -429,6 +525,7 @@ HEALTH_FLAGS = _flags(
         False,
         ("--require-healthy",),
         "Refuse to start a backend job on a node whose health check fails",
+        None,
     ),
     (
         "health",
@@ -436,6 +533,7 @@ HEALTH_FLAGS = _flags(
         True,
         ("--health/--no-health",),
         "Health snapshot (NVML, sysfs) before and after each backend job",
+        None,
     ),
 )
 BACKEND, BACKEND_PATH, NCCL_TESTS_BIN, KERNEL_CACHE = BACKEND_FLAGS

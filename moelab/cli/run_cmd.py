@@ -7,6 +7,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,15 +16,19 @@ from moelab.backends.base import HostJob
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
+from moelab.core.display import format_pct, format_time_us
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
-from moelab.core.spec import CaseSpec, RunSpec
+from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
 from moelab.job import launchers
 from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, PlannedRun, RunRequest, plan_run
 from moelab.store.db import check_writable, open_db, resolve_db_path
 from moelab.store.labels import set_label
+
+if TYPE_CHECKING:
+    from moelab.reports.run_view import RunView
 
 SUITE = opt.Flag(
     "suite",
@@ -32,6 +37,7 @@ SUITE = opt.Flag(
     ("--suite", "-s"),
     "Built-in suite name or a suite TOML file",
     opt.WORKLOAD_PANEL,
+    metavar="NAME|FILE",
 )
 CASE = opt.Flag(
     "case",
@@ -40,6 +46,7 @@ CASE = opt.Flag(
     ("--case",),
     "Run only these case ids (--list-cases prints them)",
     opt.WORKLOAD_PANEL,
+    metavar="ID",
 )
 LIST_CASES = opt.Flag(
     "list_cases",
@@ -56,6 +63,7 @@ MODEL = opt.Flag(
     ("--model",),
     f"A model's MoE layer shape (hidden, topk, experts / ranks, e2e expert width): {', '.join(MODELS)}",
     opt.WORKLOAD_PANEL,
+    metavar="MODEL",
 )
 QUIET = opt.Flag(
     "quiet", bool, False, ("--quiet", "-q"), "No per-case progress while jobs run", opt.LAUNCH_PANEL
@@ -136,7 +144,7 @@ def run(
     planned = plan_run(req, HostFacts(cuda_devices=cuda_devices()), new_run_id=new_run_id())
     spec = planned.spec
     if list_cases:
-        return print_case_list(spec.cases)
+        return print_case_list(spec.cases, spec.launch)
     for note in planned.notes:
         console.print(note)
     if spec.launch.device == "cpu":
@@ -171,14 +179,14 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
     if store.label:
         with open_db(db_path) as con:
             set_label(con, spec.run_id, store.label)
-    failed = print_run_summary(db_path, spec.run_id)
+    failed, view = print_run_summary(db_path, spec.run_id)
+    print_failures(db_path, spec.run_id, view.flag_groups)
+    print_answer(view)
     if spec.launch.repeats > 1:
         console.print(
-            f"medians: of the {spec.launch.repeats} per-process medians (--repeat); their 95% intervals and the CV "
-            f"between processes are in the report, `moelab compare` and `python benchmarks/repeat_intervals.py "
-            f"--run {spec.run_id}`"
+            f"medians: of the {spec.launch.repeats} per-process medians (--repeat), intervals over the processes; "
+            f"per start in `python benchmarks/repeat_intervals.py --run {spec.run_id}`"
         )
-    print_failures(db_path, spec.run_id)
     empty = None if allow_empty else nothing_measured_reason(db_path, spec.run_id)
     console.print(f"stored run {spec.run_id} in {db_path}")
     if store.report is not None:
@@ -338,63 +346,93 @@ def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOp
     console.print(done.stdout.strip())
 
 
-def print_run_summary(db_path: Path, run_id: str) -> int:
-    """Print the results table and any failures; returns how many cases failed or were incorrect. Beside
-    the bandwidths: % of this machine's measured all-to-all peak and % of moelab model's bound."""
-    from moelab.model.links import PeakTable
-    from moelab.reports import bounds, query
-    from moelab.reports.sections import measured_fraction
+def print_run_summary(db_path: Path, run_id: str) -> tuple[int, RunView]:
+    """Print the results table, its marks' legend and the cases not measured; returns how many cases
+    failed or were incorrect, and the run's view (the summary printed last, print_answer). Beside the
+    bandwidths: % of this machine's measured all-to-all peak and % of moelab model's bound; none of them
+    with one rank, where nothing crossed a link."""
+    from moelab.reports.run_view import load_view
+    from moelab.reports.summary import LEGEND, marks
     from moelab.store.order import case_order
 
     with open_db(db_path, read_only=True) as con:
-        query.select_runs(con, [run_id])
-        results, environment = query.results(con), query.environment(con)
+        view = load_view(con, run_id)
         other = con.execute(
             f"SELECT backend, case_id, status, reason FROM cases WHERE run_id = ? AND status <> 'ok' ORDER BY {case_order()}",
             [run_id],
         ).fetchall()
-    bounds.annotate_bounds(results, environment, PeakTable())
-    rows = [
-        [
-            r["backend"],
-            r["case_id"],
-            r["op"],
-            r["median_us"],
-            r["p10_us"],
-            r["p90_us"],
-            r["nvl_gbps"],
-            r["remote_gbps"],
-            _pct(measured_fraction(r)),
-            _pct(r["frac_bound"]),
-        ]
-        for r in results
-    ]
-    print_table(
-        [
-            "backend",
-            "case",
-            "op",
-            "median µs",
-            "p10 µs",
-            "p90 µs",
-            "NVL GB/s",
-            "remote GB/s",
-            "% measured",
-            "% bound",
-        ],
-        rows,
-        title=f"run {run_id}",
-    )
+    links = any(r["world"] != 1 for r in view.results)
+    columns = ["backend", "case", "op", "median µs", "", "p10 µs", "p90 µs"]
+    columns += ["NVL GB/s", "remote GB/s", "% measured", "% bound"] if links else []
+    rows = []
+    for r in view.results:
+        row = [r["backend"], r["case_id"], r["op"], r["median_us"], marks(r), r["p10_us"], r["p90_us"]]
+        if links:
+            row += [
+                r["nvl_gbps"],
+                r["remote_gbps"],
+                format_pct(r["frac_remote_measured"]),
+                format_pct(r["frac_bound"]),
+            ]
+        rows.append(row)
+    print_table(columns, rows, title=f"run {run_id}")
+    if any(marks(r) for r in view.results):
+        console.print(f"marks: {LEGEND}; the reasons are listed below")
     if other:
         print_table(["backend", "case", "status", "reason"], other, title="not measured")
-    return sum(1 for r in other if r[2] in ("failed", "incorrect", "crashed", "timeout"))
+    return sum(1 for r in other if r[2] in ("failed", "incorrect", "crashed", "timeout")), view
 
 
-def _pct(fraction: float | None) -> str | None:
-    return None if fraction is None else f"{100 * fraction:.0f}%"
+def print_answer(view: RunView) -> None:
+    """The run's summary, last: per op, payload and workload the backends fastest first with the interval
+    that separates them (or says they cannot be told apart), % of the measured peak and of the bound."""
+    from moelab.reports.summary import UNSTABLE_MARK
+
+    rows = []
+    for s in view.summary_rows:
+        ranking = "\n".join(
+            f"{'≈ ' if e.tie else ''}{e.name} {format_time_us(e.estimate.median_us)} "
+            f"{('±' + format_pct(e.estimate.half_width)) if e.estimate.known else '(no interval)'}"
+            f"{(' ' + e.marks) if e.marks else ''} at {e.sms} SMs{f', knee {e.knee_sms}' if e.knee_sms is not None else ''}"
+            for e in s.entries
+        )
+        flagged = ", ".join(f"{n} {k}" for k, n in s.flagged.items()) or "none"
+        rows.append(
+            [
+                s.op,
+                s.dtype,
+                s.workload,
+                s.answer,
+                ranking,
+                format_pct(s.frac_measured),
+                format_pct(s.frac_bound),
+                flagged,
+            ]
+        )
+    if rows:
+        print_table(
+            ["op", "payload", "workload", "answer", "fastest first", "% measured", "% bound", "flagged"],
+            rows,
+            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, ! suspect",
+        )
+    for note in view.notes:
+        console.print(note)
 
 
-def print_case_list(cases: Sequence[CaseSpec]) -> None:
-    """A table of `case_rows` on the console; case ids stay on one line."""
-    print_table(["backend", "case", "workload", "plan"], case_rows(cases))
-    console.print(f"{len(cases)} cases; run some with --case ID (repeatable)")
+def print_case_list(cases: Sequence[CaseSpec], launch: LaunchSpec) -> None:
+    """A table of `case_rows` on the console; case ids stay on one line, and each reason a case will not
+    run (skipped, unsupported here) is said once under the table, by its number."""
+    reasons: dict[str, int] = {}
+    rows = []
+    for backend, case_id, workload, plan in case_rows(cases, launch):
+        what, _, why = plan.partition(": ")
+        if why:
+            plan = f"{what} [{reasons.setdefault(why, len(reasons) + 1)}]"
+        rows.append((backend, case_id, workload, plan))
+    print_table(["backend", "case", "workload", "plan"], rows)
+    for why, n in reasons.items():
+        console.print(f"[{n}] {why}")
+    runs = sum(1 for r in rows if r[3] == "to run")
+    console.print(
+        f"{len(cases)} cases ({runs} to run, {len(cases) - runs} not); run some with --case ID (repeatable)"
+    )

@@ -101,9 +101,16 @@ def overlap(
     print_table(
         ["range", "count", "span us/inst", "comm us/inst", "gemm us/inst", "overlap us/inst", "comm hidden"],
         [
-            (r.op, r.instances, r.span_us / r.instances, r.comm_us / r.instances, r.gemm_us / r.instances,
-             r.overlap_us / r.instances, "—" if r.hidden_fraction is None else f"{100 * r.hidden_fraction:.0f}%")
+            (
+                r.op,
+                r.instances,
+                r.span_us / r.instances,
+                r.comm_us / r.instances,
+                r.gemm_us / r.instances,
+                r.overlap_us / r.instances,
+                "—" if r.hidden_fraction is None else f"{100 * r.hidden_fraction:.0f}%",
+            )
             for r in rows
         ],
         title=str(trace),
-    )  # fmt: skip
+    )

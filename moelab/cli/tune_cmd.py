@@ -50,19 +50,35 @@ def _flags() -> tuple[opt.Flag, ...]:
             None,
             (),
             f"Layer shape of a model (as moelab run --model): {', '.join(MODELS)}",
+            metavar="MODEL",
         ),
-        opt.HIDDEN.but(annotation=int | None, help="Hidden size (default 8192, or the preset's)"),
+        opt.HIDDEN.but(
+            annotation=int | None, help="Hidden size (default 8192, or the preset's)", metavar="N"
+        ),
         opt.Flag(
-            "intermediate", int | None, None, (), "Expert FFN width (default hidden/4, or the preset's)"
+            "intermediate",
+            int | None,
+            None,
+            (),
+            "Expert FFN width (default hidden/4, or the preset's)",
+            metavar="N",
         ),
-        opt.TOKENS_PER_RANK.but(annotation=int, default=4096, help="Tokens per rank"),
-        opt.TOPK.but(annotation=int | None, help="Experts per token (default 8, or the preset's)"),
+        opt.TOKENS_PER_RANK.but(annotation=int, default=4096, help="Tokens per rank", metavar="N"),
+        opt.TOPK.but(
+            annotation=int | None, help="Experts per token (default 8, or the preset's)", metavar="N"
+        ),
         opt.EXPERTS_PER_RANK.but(
-            annotation=int | None, help="Experts per rank (default 8, or the preset's experts / ranks)"
+            annotation=int | None,
+            help="Experts per rank (default 8, or the preset's experts / ranks)",
+            metavar="N",
         ),
-        opt.DTYPE.but(help=f"Dispatch payload for every backend (default: {payloads}, else bf16)"),
-        opt.ROUTING.but(annotation=str, default="uniform", help="Routing kind: uniform, zipf, hot"),
-        opt.SEED.but(annotation=int, default=0, help="Routing seed"),
+        opt.DTYPE.but(
+            help=f"Dispatch payload for every backend (default: {payloads}, else bf16)", metavar="TYPE"
+        ),
+        opt.ROUTING.but(
+            annotation=str, default="uniform", help="Routing kind: uniform, zipf, hot", metavar="KIND"
+        ),
+        opt.SEED.but(annotation=int, default=0, help="Routing seed", metavar="N"),
         opt.SMS.but(
             help=f"Coarse grid of communication SM counts (default {','.join(map(str, COARSE_SMS))})"
         ),
@@ -84,7 +100,12 @@ def _flags() -> tuple[opt.Flag, ...]:
         ),
         opt.TIMEOUT.but(help="Seconds one backend job of a round may take"),
         opt.Flag(
-            "suite_out", Path | None, None, ("--suite-out",), "Also write the winner's suite to this file"
+            "suite_out",
+            Path | None,
+            None,
+            ("--suite-out",),
+            "Also write the winner's suite to this file",
+            metavar="FILE",
         ),
     )
 

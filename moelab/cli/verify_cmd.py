@@ -47,15 +47,17 @@ def _flags(tests: dict[str, LibraryTest]) -> tuple[opt.Flag, ...]:
             f"first on PYTHONPATH){shares}"
         ),
         opt.NCCL_TESTS_BIN.but(help="alltoall_perf (or its folder); default: PATH"),
-        opt.HIDDEN.but(default="8192", help="Hidden size", annotation=str),
-        opt.TOKENS_PER_RANK.but(default="4096", help="Tokens per rank", annotation=str),
-        opt.TOPK.but(default="8", help="Experts per token", annotation=str),
-        opt.EXPERTS_PER_RANK.but(default="8", help="Experts per rank", annotation=str),
+        opt.HIDDEN.but(default="8192", help="Hidden size", annotation=str, metavar="N"),
+        opt.TOKENS_PER_RANK.but(default="4096", help="Tokens per rank", annotation=str, metavar="N"),
+        opt.TOPK.but(default="8", help="Experts per token", annotation=str, metavar="N"),
+        opt.EXPERTS_PER_RANK.but(default="8", help="Experts per rank", annotation=str, metavar="N"),
         opt.DTYPE.but(
             default="bf16,fp8", help=f"Dispatch payloads to compare: bf16, fp8{only}", annotation=str
         ),
         opt.SMS.but(help=f"SMs (default: each library test's own; {sms})"),
-        opt.Flag("tolerance", float, 0.05, (), "Pass when moelab / library is within 1 ± this"),
+        opt.Flag(
+            "tolerance", float, 0.05, (), "Pass when moelab / library is within 1 ± this", metavar="FRACTION"
+        ),
         opt.GPUS.but(help="Ranks on this host (default: every local GPU)"),
         opt.CPU.but(help="moelab's side on CPU ranks (gloo)"),
         opt.ITERS.but(help="moelab's timed iterations per op"),
@@ -72,6 +74,7 @@ def _flags(tests: dict[str, LibraryTest]) -> tuple[opt.Flag, ...]:
             900.0,
             ("--library-timeout",),
             "Wall-clock limit of one library benchmark, seconds",
+            metavar="SECONDS",
         ),
         opt.HEALTH.but(help="Health snapshots around each moelab job"),
         opt.LABEL.but(help="A name for this run"),

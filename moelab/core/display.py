@@ -2,7 +2,12 @@
 
 `safe_text`: stored strings (labels, reasons, log tails, exception messages) may hold control bytes, from
 old databases or from a crashing library; printed raw, an ESC sequence clears or retitles the terminal.
-Jinja's autoescape covers HTML markup, not control bytes. `format_time_us`: a time in the unit that fits.
+Jinja's autoescape covers HTML markup, not control bytes.
+
+Units: the console, the HTML report and the Markdown report print every figure through the formatters
+here, so a time reads the same everywhere (`format_time_us`: `279.6 ms`, never `2.796e+05 µs`), a plain
+figure never in scientific notation (`format_number`: `478.1`, `412,300`) and a fraction as a percentage
+(`format_pct`: `84%`, `0.43%`).
 """
 
 from __future__ import annotations
@@ -55,3 +60,33 @@ def format_time_us(us: float | None, digits: int = 4) -> str:
                 text = f"{v:.{max(digits - 3, 1)}f}" if abs(v) >= 1 else f"{v:.3g}"
             return f"{text} {unit}"
     raise AssertionError("unreachable")
+
+
+def format_number(v: float | int | None, digits: int = 4) -> str:
+    """A figure to `digits` significant digits in plain notation: `478.1`, `0.5255`, `412,300` (thousands
+    grouped from 10,000); only a figure under 0.001 keeps an exponent (`1.2e-05`). `—` when missing."""
+    if v is None:
+        return "—"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    text = f"{v:.{digits}g}"
+    if "e" not in text:
+        return text
+    return f"{v:,.0f}" if abs(v) >= 1 else text
+
+
+def format_pct(fraction: float | None) -> str:
+    """A fraction as a percentage: whole percents from 10% up, two significant digits below (`0.43%`),
+    so a small share never reads as 0%. `—` when missing."""
+    if fraction is None or (isinstance(fraction, float) and math.isnan(fraction)):
+        return "—"
+    p = 100 * fraction
+    if p == 0 or abs(p) >= 10:
+        return f"{p:.0f}%"
+    return f"{p:.2g}%"

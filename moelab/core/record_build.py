@@ -76,9 +76,16 @@ def op_result(
             figures += bandwidths(rows, m.bytes_per_row, kernel_us, source="kernel")
         figures += (library_figures or {}).get(m.op, [])
     return OpResult(
-        op=m.op, samples_us=tuple(tuple(float(t) for t in r) for r in m.samples_us), bytes_per_row=m.bytes_per_row,
-        summary=s, figures=tuple(figures), host_sync=m.host_sync,
-        kernel=None if m.kernel is None else tuple(m.kernel), kernel_us=kernel_us, stability=stability(m, s),
-        library_samples_us=None if m.library_samples_us is None
+        op=m.op,
+        samples_us=tuple(tuple(float(t) for t in r) for r in m.samples_us),
+        bytes_per_row=m.bytes_per_row,
+        summary=s,
+        figures=tuple(figures),
+        host_sync=m.host_sync,
+        kernel=None if m.kernel is None else tuple(m.kernel),
+        kernel_us=kernel_us,
+        stability=stability(m, s),
+        library_samples_us=None
+        if m.library_samples_us is None
         else tuple(tuple(float(t) for t in r) for r in m.library_samples_us),
-    )  # fmt: skip
+    )

@@ -275,3 +275,10 @@ def decide(
 
 def matched(result: GateResult) -> int:
     return sum(1 for v in result.verdicts if v.op is not None)
+
+
+def verdicts_by_case(result: GateResult, cand: Side) -> dict[tuple[str, str, str], str]:
+    """Each op verdict of the candidate run by (backend, case id, op), for views that show them beside
+    the run's own rows (the report's summary)."""
+    ids = {key_text(key): (str(key[0]), side.case_id) for key, side in cand.cases.items()}
+    return {(*ids[v.case], v.op): v.status for v in result.verdicts if v.op is not None and v.case in ids}

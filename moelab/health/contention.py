@@ -295,9 +295,13 @@ class ContentionMonitor:
     found from the registry's history."""
 
     def __init__(
-        self, run_id: str, own_busy: int = 0, interval_s: float = 5.0, root: Path | None = None,
+        self,
+        run_id: str,
+        own_busy: int = 0,
+        interval_s: float = 5.0,
+        root: Path | None = None,
         own_pids: Callable[[], Sequence[int]] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.run_id, self.own_busy, self.interval_s, self.root = run_id, own_busy, interval_s, root
         self.own_pids = own_pids or (lambda: our_processes(run_id))
         self.findings: list[ContentionFinding] = []
@@ -379,9 +383,12 @@ def tool_timed_backends(con: Any, run_id: str) -> list[str]:
 
 
 def spread_flags(
-    con: Any, run_id: str, noise_target: float = NOISE_TARGET, far_above: float = FAR_ABOVE,
+    con: Any,
+    run_id: str,
+    noise_target: float = NOISE_TARGET,
+    far_above: float = FAR_ABOVE,
     devices: Sequence[str] = ("cuda",),
-) -> list[SpreadFlag]:  # fmt: skip
+) -> list[SpreadFlag]:
     """Results of `run_id` whose IQR/median is more than `far_above` times the case's own history (median
     over earlier runs of the same backend, case and op on the same GPU model, at least MIN_HISTORY of
     them) or, without enough history, times `noise_target`. Only runs on `devices` (CPU timings over gloo

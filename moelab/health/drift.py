@@ -12,6 +12,7 @@ what `moelab check` and `moelab compare` are for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,15 +49,13 @@ _FINGERPRINT = """
 """
 
 
-def drift_flags(
-    con: Any, run_id: str, tolerance: float = DRIFT_TOLERANCE, devices: tuple[str, ...] = ("cuda",)
-) -> list[Drift]:
-    """Ops of `run_id` whose median is more than `tolerance` away from the latest earlier run of the same
-    case with the same fingerprint. Only runs on `devices` (CPU timings over gloo are for function)."""
-    device = con.execute("SELECT device FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    if device is None or device[0] not in devices:
-        return []
-    rows = con.execute(
+def _held(
+    con: Any, run_id: str, device: str, leave_out: Sequence[str] | None = None
+) -> list[tuple[Any, ...]]:
+    """(backend, case_id, op, median, [previous run, its median] or None) per measured op of `run_id`
+    (host jobs left out: `leave_out`, else found by their backend's type), the previous being the latest
+    earlier run of the same case and fingerprint."""
+    return con.execute(
         f"""
         WITH fp AS ({_FINGERPRINT}),
         cur AS (
@@ -75,13 +74,55 @@ def drift_flags(
                   AND hf.libs IS NOT DISTINCT FROM cur.libs) AS previous
         FROM cur ORDER BY cur.backend, cur.case_id, cur.op
         """,
-        [run_id, tool_timed_backends(con, run_id), run_id, device[0]],
+        [run_id, list(tool_timed_backends(con, run_id) if leave_out is None else leave_out), run_id, device],
     ).fetchall()
+
+
+def _device(con: Any, run_id: str) -> str | None:
+    found = con.execute("SELECT device FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    return None if found is None else str(found[0])
+
+
+def drift_flags(
+    con: Any, run_id: str, tolerance: float = DRIFT_TOLERANCE, devices: tuple[str, ...] = ("cuda",)
+) -> list[Drift]:
+    """Ops of `run_id` whose median is more than `tolerance` away from the latest earlier run of the same
+    case with the same fingerprint. Only runs on `devices` (CPU timings over gloo are for function)."""
+    device = _device(con, run_id)
+    if device is None or device not in devices:
+        return []
     out = []
-    for backend, case_id, op, median, previous in rows:
+    for backend, case_id, op, median, previous in _held(con, run_id, device):
         if previous is None:
             continue
         drift = Drift(backend, case_id, op, float(median), str(previous[0]), float(previous[1]))
         if abs(drift.change) > tolerance:
             out.append(drift)
     return out
+
+
+def not_judged(con: Any, run_id: str, devices: tuple[str, ...] = ("cuda",), exact: bool = True) -> str | None:
+    """Why a run's medians were not (all) held against an earlier run, in one line; None when every
+    measured op was. Not `exact` (views that must not import the backends, hence torch): host jobs are
+    not told apart, so only a run none of whose ops was held is said."""
+    device = _device(con, run_id)
+    if device is None:
+        return None
+    if device not in devices:
+        return (
+            f"run {run_id}: drift between runs not judged: a {device} run (timings over gloo are for "
+            "function; drift and spread are judged on GPU runs only)"
+        )
+    held = _held(con, run_id, device, None if exact else ())
+    alone = sum(1 for row in held if row[4] is None)
+    if not held or not alone or (not exact and alone < len(held)):
+        return None
+    if alone == len(held):
+        return (
+            f"run {run_id}: drift between runs not judged: no earlier run of these cases with the same host, "
+            "GPU, driver, CUDA, NCCL, torch and libraries"
+        )
+    return (
+        f"run {run_id}: drift between runs judged for {len(held) - alone} of {len(held)} ops; the others have "
+        "no earlier run with the same host, GPU and software"
+    )

@@ -36,8 +36,18 @@ def judge_stored_run(con: Any, run_id: str) -> list[Judgment]:
     """Every judgment of `run_id` against the store's history, in the order they read best."""
     out: list[Judgment] = []
     for f in spread_flags(con, run_id):
-        out.append(Judgment(run_id=run_id, backend=f.backend, case_id=f.case_id, op=None, verdict="suspect",
-                            rule="spread", reason=f.reason(), judged_by=run_id))  # fmt: skip
+        out.append(
+            Judgment(
+                run_id=run_id,
+                backend=f.backend,
+                case_id=f.case_id,
+                op=None,
+                verdict="suspect",
+                rule="spread",
+                reason=f.reason(),
+                judged_by=run_id,
+            )
+        )
     for d in drift_flags(con, run_id):
         new = d.reason(d.previous_run, d.change)
         old = d.reason(run_id, d.previous_median_us / d.median_us - 1.0)
@@ -56,6 +66,6 @@ def judge_stored_run(con: Any, run_id: str) -> list[Judgment]:
                 reason=f"drift: {d.op} {new}",
                 other_run=d.previous_run,
                 **where,
-            ),  # fmt: skip
+            ),
         ]
     return out

@@ -159,22 +159,64 @@ def _field_uint(p: _Probe, handle: Any, key: str, field_name: str) -> int | None
 def _probe_gpu(
     nvml: Any, index: int, num_cpus: int, load: LoadFn | None, load_ms: float
 ) -> tuple[Any, GpuState]:
+    """One GPU's state: what can only be read idle first, then `load` (if any), then clocks and links."""
     p = _Probe(nvml)
-    c = p.const
     h = p.call("handle", "nvmlDeviceGetHandleByIndex", index)
     if h is None:
         return None, GpuState(index=index, unavailable=p.unavailable)
     pci = p.call("pci", "nvmlDeviceGetPciInfo", h)
     bus_id = normalize_bus_id(_text(pci.busId) or "") if pci is not None and _text(pci.busId) else None
     words = p.call("cpu_affinity", "nvmlDeviceGetCpuAffinity", h, max(1, (num_cpus + 63) // 64))
+    throttling = _throttling_fields(p, h)
+    memory = _memory_fields(p, h)
+    links = _nvlinks(p, h)
+    speed = _field_uint(p, h, "nvlink_speed", "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON") if links else None
+    uuid = _text(p.call("uuid", "nvmlDeviceGetUUID", h))
+    samples: list[LoadSample] = []
+    if load is not None and load_ms > 0:
+        samples = _run_load(p, h, GpuIdentity(nvml_index=index, uuid=uuid, pci_bus_id=bus_id), load, load_ms)
+    state = GpuState(
+        index=index,
+        name=_text(p.call("name", "nvmlDeviceGetName", h)),
+        uuid=uuid,
+        pci_bus_id=bus_id,
+        numa_node=p.call("numa_node", "nvmlDeviceGetNumaNodeId", h),
+        cpulist=format_cpulist(_cpus_from_words(list(words))) if words is not None else None,
+        **_clock_fields(p, h),
+        **throttling,
+        **_loaded_fields(samples, load_ms),
+        **memory,
+        nvlinks=links,
+        nvlink_speed_mbps=speed,
+        **_pcie_fields(p, h),
+        unavailable=p.unavailable,
+    )
+    return h, state
+
+
+def _throttling_fields(p: _Probe, h: Any) -> dict[str, Any]:
+    """Clock-event reasons now (the older throttle-reasons call where the newer one is missing) and the
+    cumulative thermal and power violation counters."""
     mask = p.call("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", h)
     if mask is None:
         mask = p.call("clocks_event_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if mask is not None:
             p.unavailable.pop("clocks_event_reasons", None)
-    thermal = p.call("thermal_violation", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_THERMAL"))
-    power = p.call("power_violation", "nvmlDeviceGetViolationStatus", h, c("NVML_PERF_POLICY_POWER"))
+    thermal = p.call(
+        "thermal_violation", "nvmlDeviceGetViolationStatus", h, p.const("NVML_PERF_POLICY_THERMAL")
+    )
+    power = p.call("power_violation", "nvmlDeviceGetViolationStatus", h, p.const("NVML_PERF_POLICY_POWER"))
+    return dict(
+        clocks_event_mask=mask,
+        clocks_event_reasons=decode_clocks_event_reasons(mask) if mask is not None else (),
+        thermal_violation_ns=int(thermal.violationTime) if thermal is not None else None,
+        power_violation_ns=int(power.violationTime) if power is not None else None,
+    )
 
+
+def _memory_fields(p: _Probe, h: Any) -> dict[str, Any]:
+    """ECC mode and counters, remapped rows and retired pages: the memory's health."""
+    c = p.const
     ecc_mode = p.call("ecc", "nvmlDeviceGetEccMode", h)
     ecc_on = bool(ecc_mode[0]) if ecc_mode is not None else None
     ecc: dict[str, int | None] = {}
@@ -188,59 +230,12 @@ def _probe_gpu(
                     f"ecc_{counter}_{kind}", "nvmlDeviceGetTotalEccErrors", h, c(etype), c(ctype)
                 )
     rows = p.call("remapped_rows", "nvmlDeviceGetRemappedRows", h)
-    sbe = p.call(
-        "retired_pages",
-        "nvmlDeviceGetRetiredPages",
-        h,
-        c("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
-    )
-    dbe = p.call(
-        "retired_pages", "nvmlDeviceGetRetiredPages", h, c("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR")
-    )
+    sbe_cause = c("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS")
+    sbe = p.call("retired_pages", "nvmlDeviceGetRetiredPages", h, sbe_cause)
+    dbe_cause = c("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR")
+    dbe = p.call("retired_pages", "nvmlDeviceGetRetiredPages", h, dbe_cause)
     pending = p.call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
-
-    links = []
-    error_type = p.error_type
-    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-        try:
-            state = nvml.nvmlDeviceGetNvLinkState(h, link)
-        except error_type:
-            continue  # links beyond the GPU's count, or no NVLink at all
-        try:
-            version = int(nvml.nvmlDeviceGetNvLinkVersion(h, link))
-        except error_type:
-            version = None
-        links.append(NvLinkState(link=link, active=bool(state), version=version))
-    speed = _field_uint(p, h, "nvlink_speed", "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON") if links else None
-
-    uuid = _text(p.call("uuid", "nvmlDeviceGetUUID", h))
-    samples: list[LoadSample] = []
-    if load is not None and load_ms > 0:
-        samples = _run_load(p, h, GpuIdentity(nvml_index=index, uuid=uuid, pci_bus_id=bus_id), load, load_ms)
-    state = GpuState(
-        index=index,
-        name=_text(p.call("name", "nvmlDeviceGetName", h)),
-        uuid=uuid,
-        pci_bus_id=bus_id,
-        numa_node=p.call("numa_node", "nvmlDeviceGetNumaNodeId", h),
-        cpulist=format_cpulist(_cpus_from_words(list(words))) if words is not None else None,
-        temperature_c=p.call("temperature", "nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU")),
-        slowdown_temperature_c=p.call(
-            "slowdown_temperature",
-            "nvmlDeviceGetTemperatureThreshold",
-            h,
-            c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-        ),
-        sm_clock_mhz=p.call("sm_clock", "nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM")),
-        max_sm_clock_mhz=p.call("max_sm_clock", "nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_SM")),
-        default_app_sm_clock_mhz=p.call(
-            "default_app_sm_clock", "nvmlDeviceGetDefaultApplicationsClock", h, c("NVML_CLOCK_SM")
-        ),
-        clocks_event_mask=mask,
-        clocks_event_reasons=decode_clocks_event_reasons(mask) if mask is not None else (),
-        thermal_violation_ns=int(thermal.violationTime) if thermal is not None else None,
-        power_violation_ns=int(power.violationTime) if power is not None else None,
-        **_loaded_fields(samples, load_ms),
+    return dict(
         ecc_enabled=ecc_on,
         ecc_volatile_corrected=ecc.get("volatile_corrected"),
         ecc_volatile_uncorrected=ecc.get("volatile_uncorrected"),
@@ -253,17 +248,52 @@ def _probe_gpu(
         retired_pages_sbe=len(sbe) if sbe is not None else None,
         retired_pages_dbe=len(dbe) if dbe is not None else None,
         retired_pages_pending=bool(pending) if pending is not None else None,
-        nvlinks=tuple(links),
-        nvlink_speed_mbps=speed,
+    )
+
+
+def _nvlinks(p: _Probe, h: Any) -> tuple[NvLinkState, ...]:
+    """Every NVLink the GPU answers for: links beyond its count (or no NVLink at all) raise and are skipped."""
+    links = []
+    for link in range(int(getattr(p.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            state = p.nvml.nvmlDeviceGetNvLinkState(h, link)
+        except p.error_type:
+            continue
+        try:
+            version = int(p.nvml.nvmlDeviceGetNvLinkVersion(h, link))
+        except p.error_type:
+            version = None
+        links.append(NvLinkState(link=link, active=bool(state), version=version))
+    return tuple(links)
+
+
+def _clock_fields(p: _Probe, h: Any) -> dict[str, Any]:
+    c = p.const
+    return dict(
+        temperature_c=p.call("temperature", "nvmlDeviceGetTemperature", h, c("NVML_TEMPERATURE_GPU")),
+        slowdown_temperature_c=p.call(
+            "slowdown_temperature",
+            "nvmlDeviceGetTemperatureThreshold",
+            h,
+            c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
+        ),
+        sm_clock_mhz=p.call("sm_clock", "nvmlDeviceGetClockInfo", h, c("NVML_CLOCK_SM")),
+        max_sm_clock_mhz=p.call("max_sm_clock", "nvmlDeviceGetMaxClockInfo", h, c("NVML_CLOCK_SM")),
+        default_app_sm_clock_mhz=p.call(
+            "default_app_sm_clock", "nvmlDeviceGetDefaultApplicationsClock", h, c("NVML_CLOCK_SM")
+        ),
+    )
+
+
+def _pcie_fields(p: _Probe, h: Any) -> dict[str, Any]:
+    return dict(
         pcie_gen=p.call("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h),
         pcie_gen_max=p.call("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", h),
         pcie_gen_gpu_max=p.call("pcie_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration", h),
         pcie_width=p.call("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", h),
         pcie_width_max=p.call("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", h),
         pcie_replay_count=_field_uint(p, h, "pcie_replay", "NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
-        unavailable=p.unavailable,
     )
-    return h, state
 
 
 def _run_load(p: _Probe, h: Any, gpu: GpuIdentity, load: LoadFn, load_ms: float) -> list[LoadSample]:

@@ -44,25 +44,28 @@ SRC_NVML_PAGES = "NVML nvmlDeviceGetRetiredPages / nvmlDeviceGetRetiredPagesPend
 SRC_NVML_PCIE = "NVML nvmlDeviceGetCurrPcieLink* vs nvmlDeviceGetMaxPcieLink*"
 SRC_NVML_NVLINK = "NVML nvmlDeviceGetNvLinkState"
 SRC_TOPOLOGY = (
-    "NVML nvmlDeviceGetP2PStatus(NVLINK) / nvmlDeviceGetTopologyCommonAncestor; 'Your GPU Cluster Is Burning "
-    "Cash: My Bloody Battle with MoE Communication on Heterogeneous Hardware' (PCIe cards sold as SXM)"
-)
-SRC_AZURE_DEEPEP = (
-    "https://techcommunity.microsoft.com/blog/azurehighperformancecomputingblog/"
-    "achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
+    "NVML nvmlDeviceGetP2PStatus(NVLINK) / nvmlDeviceGetTopologyCommonAncestor; `nvidia-smi topo -m` (NV# between "
+    "SXM GPUs, PIX/NODE/SYS over PCIe): docs.nvidia.com/deploy/nvidia-smi"
 )
 SRC_ATOMICS = (
-    "lspci -vvv AtomicOpsCap/AtomicOpsCtl; NVSHMEM: 'device does not support all necessary atomic operations' "
-    f"({SRC_AZURE_DEEPEP})"
+    "lspci -vvv AtomicOpsCap/AtomicOpsCtl; NVSHMEM Installation Guide, hardware requirements (atomics need NVLink or "
+    "GPUDirect RDMA): docs.nvidia.com/nvshmem/release-notes-install-guide/install-guide/abstract.html"
 )
 SRC_IB = "/sys/class/infiniband/*/ports/*/{state,phys_state,rate}"
 SRC_NUMA = (
-    f"sysfs numa_node of GPU and NIC PCI functions; DeepEP on Azure: NUMA affinity ({SRC_AZURE_DEEPEP})"
+    "sysfs numa_node of GPU and NIC PCI functions; Azure HPC blog, 'Achieving Optimal Performance for DeepSeek "
+    "Expert Parallelism (DeepEP) on Azure' (2025-05-16): techcommunity.microsoft.com/blog/"
+    "azurehighperformancecomputingblog/achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
 )
-SRC_AFFINITY = f"os.sched_getaffinity vs the GPU's NVML CPU affinity ({SRC_AZURE_DEEPEP})"
+SRC_AFFINITY = (
+    "os.sched_getaffinity vs the GPU's NVML CPU affinity (nvmlDeviceGetCpuAffinity); Azure HPC blog, 'Achieving "
+    "Optimal Performance for DeepSeek Expert Parallelism (DeepEP) on Azure' (2025-05-16): techcommunity.microsoft.com/"
+    "blog/azurehighperformancecomputingblog/achieving-optimal-performance-for-deepseek-expert-parallelism-deepep-on-azure/4414699"
+)
 SRC_OUTLIER = (
-    "https://jingchaozhang.github.io/Dense-vs-MoE-Communication-Patterns-on-Azure-H100: 2 of 10 nodes "
-    "thermally throttled made a 2-node job 2.4x slower; the slowest GPU sets the pace"
+    "J. Zhang, 'Dense vs MoE: IB and GPU Communication Patterns' (2026): 2 of 10 Azure ND H100 v5 nodes thermally "
+    "throttled made a 2-node job 2.4x slower; the slowest GPU sets the pace: "
+    "jingchaozhang.github.io/Dense-vs-MoE-Communication-Patterns-on-Azure-H100"
 )
 
 # Clock-event reasons and how bad they are for a benchmark. NVML documents the hardware slowdowns as
@@ -420,39 +423,8 @@ def _nic(snap: HealthSnapshot, nic: NicState) -> list[Finding]:
             out.append(
                 _f(snap, subject, "ib_port", "pass", f"ACTIVE, {port.rate} ({port.link_layer})", SRC_IB)
             )
-    a = nic.atomics
-    if a is None or a.cap is None:
-        why = (
-            "lspci could not read its capabilities (run as root)"
-            if a is not None and a.access_denied
-            else "no lspci facts"
-        )
-        out.append(_f(snap, nic.name, "pcie_atomics", "info", f"AtomicOps unknown: {why}", SRC_ATOMICS))
-    elif not all(a.cap.values()):
-        missing = ", ".join(k for k, v in a.cap.items() if not v)
-        out.append(
-            _f(
-                snap,
-                nic.name,
-                "pcie_atomics",
-                "warn",
-                f"no PCIe AtomicOps ({missing}): NVSHMEM (DeepEP, IBGDA) skips this NIC; check PCI_ATOMIC_MODE in its firmware or leave it out of NVSHMEM_HCA_LIST",
-                SRC_ATOMICS,
-            )
-        )
-    elif a.ctl is not None and a.ctl.get("ReqEn") is False:
-        out.append(
-            _f(
-                snap,
-                nic.name,
-                "pcie_atomics",
-                "info",
-                "AtomicOps capable, requester not enabled (AtomicOpsCtl: ReqEn-)",
-                SRC_ATOMICS,
-            )
-        )
-    else:
-        out.append(_f(snap, nic.name, "pcie_atomics", "pass", "AtomicOps 32bit/64bit/128bitCAS", SRC_ATOMICS))
+    status, reason = _atomics_verdict(nic)
+    out.append(_f(snap, nic.name, "pcie_atomics", status, reason, SRC_ATOMICS))
     link = nic.pci_link
     if (
         link is not None
@@ -460,17 +432,31 @@ def _nic(snap: HealthSnapshot, nic: NicState) -> list[Finding]:
         and link.sta_width
         and (link.sta_width < link.cap_width or (link.sta_speed_gts or 0) < (link.cap_speed_gts or 0))
     ):
-        out.append(
-            _f(
-                snap,
-                nic.name,
-                "nic_pcie_link",
-                "warn",
-                f"PCIe {link.sta_speed_gts}GT/s x{link.sta_width}, capable of {link.cap_speed_gts}GT/s x{link.cap_width}",
-                "lspci -vvv LnkCap/LnkSta",
-            )
-        )
+        reason = f"PCIe {link.sta_speed_gts}GT/s x{link.sta_width}, capable of {link.cap_speed_gts}GT/s x{link.cap_width}"
+        out.append(_f(snap, nic.name, "nic_pcie_link", "warn", reason, "lspci -vvv LnkCap/LnkSta"))
     return out
+
+
+def _atomics_verdict(nic: NicState) -> tuple[Status, str]:
+    """PCIe AtomicOps, which NVSHMEM needs of a NIC: unknown without lspci's facts, warn when missing."""
+    a = nic.atomics
+    if a is None or a.cap is None:
+        why = (
+            "lspci could not read its capabilities (run as root)"
+            if a is not None and a.access_denied
+            else "no lspci facts"
+        )
+        return "info", f"AtomicOps unknown: {why}"
+    if not all(a.cap.values()):
+        missing = ", ".join(k for k, v in a.cap.items() if not v)
+        return (
+            "warn",
+            f"no PCIe AtomicOps ({missing}): NVSHMEM (DeepEP, IBGDA) skips this NIC; check PCI_ATOMIC_MODE in "
+            "its firmware or leave it out of NVSHMEM_HCA_LIST",
+        )
+    if a.ctl is not None and a.ctl.get("ReqEn") is False:
+        return "info", "AtomicOps capable, requester not enabled (AtomicOpsCtl: ReqEn-)"
+    return "pass", "AtomicOps 32bit/64bit/128bitCAS"
 
 
 def _gpu_nic_numa(snap: HealthSnapshot) -> list[Finding]:
@@ -608,87 +594,71 @@ def evaluate(snap: HealthSnapshot) -> list[Finding]:
 def compare_nodes(snaps: Sequence[HealthSnapshot]) -> list[Finding]:
     """Outliers across nodes (and across GPUs of one node): the slowest clocks, the nodes whose GPUs throttle,
     and hardware or drivers that differ, because one slow GPU sets the pace of every collective."""
-    out: list[Finding] = []
-    loaded = [(s, g) for s in snaps for g in s.gpus if g.loaded_sm_clock_mhz is not None]
-    if len(loaded) >= 2:
-        # compare as a fraction of each GPU's own max clock, so a lower-clocked model is not called sick
-        relative = all(reference_clock_mhz(g) for _, g in loaded)
-
-        def level(g: GpuState) -> float:
-            clock = g.loaded_sm_clock_mhz or 0.0
-            return clock / (reference_clock_mhz(g) or 1) if relative else clock
-
-        def show(g: GpuState) -> str:
-            clock = g.loaded_sm_clock_mhz or 0.0
-            return (
-                f"{clock:.0f} MHz ({level(g):.0%} of its {reference_clock_mhz(g)} MHz max)"
-                if relative
-                else f"{clock:.0f} MHz"
-            )
-
-        med = statistics.median(level(g) for _, g in loaded)
-        med_text = f"{med:.0%}" if relative else f"{med:.0f} MHz"
-        slow_s, slow_g = min(loaded, key=lambda sg: level(sg[1]))
-        status: Status = "warn" if level(slow_g) < OUTLIER_FRACTION * med else "pass"
-        out.append(
-            Finding(
-                host=slow_s.host, subject=slow_g.label, check="slowest_gpu", status=status,
-                reason=f"slowest GPU under load: {show(slow_g)} vs median {med_text} over {len(loaded)} GPUs",
-                source=SRC_OUTLIER,
-            )
-        )  # fmt: skip
-        for s, g in loaded:
-            if g is not slow_g and level(g) < OUTLIER_FRACTION * med:
-                out.append(
-                    Finding(
-                        host=s.host,
-                        subject=g.label,
-                        check="slow_gpu",
-                        status="warn",
-                        reason=f"{show(g)} under load, below {OUTLIER_FRACTION:.0%} of the median {med_text}",
-                        source=SRC_OUTLIER,
-                    )
-                )
-    for s in snaps if len(snaps) >= 2 else ():
+    out = _slow_gpus(snaps)
+    if len(snaps) < 2:
+        return out
+    for s in snaps:
         bad = [g.label for g in s.gpus if is_throttled(g)]
         if bad:
-            out.append(
-                Finding(
-                    host=s.host,
-                    subject="node",
-                    check="throttling_node",
-                    status="warn",
-                    reason=f"{len(bad)} of {len(s.gpus)} GPUs throttle ({', '.join(bad)}): this node sets the pace of a multi-node job",
-                    source=SRC_OUTLIER,
-                )
-            )
-    if len(snaps) >= 2:
-        for what, values in (
-            ("gpu_models", {s.host: tuple(sorted({g.name or "?" for g in s.gpus})) for s in snaps}),
-            ("driver_versions", {s.host: (s.driver_version or "?",) for s in snaps}),
-            (
-                "nic_rates",
-                {
-                    s.host: tuple(
-                        sorted({p.rate or "?" for n in s.nics for p in n.ports if p.state == "ACTIVE"})
-                    )
-                    for s in snaps
-                },
-            ),
-        ):
-            distinct = set(values.values())
-            if len(distinct) > 1:
-                detail = "; ".join(f"{h}: {', '.join(v) or '-'}" for h, v in sorted(values.items()))
-                out.append(
-                    Finding(
-                        host="*",
-                        subject="cluster",
-                        check=what,
-                        status="warn",
-                        reason=f"nodes differ in {what.replace('_', ' ')}: {detail}",
-                        source="moelab doctor cross-node comparison",
-                    )
-                )
+            reason = f"{len(bad)} of {len(s.gpus)} GPUs throttle ({', '.join(bad)}): this node sets the pace of a multi-node job"
+            out.append(_node_finding(s.host, "node", "throttling_node", reason, SRC_OUTLIER))
+    for what, values in (
+        ("gpu_models", {s.host: tuple(sorted({g.name or "?" for g in s.gpus})) for s in snaps}),
+        ("driver_versions", {s.host: (s.driver_version or "?",) for s in snaps}),
+        ("nic_rates", {s.host: _active_rates(s) for s in snaps}),
+    ):
+        if len(set(values.values())) > 1:
+            detail = "; ".join(f"{h}: {', '.join(v) or '-'}" for h, v in sorted(values.items()))
+            reason = f"nodes differ in {what.replace('_', ' ')}: {detail}"
+            out.append(_node_finding("*", "cluster", what, reason, "moelab doctor cross-node comparison"))
+    return out
+
+
+def _node_finding(host: str, subject: str, check: str, reason: str, source: str) -> Finding:
+    return Finding(host=host, subject=subject, check=check, status="warn", reason=reason, source=source)
+
+
+def _active_rates(s: HealthSnapshot) -> tuple[str, ...]:
+    return tuple(sorted({p.rate or "?" for n in s.nics for p in n.ports if p.state == "ACTIVE"}))
+
+
+def _slow_gpus(snaps: Sequence[HealthSnapshot]) -> list[Finding]:
+    """The slowest loaded GPU (warn when under OUTLIER_FRACTION of the median) and every other one that low,
+    as a fraction of each GPU's own max clock so that a lower-clocked model is not called sick."""
+    loaded = [(s, g) for s in snaps for g in s.gpus if g.loaded_sm_clock_mhz is not None]
+    if len(loaded) < 2:
+        return []
+    relative = all(reference_clock_mhz(g) for _, g in loaded)
+
+    def level(g: GpuState) -> float:
+        clock = g.loaded_sm_clock_mhz or 0.0
+        return clock / (reference_clock_mhz(g) or 1) if relative else clock
+
+    def show(g: GpuState) -> str:
+        clock = g.loaded_sm_clock_mhz or 0.0
+        if relative:
+            return f"{clock:.0f} MHz ({level(g):.0%} of its {reference_clock_mhz(g)} MHz max)"
+        return f"{clock:.0f} MHz"
+
+    med = statistics.median(level(g) for _, g in loaded)
+    med_text = f"{med:.0%}" if relative else f"{med:.0f} MHz"
+    slow_s, slow_g = min(loaded, key=lambda sg: level(sg[1]))
+    status: Status = "warn" if level(slow_g) < OUTLIER_FRACTION * med else "pass"
+    reason = f"slowest GPU under load: {show(slow_g)} vs median {med_text} over {len(loaded)} GPUs"
+    out = [
+        Finding(
+            host=slow_s.host,
+            subject=slow_g.label,
+            check="slowest_gpu",
+            status=status,
+            reason=reason,
+            source=SRC_OUTLIER,
+        )
+    ]
+    for s, g in loaded:
+        if g is not slow_g and level(g) < OUTLIER_FRACTION * med:
+            reason = f"{show(g)} under load, below {OUTLIER_FRACTION:.0%} of the median {med_text}"
+            out.append(_node_finding(s.host, g.label, "slow_gpu", reason, SRC_OUTLIER))
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from moelab.core.errors import MoelabError
 from moelab.health import rules
-from moelab.health.model import STATUS_RANK, Finding, GpuPair, GpuState, HealthSnapshot, Status
+from moelab.health.model import STATUS_RANK, Finding, GpuPair, GpuState, HealthSnapshot, NicState, Status
 from moelab.health.nvml_probe import LoadFn, probe_nvml, torch_matmul_load
 from moelab.health.sysfs_probe import (
     LspciRunner,
@@ -84,16 +84,7 @@ def take_snapshot(
             report.pairs,
         )
         gpus = tuple(_fill_numa_from_sysfs(g, sysfs_root) for g in report.gpus)
-
-    nics = ib_devices(sysfs_root)
-    if not nics:
-        unavailable["nics"] = "no InfiniBand/RDMA devices under /sys/class/infiniband"
-    elif lspci is not None:
-        bus_ids = [n.pci_bus_id for n in nics if n.pci_bus_id]
-        try:
-            nics = with_pci_facts(nics, lspci(bus_ids))
-        except (OSError, ValueError) as exc:
-            unavailable["lspci"] = str(exc)
+    nics = _nics(sysfs_root, lspci, unavailable)
     return HealthSnapshot(
         host=host or socket.gethostname(),
         taken_at=now().isoformat(timespec="seconds"),
@@ -108,6 +99,22 @@ def take_snapshot(
         local_gpu=local_gpu,
         unavailable=unavailable,
     )
+
+
+def _nics(
+    sysfs_root: str | Path, lspci: LspciRunner | None, unavailable: dict[str, str]
+) -> tuple[NicState, ...]:
+    """The node's InfiniBand/RDMA devices, with lspci's PCI facts where lspci runs."""
+    nics = ib_devices(sysfs_root)
+    if not nics:
+        unavailable["nics"] = "no InfiniBand/RDMA devices under /sys/class/infiniband"
+    elif lspci is not None:
+        bus_ids = [n.pci_bus_id for n in nics if n.pci_bus_id]
+        try:
+            nics = with_pci_facts(nics, lspci(bus_ids))
+        except (OSError, ValueError) as exc:
+            unavailable["lspci"] = str(exc)
+    return nics
 
 
 def take_snapshot_subprocess(

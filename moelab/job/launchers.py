@@ -122,9 +122,11 @@ def _program(plan: LaunchPlan, rank_var: str) -> list[str]:
 
 def _torchrun_tail(plan: LaunchPlan) -> list[str]:
     common = [
-        "--max-restarts", str(plan.max_restarts),
-        "--monitor-interval", f"{plan.monitor_interval_s:g}",
-    ]  # fmt: skip
+        "--max-restarts",
+        str(plan.max_restarts),
+        "--monitor-interval",
+        f"{plan.monitor_interval_s:g}",
+    ]
     if plan.nsys is None:
         return [*common, "-m", plan.worker_module, *plan.worker_args]
     # --no-python: torchrun execs the entrypoint (nsys) itself; each rank has RANK in its environment
@@ -135,10 +137,16 @@ def torchrun_local_argv(plan: LaunchPlan) -> list[str]:
     """One host: torchrun --standalone (a private rendezvous on a free port)."""
     plan.validate()
     return [
-        plan.python, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(plan.gpus_per_node),
+        plan.python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(plan.gpus_per_node),
         *_torchrun_tail(plan),
-    ]  # fmt: skip
+    ]
 
 
 def torchrun_multinode_argv(plan: LaunchPlan) -> list[str]:
@@ -153,10 +161,20 @@ def torchrun_multinode_argv(plan: LaunchPlan) -> list[str]:
     if plan.rdzv_endpoint is None:
         raise SpecError("torchrun across nodes needs --rdzv-endpoint HOST:PORT (a host all nodes can reach)")
     argv = [
-        plan.python, "-m", "torch.distributed.run",
-        "--nnodes", str(plan.nodes), "--nproc-per-node", str(plan.gpus_per_node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", plan.rdzv_endpoint, "--rdzv-id", plan.rdzv_id,
-    ]  # fmt: skip
+        plan.python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(plan.nodes),
+        "--nproc-per-node",
+        str(plan.gpus_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        plan.rdzv_endpoint,
+        "--rdzv-id",
+        plan.rdzv_id,
+    ]
     if plan.node_rank is not None:
         argv += ["--rdzv-conf", f"is_host={'true' if plan.node_rank == 0 else 'false'}"]
     return argv + _torchrun_tail(plan)
@@ -175,9 +193,14 @@ def srun_argv(plan: LaunchPlan) -> list[str]:
     """Inside an allocation: one srun step, one task per rank; ranks map SLURM_* with dist_env_from_slurm."""
     plan.validate()
     argv = [
-        "srun", "--nodes", str(plan.nodes), "--ntasks-per-node", str(plan.gpus_per_node),
-        "--ntasks", str(plan.world),
-    ]  # fmt: skip
+        "srun",
+        "--nodes",
+        str(plan.nodes),
+        "--ntasks-per-node",
+        str(plan.gpus_per_node),
+        "--ntasks",
+        str(plan.world),
+    ]
     if plan.device == "cuda":
         argv += ["--gpus-per-node", str(plan.gpus_per_node)]
     argv += ["--kill-on-bad-exit=1"]

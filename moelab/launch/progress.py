@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
 from moelab.job.events import PROGRESS_FILE, read_events
+from moelab.plan.case_list import NOT_RUN
 
 POLL_S = 0.25
 
@@ -37,11 +38,20 @@ def fmt_seconds(s: float) -> str:
     return f"{m} min {sec:02d} s"
 
 
+NOT_MEASURED = ("unsupported", "skipped")
+
+
 @dataclass
 class JobProgress:
-    """What the events of one job say so far; `apply` folds one event in."""
+    """What the events of one job say so far; `apply` folds one event in.
+
+    `kinds` maps each case id to what it will cost (moelab.plan.case_list.planned_kind: its case kind, or
+    NOT_RUN for a case the plan knows will be skipped or unsupported): the estimate holds the cases left
+    against the finished cases of their own kind, so one slow measured case does not make four
+    unsupported ones look like minutes."""
 
     num_cases: int
+    kinds: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
     done: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
@@ -49,6 +59,8 @@ class JobProgress:
     op: str | None = None
     case_started: float | None = None
     case_seconds: list[float] = field(default_factory=list)
+    by_kind: dict[str, list[float]] = field(default_factory=dict)  # seconds of the finished cases per kind
+    finished: set[str] = field(default_factory=set)
     setup_s: dict[str, float] = field(default_factory=dict)
 
     def apply(self, event: dict[str, Any]) -> None:
@@ -67,36 +79,64 @@ class JobProgress:
             seconds = event.get("seconds")
             if not isinstance(seconds, (int, float)) and self.case_started is not None and t is not None:
                 seconds = float(t) - self.case_started
+            case_id = str(event.get("case_id"))
             if isinstance(seconds, (int, float)):
                 self.case_seconds.append(float(seconds))
+                kind = NOT_RUN if event.get("status") in NOT_MEASURED else self.kinds.get(case_id, "case")
+                self.by_kind.setdefault(kind, []).append(float(seconds))
+            self.finished.add(case_id)
             self.case_id, self.op, self.case_started = None, None, None
 
     def elapsed(self, now: float | None = None) -> float:
         return (now if now is not None else time.time()) - self.started
 
+    def _expected(self, kind: str) -> float | None:
+        """Seconds a case of `kind` takes: the mean of the finished ones of that kind; a case the plan
+        knows will not run, none; a kind not seen yet, the mean of the measured cases so far."""
+        seen = self.by_kind.get(kind)
+        if seen:
+            return sum(seen) / len(seen)
+        if kind == NOT_RUN:
+            return 0.0
+        measured = [t for k, ts in self.by_kind.items() if k != NOT_RUN for t in ts]
+        return sum(measured) / len(measured) if measured else None
+
     def estimate_left(self, now: float | None = None) -> float | None:
-        """Seconds until the job ends, from the mean time of the cases done so far; None before the
-        first case ends (the first case also pays JIT and warm-up, so the estimate settles after it)."""
+        """Seconds until the job ends, each case left held against the finished cases of its own kind;
+        None before the first case ends (the first also pays JIT and warm-up, so the estimate settles
+        after it)."""
         if not self.case_seconds:
             return None
-        remaining = max(self.num_cases - self.done, 0)
-        mean = sum(self.case_seconds) / len(self.case_seconds)
-        running = 0.0
-        if self.case_started is not None:
-            running = min((now if now is not None else time.time()) - self.case_started, mean)
-        return max(remaining * mean - running, 0.0)
+        left = [k for cid, k in self.kinds.items() if cid not in self.finished and cid != self.case_id]
+        unknown = max(self.num_cases - self.done - len(left) - (self.case_id is not None), 0)
+        left += ["case"] * unknown  # cases the plan named no kind for
+        expected = [self._expected(k) for k in left]
+        running = self._expected(self.kinds.get(self.case_id, "case")) if self.case_id is not None else 0.0
+        if running is None or any(e is None for e in expected):
+            return None
+        if self.case_started is not None and self.case_id is not None:
+            elapsed = (now if now is not None else time.time()) - self.case_started
+            running = max(running - elapsed, 0.0)
+        return max(sum(e for e in expected if e is not None) + running, 0.0)
 
 
 class JobWatch:
     """Tails one job's progress file on a thread and renders it; see watch_job."""
 
     def __init__(
-        self, job_dir: Path, num_cases: int, world: int, device: str, quiet: bool, console: Console
+        self,
+        job_dir: Path,
+        num_cases: int,
+        world: int,
+        device: str,
+        quiet: bool,
+        console: Console,
+        kinds: dict[str, str] | None = None,
     ) -> None:
         self.path = job_dir / PROGRESS_FILE
         self.backend = job_dir.name
         self.ranks = f"{world} {device} rank{'s' if world != 1 else ''}"
-        self.state = JobProgress(num_cases=num_cases)
+        self.state = JobProgress(num_cases=num_cases, kinds=dict(kinds or {}))
         self.quiet = quiet
         self.console = console
         self._offset = 0
@@ -200,10 +240,17 @@ class JobWatch:
 
 @contextmanager
 def watch_job(
-    job_dir: Path, num_cases: int, world: int, device: str, quiet: bool, console: Console | None = None
+    job_dir: Path,
+    num_cases: int,
+    world: int,
+    device: str,
+    quiet: bool,
+    console: Console | None = None,
+    kinds: dict[str, str] | None = None,
 ) -> Iterator[JobWatch]:
     """Show a backend job's progress while the body (the launched job) runs; yields the watch, whose
-    `state.setup_s` holds the job's one-time costs once the body is done."""
+    `state.setup_s` holds the job's one-time costs once the body is done. `kinds`: each case's planned
+    kind, for the estimate (JobProgress)."""
     watch = JobWatch(
         job_dir,
         num_cases,
@@ -211,6 +258,7 @@ def watch_job(
         device,
         quiet,
         console or Console(highlight=False, markup=False, soft_wrap=True),
+        kinds,
     )
     watch.start()
     try:

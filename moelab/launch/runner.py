@@ -23,6 +23,7 @@ from moelab.job.local import JobOutcome, run_job
 from moelab.job.rundir import JobFiles, RunDir
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.progress import watch_job
+from moelab.plan.case_list import planned_kind
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
 from moelab.store.judgments import judge
@@ -135,10 +136,11 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False, re
 
         require_healthy(before)  # type: ignore[arg-type]
     num_cases, launch = len(spec.cases_for(backend)), spec.launch
+    kinds = {c.case_id: planned_kind(c, launch) for c in spec.cases_for(backend)}
     if spec.trace.mode == "nsys" or spec.trace.wrap:
         files.traces_dir.mkdir(parents=True, exist_ok=True)  # the tools write there, and make no folder
     with (
-        watch_job(files.dir, num_cases, launch.world, launch.device, quiet),
+        watch_job(files.dir, num_cases, launch.world, launch.device, quiet, kinds=kinds),
         contention.ContentionMonitor(spec.run_id, own_busy=launch.nproc_per_node) as monitor,
     ):
         outcome = run_job(

@@ -39,52 +39,32 @@ def _dense_weights(idx: torch.Tensor, weights: torch.Tensor, experts_per_rank: i
     return dense
 
 
+def _failed(message: str, error: float = float("inf")) -> DispatchCheck:
+    return DispatchCheck(ok=False, error=error, message=message, order=None, ref_rows=None)
+
+
 def check_dispatch(
     d: Dispatched, expected: ExpectedDispatch, workload: Workload, world: int
 ) -> DispatchCheck:
     d = received_rows(d)  # a padded result (row count on the GPU) is read here, outside any timed region
     if d.num_rows != expected.num_rows:
-        return DispatchCheck(
-            ok=False,
-            error=float("inf"),
-            message=f"received {d.num_rows} rows, expected {expected.num_rows}",
-            order=None,
-            ref_rows=None,
-        )
+        return _failed(f"received {d.num_rows} rows, expected {expected.num_rows}")
     recv = d.recv_x_float()  # stays on its device: the error is computed there
     src, tok, exact = decode_identity(recv)
     if not exact:
-        return DispatchCheck(
-            ok=False,
-            error=float("inf"),
-            message="received rows carry no valid token identity (payload corrupted)",
-            order=None,
-            ref_rows=None,
-        )
+        return _failed("received rows carry no valid token identity (payload corrupted)")
     num_tokens = workload.tokens_per_rank
     keys = src * num_tokens + tok
     expected_keys = expected.src_rank * num_tokens + expected.src_token
     order = torch.argsort(keys)
     if not torch.equal(keys[order], expected_keys):
         missing = len(set(expected_keys.tolist()) - set(keys.tolist()))
-        return DispatchCheck(
-            ok=False,
-            error=float("inf"),
-            message=f"wrong set of received tokens ({missing} expected tokens missing or duplicated)",
-            order=None,
-            ref_rows=None,
-        )
-    ref_sorted = torch.empty(expected.num_rows, workload.hidden, dtype=torch.bfloat16)
-    for s in range(world):
-        sel = torch.nonzero(expected.src_rank == s).squeeze(1)
-        if sel.numel():
-            ref_sorted[sel] = make_tokens(workload, s)[expected.src_token[sel]]
+        return _failed(f"wrong set of received tokens ({missing} expected tokens missing or duplicated)")
+    ref_sorted = _reference_rows(expected, workload, world)
     err = relative_error(recv[order.to(recv.device)], ref_sorted)
     tol = DISPATCH_TOL.get(workload.dtype, 0.0)
     if not err <= tol:
-        return DispatchCheck(
-            ok=False, error=err, message=f"payload error {err:.3g} > {tol:g}", order=None, ref_rows=None
-        )
+        return _failed(f"payload error {err:.3g} > {tol:g}", err)
     got_w = _dense_weights(
         d.recv_topk_idx[order.to(d.recv_topk_idx.device)],
         d.recv_topk_weights[order.to(d.recv_topk_weights.device)],
@@ -92,16 +72,20 @@ def check_dispatch(
     )
     want_w = _dense_weights(expected.topk_idx_local, expected.topk_weights, workload.experts_per_rank)
     if not torch.allclose(got_w, want_w, rtol=1e-6, atol=1e-7):
-        return DispatchCheck(
-            ok=False,
-            error=err,
-            message="received expert ids or weights differ from the routing",
-            order=None,
-            ref_rows=None,
-        )
+        return _failed("received expert ids or weights differ from the routing", err)
     ref_in_recv_order = torch.empty_like(ref_sorted)
     ref_in_recv_order[order] = ref_sorted
     return DispatchCheck(ok=True, error=err, message="ok", order=order, ref_rows=ref_in_recv_order)
+
+
+def _reference_rows(expected: ExpectedDispatch, workload: Workload, world: int) -> torch.Tensor:
+    """The rows this rank should receive, in (source rank, token) order, regenerated from each source's seed."""
+    ref_sorted = torch.empty(expected.num_rows, workload.hidden, dtype=torch.bfloat16)
+    for s in range(world):
+        sel = torch.nonzero(expected.src_rank == s).squeeze(1)
+        if sel.numel():
+            ref_sorted[sel] = make_tokens(workload, s)[expected.src_token[sel]]
+    return ref_sorted
 
 
 def expert_out_for(d: Dispatched, ref_rows: torch.Tensor, rank: int, experts_per_rank: int) -> torch.Tensor:

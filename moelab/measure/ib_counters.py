@@ -168,6 +168,34 @@ def _worse(a: str, b: str) -> str:
     return a if order.index(a) <= order.index(b) else b
 
 
+def _port_delta(b: IbPortSample, a: IbPortSample | None, elapsed: float, word_bytes: int) -> IbPortDelta:
+    """One port's bytes between two samples (`a` None: it vanished), judged against what its link could carry."""
+    rate = (a.rate_gbps if a else None) or b.rate_gbps
+    # words a link can carry in `elapsed` (rate in Gb/s of data), with 10% slack for clock error
+    max_words = rate * 1e9 / 8 * elapsed * 1.1 / word_bytes if rate else None
+    bits = b.counter_bits if a is None or a.counter_bits == b.counter_bits else None
+    xw, xs, xwrap = _counter_delta(b.xmit_words, a.xmit_words if a else None, bits, max_words)
+    rw, rs, rwrap = _counter_delta(b.rcv_words, a.rcv_words if a else None, bits, max_words)
+    status = _worse(xs, rs)
+    if status == "ok" and (b.state != "ACTIVE" or a is None or a.state != "ACTIVE"):
+        status = "not_active"
+    xb = xw * word_bytes if xw is not None else None
+    rb = rw * word_bytes if rw is not None else None
+    return IbPortDelta(
+        device=b.device,
+        port=b.port,
+        status=status,
+        xmit_bytes=xb,
+        rcv_bytes=rb,
+        xmit_gbps=xb / elapsed / 1e9 if xb is not None else None,
+        rcv_gbps=rb / elapsed / 1e9 if rb is not None else None,
+        wrapped=xwrap or rwrap,
+        state_before=b.state,
+        state_after=a.state if a else None,
+        rate_gbps=rate,
+    )
+
+
 def delta(
     before: IbSample | None,
     after: IbSample | None,
@@ -182,52 +210,24 @@ def delta(
         raise ValueError(f"elapsed time must be > 0, got {elapsed}")
     after_by_name = {p.name: p for p in after.ports}
     before_names = {p.name for p in before.ports}
-    out: list[IbPortDelta] = []
-    for b in before.ports:
-        a = after_by_name.get(b.name)
-        rate = (a.rate_gbps if a else None) or b.rate_gbps
-        # words a link can carry in `elapsed` (rate in Gb/s of data), with 10% slack for clock error
-        max_words = rate * 1e9 / 8 * elapsed * 1.1 / word_bytes if rate else None
-        bits = b.counter_bits if a is None or a.counter_bits == b.counter_bits else None
-        xw, xs, xwrap = _counter_delta(b.xmit_words, a.xmit_words if a else None, bits, max_words)
-        rw, rs, rwrap = _counter_delta(b.rcv_words, a.rcv_words if a else None, bits, max_words)
-        status = _worse(xs, rs)
-        if status == "ok" and (b.state != "ACTIVE" or a is None or a.state != "ACTIVE"):
-            status = "not_active"
-        xb = xw * word_bytes if xw is not None else None
-        rb = rw * word_bytes if rw is not None else None
-        out.append(
-            IbPortDelta(
-                device=b.device,
-                port=b.port,
-                status=status,
-                xmit_bytes=xb,
-                rcv_bytes=rb,
-                xmit_gbps=xb / elapsed / 1e9 if xb is not None else None,
-                rcv_gbps=rb / elapsed / 1e9 if rb is not None else None,
-                wrapped=xwrap or rwrap,
-                state_before=b.state,
-                state_after=a.state if a else None,
-                rate_gbps=rate,
-            )
+    out = [_port_delta(b, after_by_name.get(b.name), elapsed, word_bytes) for b in before.ports]
+    out += [
+        IbPortDelta(
+            device=a.device,
+            port=a.port,
+            status="appeared",
+            xmit_bytes=None,
+            rcv_bytes=None,
+            xmit_gbps=None,
+            rcv_gbps=None,
+            wrapped=False,
+            state_before=None,
+            state_after=a.state,
+            rate_gbps=a.rate_gbps,
         )
-    for a in after.ports:
-        if a.name not in before_names:
-            out.append(
-                IbPortDelta(
-                    device=a.device,
-                    port=a.port,
-                    status="appeared",
-                    xmit_bytes=None,
-                    rcv_bytes=None,
-                    xmit_gbps=None,
-                    rcv_gbps=None,
-                    wrapped=False,
-                    state_before=None,
-                    state_after=a.state,
-                    rate_gbps=a.rate_gbps,
-                )
-            )
+        for a in after.ports
+        if a.name not in before_names
+    ]
     xmit = sum(p.xmit_bytes for p in out if p.xmit_bytes is not None)
     rcv = sum(p.rcv_bytes for p in out if p.rcv_bytes is not None)
     unknown = tuple(f"{p.device}/{p.port}" for p in out if p.xmit_bytes is None or p.rcv_bytes is None)

@@ -58,18 +58,34 @@ def measure_peaks(clock: Clock, rank: int, world: int) -> list[MeasuredPeak]:
                 w.wait()
 
         t = _median_slowest(clock, exchange)
-        out.append(MeasuredPeak(
-            name=f"peer_copy_shift{shift}", gbps=PEAK_BYTES / (t * 1e-6) / 1e9, bytes=PEAK_BYTES,
-            definition=f"every rank sends {PEAK_BYTES >> 20} MiB to the rank {shift} on and receives as much, concurrently (NCCL send/recv in one group): bytes per rank and direction / the slowest rank's median time",
-        ))  # fmt: skip
+        out.append(
+            MeasuredPeak(
+                name=f"peer_copy_shift{shift}",
+                gbps=PEAK_BYTES / (t * 1e-6) / 1e9,
+                bytes=PEAK_BYTES,
+                definition=f"every rank sends {PEAK_BYTES >> 20} MiB to the rank {shift} on and receives as much, concurrently (NCCL send/recv in one group): bytes per rank and direction / the slowest rank's median time",
+            )
+        )
     a2a_in = torch.ones(elems, dtype=torch.bfloat16, device=dev)
     a2a_out = torch.empty_like(a2a_in)
     t = _median_slowest(clock, lambda: dist.all_to_all_single(a2a_out, a2a_in, group=clock.group))  # type: ignore[arg-type]
     remote = PEAK_BYTES * (world - 1) // world
-    out.append(MeasuredPeak(name="a2a_algbw", gbps=PEAK_BYTES / (t * 1e-6) / 1e9, bytes=PEAK_BYTES,
-                            definition="all_to_all_single, equal splits: every byte a rank sends (own share included) / the slowest rank's median time"))  # fmt: skip
-    out.append(MeasuredPeak(name="a2a_remote", gbps=remote / (t * 1e-6) / 1e9, bytes=remote,
-                            definition="the same all_to_all_single: only the bytes sent to other ranks / the slowest rank's median time"))  # fmt: skip
+    out.append(
+        MeasuredPeak(
+            name="a2a_algbw",
+            gbps=PEAK_BYTES / (t * 1e-6) / 1e9,
+            bytes=PEAK_BYTES,
+            definition="all_to_all_single, equal splits: every byte a rank sends (own share included) / the slowest rank's median time",
+        )
+    )
+    out.append(
+        MeasuredPeak(
+            name="a2a_remote",
+            gbps=remote / (t * 1e-6) / 1e9,
+            bytes=remote,
+            definition="the same all_to_all_single: only the bytes sent to other ranks / the slowest rank's median time",
+        )
+    )
     return out
 
 

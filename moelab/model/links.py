@@ -18,6 +18,11 @@ adds or overrides entries (`--peaks FILE`):
     gbps = 50.0
 
 Longer patterns win, so "H100 PCIe" beats "H100".
+
+What the machine reports comes first: `reported_link` turns NVML's reading of a GPU (its active NVLink links,
+their version, their speed, its PCIe link; moelab.health's snapshot, stored with every run) into the link
+peak of that GPU, NVLink when links are active, else PCIe. The named table is the fallback where NVML read
+nothing, and says so.
 """
 
 from __future__ import annotations
@@ -111,6 +116,79 @@ BUILTIN_NICS: tuple[LinkPeak, ...] = (
 )
 
 
+# NVLink per link and direction, GB/s, by generation (the datasheets above: P100 NVLink1 20 GB/s, V100
+# NVLink2 and A100 NVLink3 25 GB/s, H100/H200 NVLink4 26.56 GB/s, Blackwell NVLink5 50 GB/s)
+NVLINK_GBPS_PER_LINK: dict[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: NVLINK4_LINK, 5: 50.0}
+# nvmlDeviceGetNvLinkVersion returns nvmlNvlinkVersion_t (nvml.h): the code, not the generation
+NVML_NVLINK_VERSIONS: dict[int, str] = {
+    1: "1.0",
+    2: "2.0",
+    3: "2.2",
+    4: "3.0",
+    5: "3.1",
+    6: "4.0",
+    7: "5.0",
+    8: "6.0",
+}
+PCIE_GTS: dict[int, float] = {3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}  # GT/s per lane (128b/130b from Gen3 on)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFacts:
+    """What NVML reported of one GPU's links (moelab.health.model.GpuState's fields)."""
+
+    nvlinks_active: int = 0
+    nvlink_version: int | None = None  # nvmlNvlinkVersion_t code of the first active link
+    nvlink_speed_mbps: float | None = None  # per link, as NVML reports it (MB/s)
+    pcie_gen: int | None = None  # the link's maximum generation and width (not the idle, down-trained one)
+    pcie_width: int | None = None
+
+
+def pcie_gbps(gen: int, width: int) -> float | None:
+    """One direction of a PCIe link: GT/s per lane x lanes x 128/130 / 8 bits (Gen6's FLIT counted alike)."""
+    rate = PCIE_GTS.get(gen)
+    return None if rate is None or width <= 0 else rate * width * 128 / 130 / 8
+
+
+def nvlink_generation(version_code: int | None) -> int | None:
+    name = NVML_NVLINK_VERSIONS.get(version_code) if version_code is not None else None
+    return int(name.split(".")[0]) if name else None
+
+
+def reported_link(facts: LinkFacts) -> LinkPeak | None:
+    """The GPU's peer link as NVML reported it: its active NVLink links (count x per-link rate: NVML's speed
+    where it gave a plausible one, else the generation's datasheet rate), else its PCIe link; None when NVML
+    reported neither."""
+    host = pcie_gbps(facts.pcie_gen, facts.pcie_width) if facts.pcie_gen and facts.pcie_width else None
+    if facts.nvlinks_active > 0:
+        gen = nvlink_generation(facts.nvlink_version)
+        speed = (facts.nvlink_speed_mbps or 0) / 1e3
+        measured = 5.0 <= speed <= 500.0  # GB/s per link: anything else is not a link rate
+        per_link = speed if measured else NVLINK_GBPS_PER_LINK.get(gen or 0)
+        if per_link is None:
+            return None
+        name = f"NVLink{gen}" if gen else "NVLink"
+        how = "per-link rate from NVML" if measured else f"per-link rate from the {name} datasheet"
+        version = NVML_NVLINK_VERSIONS.get(facts.nvlink_version or 0, "?")
+        return LinkPeak(
+            pattern="",
+            link=f"{name} {facts.nvlinks_active} x {per_link:.2f} GB/s",
+            gbps=facts.nvlinks_active * per_link,
+            source=f"NVML: {facts.nvlinks_active} active NVLink links, version {version}; {how}",
+            host_gbps=host or PCIE_GEN5_X16,
+        )
+    if host is None:
+        return None
+    return LinkPeak(
+        pattern="",
+        link=f"PCIe Gen{facts.pcie_gen} x{facts.pcie_width}",
+        gbps=host,
+        intra="pcie",
+        host_gbps=host,
+        source="NVML: no active NVLink link; the GPU's PCIe link (maximum generation and width)",
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeakTable:
     gpus: tuple[LinkPeak, ...] = BUILTIN_GPUS
@@ -120,6 +198,11 @@ class PeakTable:
 
     def gpu(self, name: str | None) -> LinkPeak | None:
         return _match(self.gpus, name)
+
+    def user_gpu(self, name: str | None) -> LinkPeak | None:
+        """The entry of a user peaks file that names this GPU (it wins over what NVML reported)."""
+        hit = self.gpu(name)
+        return hit if hit is not None and hit.pattern in self.overrides else None
 
     def nic(self, name: str | None) -> LinkPeak | None:
         return _match(self.nics, name)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from moelab.core.workload import PAYLOAD_DTYPES, RoutingSpec, payload_bytes_per_token
 from moelab.model.bound import bytes_per_row
-from moelab.model.links import PeakTable
+from moelab.model.links import LinkPeak, PeakTable
 from moelab.model.published import PublishedRow, load_rows
 from moelab.model.stored import case_bound
+from moelab.reports import hardware
 from moelab.reports.analysis import fraction_of_peak
+from moelab.reports.hardware import JobLinks
 
 BOUND_NOTE = (
     "% bound: moelab model's lower-bound time for the case's own ranks, GPUs per node, workload and backend "
@@ -34,19 +37,38 @@ def gpu_by_run_backend(environment: Sequence[dict[str, Any]]) -> dict[tuple[str,
 
 
 def annotate_bounds(
-    results: list[dict[str, Any]], environment: Sequence[dict[str, Any]], table: PeakTable
+    results: list[dict[str, Any]],
+    environment: Sequence[dict[str, Any]],
+    table: PeakTable,
+    links: JobLinks | None = None,
 ) -> None:
+    """`links`: each job's link as its machine reported it (hardware.job_links); where NVML reported one,
+    the bound takes it instead of the datasheet of the GPU's name (a measured peer copy still comes first).
+    One rank moves nothing over a link: it gets no bound."""
     gpus = gpu_by_run_backend(environment)
     combine_bytes = {_case_key(r): r["bytes_per_row"] for r in results if r["op"] == "combine"}
+    tables: dict[tuple[str, str], PeakTable] = {}
     for r in results:
         combine = stored_combine_dtype(r["hidden"], combine_bytes.get(_case_key(r)))
         traits = (r.get("dispatch_family"), combine)  # a run before the family was stored: the fastest
-        gpu = gpus.get((r["run_id"], r["backend"]))
-        b = case_bound(r, r["op"], gpu, r.get("measured_peer_peak_gbps"), table, traits)
+        job = (r["run_id"], r["backend"])
+        gpu = gpus.get(job)
+        if job not in tables:
+            tables[job] = reported_table(table, gpu, links.get(*job) if links else None)
+        peer = r.get("measured_peer_peak_gbps")
+        b = None if r["world"] == 1 else case_bound(r, r["op"], gpu, peer, tables[job], traits)
         r["bound_us"] = b.time_us if b else None
         r["bound_family"] = b.family if b else None
         r["bound_links"] = b.links if b else None
         r["frac_bound"] = fraction_of_peak(b.time_us, r["median_us"]) if b else None
+
+
+def reported_table(table: PeakTable, gpu: str | None, peak: LinkPeak | None) -> PeakTable:
+    """`table` with the job's reported link first for its GPU (its full name is the longest pattern)."""
+    if gpu is None or peak is None or hardware.basis(peak) != "NVML":
+        return table
+    entry = replace(peak, pattern=gpu)
+    return replace(table, gpus=(entry, *table.gpus))
 
 
 def _case_key(r: dict[str, Any]) -> tuple[str, str, str]:

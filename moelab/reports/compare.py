@@ -1,8 +1,8 @@
 """Side-by-side comparison of measured cases grouped by one key (backend, GPU model, a software version,
 label or run), matched on the workload and SM count.
 
-Bandwidth is also given as a fraction of each group's own link peak (moelab.model.links, by the GPU name each
-run recorded), so hardware generations compare by how much of their link they use, not only by GB/s, and
+Bandwidth is also given as a fraction of each group's own link peak (moelab.reports.hardware: what each
+run's machine reported, the datasheet of its GPU where it stored no reading), so hardware generations compare by how much of their link they use, not only by GB/s, and
 as a fraction of moelab model's bound for the case's own topology (`% bound`, moelab.reports.bounds).
 When several runs give the same group the same case, the newest run's number is used.
 
@@ -23,8 +23,8 @@ from typing import Any
 
 from moelab.core.errors import MoelabError
 from moelab.core.intervals import Interval, ratio_interval, ratio_point
-from moelab.model.links import PeakTable
 from moelab.reports.analysis import fraction_of_peak
+from moelab.reports.hardware import JobLinks
 
 ProcessMedians = dict[tuple[str, str, str, str], tuple[list[float], list[float]]]
 INTERVAL_NOTE = (
@@ -206,7 +206,7 @@ def build(
     results: Sequence[dict[str, Any]],
     environment: Sequence[dict[str, Any]],
     runs: Sequence[dict[str, Any]],
-    peaks: PeakTable,
+    links: JobLinks,
     by: str,
     metric: str = "nvl_recv",
     reference: str | None = None,
@@ -232,8 +232,8 @@ def build(
         key = (label, r["op"], r["sms"])
         row = rows.setdefault(key, CompareRow(label=label, op=r["op"], sms=r["sms"]))
         gpu = (env or {}).get("gpu_name")
-        peak = peaks.gpu(gpu)
-        gbps = r[METRICS[metric]]
+        peak = links.get(r["run_id"], r["backend"]) if r["world"] != 1 else None
+        gbps = r[METRICS[metric]] if r["world"] != 1 else None  # one rank: nothing crossed a link
         frac = (
             fraction_of_peak(gbps, peak.gbps if peak else None)
             if r["op"] not in ("roundtrip", "pair", "layout")

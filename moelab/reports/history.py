@@ -116,12 +116,21 @@ class History:
         for s in self.series:
             for st in s.steps:
                 i = st.index
-                out.append({
-                    "series": s.title, "anchor": s.anchor, "run_before": str(s.run_ids[i - 1]), "run_after": str(s.run_ids[i]),
-                    "when": datetime.fromtimestamp(float(s.t[i]), tz=timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                    "before_us": st.before, "after_us": st.after, "change": st.change,
-                    "verdict": "slower" if st.change > 0 else "faster",
-                })  # fmt: skip
+                out.append(
+                    {
+                        "series": s.title,
+                        "anchor": s.anchor,
+                        "run_before": str(s.run_ids[i - 1]),
+                        "run_after": str(s.run_ids[i]),
+                        "when": datetime.fromtimestamp(float(s.t[i]), tz=timezone.utc).strftime(
+                            "%Y-%m-%d %H:%M"
+                        ),
+                        "before_us": st.before,
+                        "after_us": st.after,
+                        "change": st.change,
+                        "verdict": "slower" if st.change > 0 else "faster",
+                    }
+                )
         return sorted(out, key=lambda r: (-abs(r["change"]), r["series"]))
 
 
@@ -205,16 +214,28 @@ def _split(cols: dict[str, np.ndarray]) -> list[Series]:
         a, b = int(a_), int(b_)
         first: dict[str, Any] = {k: (v[a] if not np.ma.is_masked(v[a]) else None) for k, v in cols.items()}
         sms = int(first["sms"])
-        out.append(Series(
-            ident=n, backend=str(first["backend"]),
-            variant=f"{first['backend']} {first['dtype']}{_knobs_text(str(first['knobs']))}", op=str(first["op"]),
-            workload=(f"hidden {first['hidden']}, {first['tokens_per_rank']} tokens/rank, topk {first['topk']}, "
-                      f"{first['experts_per_rank']} experts/rank, {first['routing']} s{first['routing_seed']}, {first['world']} ranks"),
-            sms=None if sms < 0 else sms, run_ids=_col(cols, "run_id", a, b, object), t=_col(cols, "t", a, b),
-            median_us=_col(cols, "median_us", a, b), p10_us=_col(cols, "p10_us", a, b), p90_us=_col(cols, "p90_us", a, b),
-            gbps=_col(cols, "gbps", a, b), gbps_lo=_col(cols, "gbps_lo", a, b), gbps_hi=_col(cols, "gbps_hi", a, b),
-            env=list(zip(*(_col(cols, c, a, b, object) for c in ENV_FIELDS), strict=True)),
-        ))  # fmt: skip
+        out.append(
+            Series(
+                ident=n,
+                backend=str(first["backend"]),
+                variant=f"{first['backend']} {first['dtype']}{_knobs_text(str(first['knobs']))}",
+                op=str(first["op"]),
+                workload=(
+                    f"hidden {first['hidden']}, {first['tokens_per_rank']} tokens/rank, topk {first['topk']}, "
+                    f"{first['experts_per_rank']} experts/rank, {first['routing']} s{first['routing_seed']}, {first['world']} ranks"
+                ),
+                sms=None if sms < 0 else sms,
+                run_ids=_col(cols, "run_id", a, b, object),
+                t=_col(cols, "t", a, b),
+                median_us=_col(cols, "median_us", a, b),
+                p10_us=_col(cols, "p10_us", a, b),
+                p90_us=_col(cols, "p90_us", a, b),
+                gbps=_col(cols, "gbps", a, b),
+                gbps_lo=_col(cols, "gbps_lo", a, b),
+                gbps_hi=_col(cols, "gbps_hi", a, b),
+                env=list(zip(*(_col(cols, c, a, b, object) for c in ENV_FIELDS), strict=True)),
+            )
+        )
     return out
 
 
@@ -304,11 +325,15 @@ def load(
         s.svg = svg_chart.render(chart, s.title)
     ts = np.asarray(cols["t"], dtype=np.float64)
     return History(
-        filters=filters, runs=int(run_ids.size),
+        filters=filters,
+        runs=int(run_ids.size),
         first=datetime.fromtimestamp(float(ts.min()), tz=timezone.utc) if ts.size else None,
         last=datetime.fromtimestamp(float(ts.max()), tz=timezone.utc) if ts.size else None,
-        series=series, labels=labels, metric=filters.metric, x_axis=x_axis,
-    )  # fmt: skip
+        series=series,
+        labels=labels,
+        metric=filters.metric,
+        x_axis=x_axis,
+    )
 
 
 def write_history(

@@ -14,10 +14,21 @@ import duckdb
 import jinja2
 import markupsafe
 
-from moelab.core.display import safe_text
+from moelab.core.display import format_number, format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError
+from moelab.health.drift import not_judged
 from moelab.model.links import PeakTable, load_peaks
-from moelab.reports import bounds, compare, e2e_section, query, sections, verification
+from moelab.reports import (
+    bounds,
+    compare,
+    e2e_section,
+    flags,
+    hardware,
+    query,
+    sections,
+    summary,
+    verification,
+)
 from moelab.store.db import open_db
 
 OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")
@@ -36,7 +47,10 @@ class ReportData:
     charts: list[dict[str, Any]] = field(default_factory=list)
     knees: list[dict[str, Any]] = field(default_factory=list)
     fits: list[dict[str, Any]] = field(default_factory=list)
-    flags: list[sections.Flag] = field(default_factory=list)
+    flag_groups: list[flags.FlagGroup] = field(default_factory=list)
+    summary_rows: list[summary.SummaryRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said once under the summary
+    baseline: str | None = None  # how the baseline of the verdicts was found
     suspects: list[dict[str, Any]] = field(default_factory=list)
     health: list[dict[str, Any]] = field(default_factory=list)
     traces: list[dict[str, Any]] = field(default_factory=list)
@@ -46,7 +60,8 @@ class ReportData:
     failure_ranks: list[dict[str, Any]] = field(default_factory=list)
     comparisons: list[compare.CompareTable] = field(default_factory=list)
     peaks_source: str = "built-in"
-    above_peak_note: str = sections.ABOVE_PEAK_NOTE
+    above_peak_note: str = flags.ABOVE_PEAK_NOTE
+    legend: str = summary.LEGEND
     bound_note: str = bounds.BOUND_NOTE
     bound_sources: list[str] = field(default_factory=list)
     published: list[dict[str, Any]] = field(default_factory=list)  # measured cases beside published rows
@@ -63,6 +78,28 @@ class ReportData:
     def bad_health(self) -> list[dict[str, Any]]:
         return [h for h in self.health if h["worst"] in ("warn", "fail")]
 
+    @property
+    def summary_groups(self) -> list[tuple[str, list[summary.SummaryRow]]]:
+        return summary.by_workload(self.summary_rows)
+
+    @property
+    def absent(self) -> list[str]:
+        """What these runs hold none of, said in one line instead of one empty section each."""
+        missing = [
+            (not _swept(self.results, "sms"), "an SM sweep (--sms default,8,16,24)"),
+            (not _swept(self.results, "tokens_per_rank"), "a token sweep (--tokens-per-rank 1024,4096)"),
+            (not self.traces, "traces (--trace torch or nsys)"),
+        ]
+        return [text for gone, text in missing if gone]
+
+
+def _swept(results: list[dict[str, Any]], axis: str) -> bool:
+    """Whether some backend measured one op of one run at two or more values of `axis`."""
+    seen: dict[tuple[Any, ...], set[Any]] = {}
+    for r in results:
+        seen.setdefault((r["run_id"], r["backend"], r["op"]), set()).add(r[axis])
+    return any(len(values) > 1 for values in seen.values())
+
 
 def load(
     con: duckdb.DuckDBPyConnection,
@@ -70,7 +107,9 @@ def load(
     peaks: PeakTable | None = None,
     trace_base: Path | None = None,
     draw: bool = True,
+    baseline: Baseline | None = None,
 ) -> ReportData:
+    """Everything the report shows of `run_ids`; `baseline`: gate verdicts of their ops (the CLI's)."""
     peaks = peaks or PeakTable()
     query.select_runs(con, run_ids)
     env = query.environment(con)
@@ -82,25 +121,42 @@ def load(
         case_metrics=query.case_metrics(con), library_figures=verification.library_figures(con), peaks_source=peaks.source,
         failure_ranks=query.failure_ranks(con),
     )  # fmt: skip
-    data.nodes = sections.nodes_panel(env, peaks)
-    data.flags = sections.annotate_results(results, env, peaks)
-    bounds.annotate_bounds(results, env, peaks)
+    links = hardware.job_links(query.health_snapshots(con), env, peaks)
+    data.nodes = sections.nodes_panel(env, links)
+    sections.annotate_results(results, links)
+    bounds.annotate_bounds(results, env, peaks, links)
     data.bound_sources = bounds.bound_sources(results)
     data.published = bounds.published_beside(results)
     ids: list[int] = []
     sm_charts, data.knees = sections.sm_sweeps(results, ids, draw)
     tok_charts, data.fits = sections.token_sweeps(results, ids, draw)
     data.charts = sm_charts + tok_charts or sections.fallback_bars(results, ids, draw)
-    data.comparisons = _comparisons(results, env, data.runs, peaks, con)
+    data.comparisons = _comparisons(results, env, data.runs, links, con)
     data.e2e = e2e_section.build(e2e_section.e2e_rows(con), draw)
+    several = len(run_ids) > 1
+    data.flag_groups = flags.group_flags(results, data.bad_jobs, data.not_measured, data.health, several)
+    data.summary_rows = summary.build(results, data.knees, baseline.verdicts if baseline else None)
+    data.baseline = baseline.described if baseline else None
+    data.notes = summary.notes(data.summary_rows) + [
+        n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))
+    ]
     return data
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Baseline:
+    """Verdicts of the gate (moelab check's rule) against a baseline, per (run, backend, case, op)."""
+
+    described: str
+    run_id: str  # the run held against it
+    verdicts: dict[tuple[str, str, str, str], str]
 
 
 def _comparisons(
     results: list[dict[str, Any]],
     env: list[dict[str, Any]],
     runs: list[dict[str, Any]],
-    peaks: PeakTable,
+    links: hardware.JobLinks,
     con: duckdb.DuckDBPyConnection,
 ) -> list[compare.CompareTable]:
     """Backends side by side when there are several; GPU models side by side when runs span several."""
@@ -109,7 +165,7 @@ def _comparisons(
         query.process_medians(con) if len({(r["backend"], r["run_id"]) for r in results}) > 1 else None
     )
     for by in ("backend", "gpu"):
-        table = compare.build(results, env, runs, peaks, by=by, processes=processes)
+        table = compare.build(results, env, runs, links, by=by, processes=processes)
         if len(table.groups) > 1 and table.rows:
             out.append(table)
     return out
@@ -125,9 +181,17 @@ def _env() -> jinja2.Environment:
         finalize=_finalize,
     )
     env.filters["md"] = _md_cell
-    env.filters["pct"] = _pct
-    env.globals["fmtnum"] = _fmtnum
+    env.filters["pct"] = format_pct
+    env.filters["us"] = format_time_us
+    env.filters["num"] = format_number
+    env.filters["wrapid"] = _wrap_id
+    env.globals["fmtnum"] = format_number
     return env
+
+
+def _wrap_id(text: Any) -> markupsafe.Markup:
+    """A long case id that may break after each '-' (a line break opportunity, nothing visible)."""
+    return markupsafe.Markup("-<wbr>").join(markupsafe.escape(safe_text(text)).split("-"))
 
 
 def _finalize(value: Any) -> Any:
@@ -168,18 +232,6 @@ def render_compare(table: compare.CompareTable, title: str) -> str:
     return _env().get_template("compare.html.j2").render(t=table, title=title)
 
 
-def _fmtnum(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
-
-
-def _pct(v: Any) -> str:
-    return "—" if v is None else f"{100 * v:.0f}%"
-
-
 def _md_cell(v: Any) -> str:
     """Markdown table cells: no pipes or newlines that would break the row, no raw HTML."""
     text = "" if v is None else str(v)
@@ -194,7 +246,12 @@ def _md_cell(v: Any) -> str:
 
 
 def write_report(
-    db_path: Path, run_ids: list[str] | None, out: Path, fmt: str = "html", peaks_file: Path | None = None
+    db_path: Path,
+    run_ids: list[str] | None,
+    out: Path,
+    fmt: str = "html",
+    peaks_file: Path | None = None,
+    baseline: Baseline | None = None,
 ) -> Path:
     if not db_path.exists():
         raise MoelabError(f"no database at {db_path}")
@@ -203,7 +260,7 @@ def write_report(
         ids = run_ids or query.latest_run_ids(con)
         if not ids:
             raise MoelabError(f"no runs in {db_path}")
-        data = load(con, ids, peaks, trace_base=out.resolve().parent, draw=fmt == "html")
+        data = load(con, ids, peaks, trace_base=out.resolve().parent, draw=fmt == "html", baseline=baseline)
     text = render(data, fmt)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -196,6 +196,16 @@ def health(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return out
 
 
+def health_snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """The stored health snapshots (NVML's reading of the machine: its links among the rest) per job."""
+    return dicts(
+        con.execute(
+            "SELECT run_id, backend, phase, CAST(snapshot AS VARCHAR) AS snapshot FROM health "
+            "SEMI JOIN _sel USING (run_id) WHERE snapshot IS NOT NULL ORDER BY run_id, backend, phase"
+        )
+    )
+
+
 def traces(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return dicts(con.execute(
         """SELECT t.run_id, t.backend, t.case_id, t.rank, t.kind, t.path, t.size_bytes, r.run_dir

@@ -1,35 +1,27 @@
-"""The report's sections, built from plain query rows: hardware panel, link-peak flags, SM sweeps with
-knees, token sweeps with alpha/beta fits. No SQL and no HTML here."""
+"""The report's sections, built from plain query rows: hardware panel, each row's link peak (what its
+machine reported: moelab.reports.hardware) and fractions of it, SM sweeps with knees, token sweeps with
+alpha/beta fits. Flags are moelab.reports.flags', the summary moelab.reports.summary's. No SQL and no HTML
+here."""
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moelab.model.links import PeakTable
-from moelab.reports import charts
+from moelab.reports import charts, hardware
 from moelab.reports.analysis import fit_alpha_beta, fraction_of_peak, knee
+from moelab.reports.hardware import JobLinks
 
-ABOVE_PEAK_NOTE = (
-    "nvl_recv counts the rows a rank sends to itself, which never cross NVLink, so it can exceed the link "
-    "peak (DeepEP#633); nvl_remote counts only rows from other ranks and is the figure to hold against the peak."
-)
 FLAGGED_OPS = (
     "dispatch",
     "dispatch_fresh",
     "combine",
 )  # roundtrip moves both directions: a per-direction peak does not bound it
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Flag:
-    severity: str  # "warn" | "fail"
-    where: str
-    text: str
+LINK_FIGURES = ("nvl_gbps", "remote_gbps", "rdma_gbps", "rdma_remote_gbps", "nvl_gbps_p90t", "nvl_gbps_p10t")
+ONE_RANK_NOTE = "one rank: nothing crossed a link, so no link bandwidth, link peak or bound is shown"
 
 
 def measured_fraction(r: dict[str, Any]) -> float | None:
@@ -40,15 +32,22 @@ def measured_fraction(r: dict[str, Any]) -> float | None:
     return fraction_of_peak(r["remote_gbps"], r.get("measured_remote_peak_gbps"))
 
 
-def env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for e in sorted(environment, key=lambda e: (e["rank"] is None, e["rank"])):
-        out.setdefault((e["run_id"], e["backend"]), e)
-    return out
+def single_rank(r: dict[str, Any]) -> bool:
+    return r.get("world") == 1
 
 
-def nodes_panel(environment: Sequence[dict[str, Any]], peaks: PeakTable) -> list[dict[str, Any]]:
-    """One row per (run, node): what the ranks there recorded, library versions merged over backends."""
+def drop_link_figures(results: list[dict[str, Any]]) -> None:
+    """With one rank nothing crosses a link: its bandwidths (its own rows, copied in place) and its link
+    figures are not shown anywhere, so they are removed from the row once, here."""
+    for r in results:
+        if single_rank(r):
+            for key in (*LINK_FIGURES, "measured_remote_peak_gbps", "measured_peer_peak_gbps"):
+                r[key] = None
+
+
+def nodes_panel(environment: Sequence[dict[str, Any]], links: JobLinks) -> list[dict[str, Any]]:
+    """One row per (run, node): what the ranks there recorded, library versions merged over backends, and
+    the link peak its machine reported (hardware.job_links)."""
     grouped: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
     for e in environment:
         grouped[(e["run_id"], e["node"])].append(e)
@@ -59,7 +58,7 @@ def nodes_panel(environment: Sequence[dict[str, Any]], peaks: PeakTable) -> list
         for r in rows:
             for k, v in (r["library_versions"] or {}).items():
                 libs[str(k)].add(str(v))
-        peak = peaks.gpu(first["gpu_name"])
+        peak = links.get(run_id, first["backend"])
 
         def distinct(key: str, rows: list[dict[str, Any]] = rows) -> str:
             return ", ".join(sorted({str(r[key]) for r in rows if r[key] is not None})) or ""
@@ -70,50 +69,29 @@ def nodes_panel(environment: Sequence[dict[str, Any]], peaks: PeakTable) -> list
             "cuda": distinct("cuda"), "nccl": distinct("nccl"), "torch": distinct("torch"), "python": distinct("python"),
             "backends": distinct("backend"), "ranks": len({r["rank"] for r in rows}), "libraries": sorted((k, " / ".join(sorted(v))) for k, v in libs.items()),
             "peak_link": peak.link if peak else None, "peak_gbps": peak.gbps if peak else None,
+            "peak_basis": hardware.basis(peak), "peak_source": peak.source if peak else None,
         })  # fmt: skip
     return out
 
 
-def annotate_results(
-    results: list[dict[str, Any]], environment: Sequence[dict[str, Any]], peaks: PeakTable
-) -> list[Flag]:
-    """Add peak, fraction-of-peak and flag fields to each result row; return the flags raised."""
-    envs = env_index(environment)
-    flags = []
-    suspect_seen: set[tuple[str, str, str]] = set()
+def annotate_results(results: list[dict[str, Any]], links: JobLinks) -> None:
+    """Add each row's link peak (what its machine reported), its fractions of that peak and whether it is
+    above it. A one-rank row gets none of them (drop_link_figures)."""
+    drop_link_figures(results)
     for r in results:
-        env = envs.get((r["run_id"], r["backend"])) or {}
-        peak = peaks.gpu(env.get("gpu_name"))
-        r["gpu_name"] = env.get("gpu_name")
+        peak = None if single_rank(r) else links.get(r["run_id"], r["backend"])
         r["peak_gbps"] = peak.gbps if peak else None
         r["peak_link"] = peak.link if peak else None
+        r["peak_basis"] = hardware.basis(peak)
         bounded = r["op"] in FLAGGED_OPS
         r["frac_recv"] = fraction_of_peak(r["nvl_gbps"], r["peak_gbps"]) if bounded else None
         r["frac_remote"] = fraction_of_peak(r["remote_gbps"], r["peak_gbps"]) if bounded else None
         r["frac_remote_measured"] = measured_fraction(r)
         r["above_peak"] = None
-        where = f"{r['backend']} {r['case_id']} {r['op']}"
         if r["frac_remote"] is not None and r["frac_remote"] > 1:
             r["above_peak"] = "remote above peak"
-            flags.append(Flag(severity="fail", where=where, text=(
-                f"nvl_remote {r['remote_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s: "
-                "remote bytes cannot cross faster than the link; check the timing (is the slowest rank timed?)")))  # fmt: skip
         elif r["frac_recv"] is not None and r["frac_recv"] > 1:
             r["above_peak"] = "local traffic counted"
-            flags.append(Flag(severity="warn", where=where, text=(
-                f"nvl_recv {r['nvl_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s: "
-                + ABOVE_PEAK_NOTE)))  # fmt: skip
-        if r.get("suspect") and (r["run_id"], r["backend"], r["case_id"]) not in suspect_seen:
-            suspect_seen.add((r["run_id"], r["backend"], r["case_id"]))
-            where = f"{r['backend']} {r['case_id']}"
-            flags.append(
-                Flag(
-                    severity="warn",
-                    where=where,
-                    text=f"suspect: {r.get('suspect_reason') or 'no reason recorded'}",
-                )
-            )
-    return flags
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -122,7 +100,7 @@ def series_name(r: dict[str, Any]) -> str:
     return f"{r['backend']} {r['dtype']}{extra}"
 
 
-def _workload_text(r: dict[str, Any], with_tokens: bool = True) -> str:
+def workload_text(r: dict[str, Any], with_tokens: bool = True) -> str:
     tokens = f", {r['tokens_per_rank']} tokens/rank" if with_tokens else ""
     return f"hidden {r['hidden']}{tokens}, topk {r['topk']}, {r['experts_per_rank']} experts/rank, {r['routing']} s{r['routing_seed']}, {r['world']} ranks"
 
@@ -172,7 +150,7 @@ def sm_sweeps(
             if k is not None:
                 peak = srows[0]["peak_gbps"]
                 knees.append({
-                    "op": op, "run_id": key[1], "series": name, "workload": _workload_text(srows[0]), "sms": k.sms,
+                    "op": op, "run_id": key[1], "series": name, "workload": workload_text(srows[0]), "sms": k.sms,
                     "gbps": k.gbps, "best_sms": k.best_sms, "best_gbps": k.best_gbps,
                     "frac_peak": fraction_of_peak(k.best_gbps, peak) if op in FLAGGED_OPS else None,
                 })  # fmt: skip
@@ -197,7 +175,7 @@ def sm_sweeps(
                 "id": f"chart-{chart_ids[-1]}",
                 "kind": "sm",
                 "op": op,
-                "title": f"{op}: SMs vs bandwidth, {_workload_text(rows[0])}",
+                "title": f"{op}: SMs vs bandwidth, {workload_text(rows[0])}",
                 "svg": svg,
             }
         )
@@ -246,7 +224,7 @@ def token_sweeps(
             bytes_ = [r["nvl_bytes"] for r in srows]
             fit = fit_alpha_beta(bytes_, [r["median_us"] for r in srows])
             fits.append({"op": op, "run_id": key[1], "series": name, "sms": "default" if sms is None else sms,
-                         "workload": _workload_text(srows[0], with_tokens=False), "n": fit.n, "alpha_us": fit.alpha_us,
+                         "workload": workload_text(srows[0], with_tokens=False), "n": fit.n, "alpha_us": fit.alpha_us,
                          "beta_gbps": fit.beta_gbps, "r2": fit.r2, "withheld": fit.withheld})  # fmt: skip
             if sms != chart_sms:
                 continue
@@ -269,7 +247,7 @@ def token_sweeps(
                 hi=[r["p90_us"] for r in srows],
                 fit_ys=fit_ys,
             )
-        text = f"{_workload_text(rows[0], with_tokens=False)}, SMs {'default' if chart_sms is None else chart_sms}"
+        text = f"{workload_text(rows[0], with_tokens=False)}, SMs {'default' if chart_sms is None else chart_sms}"
         hline = _common_peak(rows) if op in FLAGGED_OPS else None
         svg = "" if not draw else charts.pair_chart(bw_series, lat_series, f"{op} vs tokens per rank", "tokens per rank",
                                 ("nvl_recv GB/s (band: p10-p90 time)", "median µs (dashed: alpha/beta fit)"), hline=hline, logx=True)  # fmt: skip
@@ -289,11 +267,12 @@ def token_sweeps(
 def fallback_bars(
     results: Sequence[dict[str, Any]], chart_ids: list[int], draw: bool = True
 ) -> list[dict[str, Any]]:
-    """Without any sweep, one bar per case and op so that every run still has a picture."""
+    """Without any sweep, one bar per case for each op measured in two or more cases (a chart of one bar
+    says nothing the summary does not)."""
     out = []
     for op in ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair"):
         rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
-        if not rows:
+        if len(rows) < 2:
             continue
         labels = [
             f"{series_name(r)} h{r['hidden']} t{r['tokens_per_rank']} sm={r['sms'] or 'default'}"

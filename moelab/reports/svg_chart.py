@@ -10,7 +10,7 @@ width in pixels, not the number of runs. Text is XML-escaped here; nothing else 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from html import escape
@@ -114,6 +114,9 @@ def _x_label(v: float, time_axis: bool, span: float) -> str:
     return t.strftime("%m-%d %H:%M") if span < 3 * 86400 else t.strftime("%Y-%m-%d")
 
 
+XScale = Callable[[np.ndarray | float], np.ndarray | float]
+
+
 def render(chart: Chart, title: str) -> str:
     """The chart as one <svg> element (width WIDTH, panels stacked), XML-escaped text."""
     x = chart.x
@@ -133,71 +136,9 @@ def render(chart: Chart, title: str) -> str:
         f"<title>{escape(title)}</title>",
     ]
     for i, panel in enumerate(chart.panels):
-        top = TOP + i * (PANEL_HEIGHT + GAP)
-        bottom = top + PANEL_HEIGHT
-        px, (py,) = thin(x, [panel.y])
-        band = None
-        if panel.lo is not None and panel.hi is not None:
-            band = thin_band(x, panel.lo, panel.hi)
-        finite = [a[np.isfinite(a)] for a in (py, *(band or ()))]
-        values = np.concatenate(finite) if finite else np.zeros(0)
-        parts.append(
-            f'<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL_HEIGHT}" fill="#fbfbfb" stroke="#ccc"/>'
-        )
-        parts.append(
-            f'<text x="{LEFT - 52}" y="{(top + bottom) / 2:.1f}" transform="rotate(-90 {LEFT - 52} {(top + bottom) / 2:.1f})" '
-            f'text-anchor="middle">{escape(panel.ylabel)}</text>'
-        )
-        if values.size == 0:
-            parts.append(f'<text x="{LEFT + 8}" y="{top + 16}" fill="#888">no data</text>')
-            continue
-        lo, hi = float(values.min()), float(values.max())
-        pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
-        lo, hi = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
-
-        def sy(v: np.ndarray | float, top: float = top, lo: float = lo, hi: float = hi) -> np.ndarray | float:
-            return top + PANEL_HEIGHT - (np.asarray(v) - lo) / (hi - lo) * PANEL_HEIGHT
-
-        for t in nice_ticks(lo, hi):
-            yy = float(sy(t))
-            parts.append(
-                f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e3e3e3"/>'
-            )
-            parts.append(f'<text x="{LEFT - 4}" y="{yy + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
-        if band is not None:
-            blo, bhi = band
-            ok = np.isfinite(blo) & np.isfinite(bhi)
-            if ok.any():
-                bx = np.asarray(sx(px[ok]))
-                upper = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(bx, np.asarray(sy(bhi[ok])), strict=True))
-                lower = " ".join(
-                    f"{a:.1f},{b:.1f}" for a, b in zip(bx[::-1], np.asarray(sy(blo[ok]))[::-1], strict=True)
-                )
-                parts.append(
-                    f'<polygon points="{upper} {lower}" fill="{panel.colour}" fill-opacity="0.18" stroke="none"/>'
-                )
-        ok = np.isfinite(py)
-        pts = " ".join(
-            f"{a:.1f},{b:.1f}" for a, b in zip(np.asarray(sx(px[ok])), np.asarray(sy(py[ok])), strict=True)
-        )
-        parts.append(f'<polyline points="{pts}" fill="none" stroke="{panel.colour}" stroke-width="1.4"/>')
-        if ok.sum() <= 60:  # few points: show each one
-            for a, b in zip(np.asarray(sx(px[ok])), np.asarray(sy(py[ok])), strict=True):
-                parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.2" fill="{panel.colour}"/>')
+        parts += _panel(panel, x, sx, TOP + i * (PANEL_HEIGHT + GAP), plot_w)
     plot_top, plot_bottom = TOP, TOP + n_panels * PANEL_HEIGHT + (n_panels - 1) * GAP
-    labelled = 0
-    for m in sorted(chart.markers, key=lambda m: m.x):
-        mx = float(sx(m.x))
-        colour = MARKER_COLOURS.get(m.kind, "#555")
-        dash = "" if m.kind in ("slower", "faster") else ' stroke-dasharray="3,3"'
-        parts.append(
-            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{plot_top}" y2="{plot_bottom}" stroke="{colour}"{dash}>'
-            f"<title>{escape(m.title or m.text)}</title></line>"
-        )
-        if m.text:
-            labelled += 1
-            y = plot_top - 4 - (labelled % 2) * 11
-            parts.append(f'<text x="{mx + 2:.1f}" y="{y}" fill="{colour}">{escape(m.text)}</text>')
+    parts += _markers(chart.markers, sx, plot_top, plot_bottom)
     span = x1 - x0
     for t in np.linspace(x0, x1, 6) if x.size else []:
         xx = float(sx(t))
@@ -210,3 +151,77 @@ def render(chart: Chart, title: str) -> str:
     )
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _panel(panel: Panel, x: np.ndarray, sx: XScale, top: float, plot_w: float) -> list[str]:
+    """One panel: its frame and label, y grid, the band (when the panel has one), the line and, for few
+    points, each point."""
+    bottom = top + PANEL_HEIGHT
+    px, (py,) = thin(x, [panel.y])
+    band = None
+    if panel.lo is not None and panel.hi is not None:
+        band = thin_band(x, panel.lo, panel.hi)
+    finite = [a[np.isfinite(a)] for a in (py, *(band or ()))]
+    values = np.concatenate(finite) if finite else np.zeros(0)
+    parts = [
+        f'<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL_HEIGHT}" fill="#fbfbfb" stroke="#ccc"/>',
+        f'<text x="{LEFT - 52}" y="{(top + bottom) / 2:.1f}" transform="rotate(-90 {LEFT - 52} {(top + bottom) / 2:.1f})" '
+        f'text-anchor="middle">{escape(panel.ylabel)}</text>',
+    ]
+    if values.size == 0:
+        parts.append(f'<text x="{LEFT + 8}" y="{top + 16}" fill="#888">no data</text>')
+        return parts
+    lo, hi = float(values.min()), float(values.max())
+    pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
+    lo, hi = max(0.0, lo - pad) if lo >= 0 else lo - pad, hi + pad
+
+    def sy(v: np.ndarray | float) -> np.ndarray | float:
+        return top + PANEL_HEIGHT - (np.asarray(v) - lo) / (hi - lo) * PANEL_HEIGHT
+
+    for t in nice_ticks(lo, hi):
+        yy = float(sy(t))
+        parts.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e3e3e3"/>')
+        parts.append(f'<text x="{LEFT - 4}" y="{yy + 4:.1f}" text-anchor="end">{_fmt(t)}</text>')
+    if band is not None:
+        parts += _band(band, px, sx, sy, panel.colour)
+    ok = np.isfinite(py)
+    pts = " ".join(
+        f"{a:.1f},{b:.1f}" for a, b in zip(np.asarray(sx(px[ok])), np.asarray(sy(py[ok])), strict=True)
+    )
+    parts.append(f'<polyline points="{pts}" fill="none" stroke="{panel.colour}" stroke-width="1.4"/>')
+    if ok.sum() <= 60:  # few points: show each one
+        for a, b in zip(np.asarray(sx(px[ok])), np.asarray(sy(py[ok])), strict=True):
+            parts.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.2" fill="{panel.colour}"/>')
+    return parts
+
+
+def _band(
+    band: tuple[np.ndarray, np.ndarray], px: np.ndarray, sx: XScale, sy: XScale, colour: str
+) -> list[str]:
+    blo, bhi = band
+    ok = np.isfinite(blo) & np.isfinite(bhi)
+    if not ok.any():
+        return []
+    bx = np.asarray(sx(px[ok]))
+    upper = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(bx, np.asarray(sy(bhi[ok])), strict=True))
+    lower = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(bx[::-1], np.asarray(sy(blo[ok]))[::-1], strict=True))
+    return [f'<polygon points="{upper} {lower}" fill="{colour}" fill-opacity="0.18" stroke="none"/>']
+
+
+def _markers(markers: Sequence[Marker], sx: XScale, plot_top: float, plot_bottom: float) -> list[str]:
+    """A vertical line per marker through every panel, its text above the plot in two staggered rows."""
+    parts = []
+    labelled = 0
+    for m in sorted(markers, key=lambda m: m.x):
+        mx = float(sx(m.x))
+        colour = MARKER_COLOURS.get(m.kind, "#555")
+        dash = "" if m.kind in ("slower", "faster") else ' stroke-dasharray="3,3"'
+        parts.append(
+            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{plot_top}" y2="{plot_bottom}" stroke="{colour}"{dash}>'
+            f"<title>{escape(m.title or m.text)}</title></line>"
+        )
+        if m.text:
+            labelled += 1
+            y = plot_top - 4 - (labelled % 2) * 11
+            parts.append(f'<text x="{mx + 2:.1f}" y="{y}" fill="{colour}">{escape(m.text)}</text>')
+    return parts

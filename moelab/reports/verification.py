@@ -19,10 +19,13 @@ def library_figures(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     ).fetchone()
     if not exists or not exists[0]:
         return []
-    rows = dicts(con.execute(
-        """SELECT run_id, backend, library_test, op, dtype, figure, case_id, library_label, library_gbps,
+    rows = dicts(
+        con.execute(
+            """SELECT run_id, backend, library_test, op, dtype, figure, case_id, library_label, library_gbps,
                   moelab_gbps, ratio, tolerance, verdict, source_log, note
-           FROM library_figures SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, dtype, op, figure"""))  # fmt: skip
+           FROM library_figures SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, dtype, op, figure"""
+        )
+    )
     for r in rows:
         r["note_first_line"] = (r["note"] or "").splitlines()[0] if r["note"] else ""
     return sorted(rows, key=lambda r: (VERDICT_ORDER.get(r["verdict"], 9), r["run_id"], r["backend"]))

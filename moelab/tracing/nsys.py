@@ -41,6 +41,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from moelab.core.errors import MoelabError
@@ -114,14 +115,15 @@ def nsys_profile_argv(
     if osrt and "osrt" not in kinds:
         kinds.append("osrt")
     return [
-        nsys, "profile",
+        nsys,
+        "profile",
         f"--trace={','.join(kinds)}",
         "--capture-range=cudaProfilerApi",
         f"--capture-range-end={capture_end}",
         "--sample=none",
         "--cpuctxsw=none",
         "--force-overwrite=true",
-    ]  # fmt: skip
+    ]
 
 
 def nsys_prefix_argv(
@@ -179,6 +181,18 @@ def _pid(global_id: int | None) -> int | None:
     return None if global_id is None else (int(global_id) // 0x1000000) % 0x1000000
 
 
+@dataclass
+class _Export:
+    """The rows of an nsys SQLite export that attribution needs."""
+
+    strings: dict[int, str]
+    nvtx: list[tuple[int, int, int, str | None, int | None, int | None]]
+    kernels: dict[tuple[int | None, int], list[tuple[int, int, str]]] = field(default_factory=dict)
+    kernel_rows: list[tuple[int, int, int | None, str]] = field(default_factory=list)
+    launches: list[tuple[int, int | None, int | None, int]] = field(default_factory=list)
+    has_kernels: bool = False
+
+
 def read_nsys_sqlite(path: Path, prefix: str = PREFIX, name_column: str = "shortName") -> TraceSummary:
     """Per NVTX range whose name starts with `prefix`: API time (the range's span), kernel-only time and
     kernel shares, from an `nsys export --type sqlite` database."""
@@ -195,68 +209,77 @@ def read_nsys_sqlite(path: Path, prefix: str = PREFIX, name_column: str = "short
     try:
         if "NVTX_EVENTS" not in tables:
             raise MoelabError(f"{path} has no NVTX_EVENTS table: profile with --trace including nvtx")
-        strings = dict(con.execute("SELECT id, value FROM StringIds")) if "StringIds" in tables else {}
-        text_id = "textId" if "textId" in _columns(con, "NVTX_EVENTS") else "NULL"
-        nvtx_rows = con.execute(
-            f'SELECT start, "end", eventType, text, {text_id}, globalTid FROM NVTX_EVENTS '
-            f'WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND "end" IS NOT NULL ORDER BY start'
-        ).fetchall()
-        kernels: dict[tuple[int | None, int], list[tuple[int, int, str]]] = {}
-        kernel_rows: list[tuple[int, int, int | None, str]] = []
-        has_kernels = "CUPTI_ACTIVITY_KIND_KERNEL" in tables
-        if has_kernels:
-            for start, end, corr, gpid, name_id in con.execute(
-                f'SELECT start, "end", correlationId, globalPid, {name_column} FROM CUPTI_ACTIVITY_KIND_KERNEL'
-            ):
-                name = strings.get(name_id, str(name_id))
-                kernels.setdefault((_pid(gpid), corr), []).append((start, end, name))
-                kernel_rows.append((start, end, _pid(gpid), name))
-        launches: list[tuple[int, int | None, int | None, int]] = []
-        if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
-            launches = [
-                (start, gtid, _pid(gtid), corr)
-                for start, gtid, corr in con.execute(
-                    "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start"
-                )
-            ]
+        export = _read_export(con, tables, name_column)
     except sqlite3.DatabaseError as exc:
         raise MoelabError(f"cannot read {path} as an nsys export: {exc}") from exc
     finally:
         con.close()
-
-    by_correlation = bool(launches)
-    launch_starts = [x[0] for x in launches]
-    instances: list[RangeInstance] = []
-    for start, end, event_type, text, tid, gtid in nvtx_rows:
-        name = text if text is not None else strings.get(tid)
-        if name is None or not str(name).startswith(prefix):
-            continue
-        inst = RangeInstance(name=str(name), start_us=start / NS_PER_US, end_us=end / NS_PER_US)
-        pid = _pid(gtid)
-        if by_correlation:
-            lo, hi = bisect.bisect_left(launch_starts, start), bisect.bisect_right(launch_starts, end)
-            for _, l_gtid, l_pid, corr in launches[lo:hi]:
-                same = l_gtid == gtid if event_type == NVTX_PUSH_POP else l_pid == pid
-                if not same:
-                    continue
-                for ks, ke, kname in kernels.get((l_pid, corr), []):
-                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
-        else:
-            for ks, ke, kpid, kname in kernel_rows:
-                if kpid == pid and start <= ks <= end:
-                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
-        instances.append(inst)
-
     m = re.search(r"_rank(\d+)", path.name)
     return TraceSummary(
         source=str(path),
         format="nsys-sqlite",
-        attribution="correlation" if by_correlation else "gpu-overlap",
+        attribution="correlation" if export.launches else "gpu-overlap",
         rank=int(m.group(1)) if m else None,
         world_size=None,
-        ranges=summarize_instances(instances, "kernel"),
-        metadata={"kernel_table": has_kernels, "name_column": name_column},
+        ranges=summarize_instances(_ranges(export, prefix), "kernel"),
+        metadata={"kernel_table": export.has_kernels, "name_column": name_column},
     )
+
+
+def _read_export(con: sqlite3.Connection, tables: set[str], name_column: str) -> _Export:
+    strings = dict(con.execute("SELECT id, value FROM StringIds")) if "StringIds" in tables else {}
+    text_id = "textId" if "textId" in _columns(con, "NVTX_EVENTS") else "NULL"
+    export = _Export(
+        strings=strings,
+        nvtx=con.execute(
+            f'SELECT start, "end", eventType, text, {text_id}, globalTid FROM NVTX_EVENTS '
+            f'WHERE eventType IN ({NVTX_PUSH_POP}, {NVTX_START_END}) AND "end" IS NOT NULL ORDER BY start'
+        ).fetchall(),
+        has_kernels="CUPTI_ACTIVITY_KIND_KERNEL" in tables,
+    )
+    if export.has_kernels:
+        for start, end, corr, gpid, name_id in con.execute(
+            f'SELECT start, "end", correlationId, globalPid, {name_column} FROM CUPTI_ACTIVITY_KIND_KERNEL'
+        ):
+            name = strings.get(name_id, str(name_id))
+            export.kernels.setdefault((_pid(gpid), corr), []).append((start, end, name))
+            export.kernel_rows.append((start, end, _pid(gpid), name))
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        export.launches = [
+            (start, gtid, _pid(gtid), corr)
+            for start, gtid, corr in con.execute(
+                "SELECT start, globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME ORDER BY start"
+            )
+        ]
+    return export
+
+
+def _ranges(export: _Export, prefix: str) -> list[RangeInstance]:
+    """Each moelab range with its kernels: those launched inside it (by correlation id, from the range's
+    thread for push/pop ranges, its process for start/end ones), else those of its process that start
+    inside it on the GPU."""
+    launch_starts = [x[0] for x in export.launches]
+    instances: list[RangeInstance] = []
+    for start, end, event_type, text, tid, gtid in export.nvtx:
+        name = text if text is not None else export.strings.get(tid) if tid is not None else None
+        if name is None or not str(name).startswith(prefix):
+            continue
+        inst = RangeInstance(name=str(name), start_us=start / NS_PER_US, end_us=end / NS_PER_US)
+        pid = _pid(gtid)
+        if export.launches:
+            lo, hi = bisect.bisect_left(launch_starts, start), bisect.bisect_right(launch_starts, end)
+            for _, l_gtid, l_pid, corr in export.launches[lo:hi]:
+                same = l_gtid == gtid if event_type == NVTX_PUSH_POP else l_pid == pid
+                if not same:
+                    continue
+                for ks, ke, kname in export.kernels.get((l_pid, corr), []):
+                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
+        else:
+            for ks, ke, kpid, kname in export.kernel_rows:
+                if kpid == pid and start <= ks <= end:
+                    inst.events.append(Event(name=kname, start_us=ks / NS_PER_US, end_us=ke / NS_PER_US))
+        instances.append(inst)
+    return instances
 
 
 def report_paths(out_dir: Path, name: str) -> dict[int, Path]:

@@ -110,7 +110,14 @@ def kernel_overlap(path: Path, prefix: str = PREFIX) -> list[RangeOverlap]:
     for name, (n, span, c, g, o) in sorted(acc.items()):
         parsed = parse_range_name(name)
         out.append(
-            RangeOverlap(range_name=name, op=parsed[1] if parsed else name, instances=int(n), span_us=span,
-                         comm_us=c, gemm_us=g, overlap_us=o)
-        )  # fmt: skip
+            RangeOverlap(
+                range_name=name,
+                op=parsed[1] if parsed else name,
+                instances=int(n),
+                span_us=span,
+                comm_us=c,
+                gemm_us=g,
+                overlap_us=o,
+            )
+        )
     return out

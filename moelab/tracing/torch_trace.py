@@ -173,49 +173,15 @@ def summarize_chrome_trace(path: Path, prefix: str = PREFIX) -> TraceSummary:
     ranges = [
         e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(prefix)
     ]
-    range_names = {e["name"] for e in ranges}
     kernels_by_corr: dict[Any, list[dict[str, Any]]] = {}
     for e in events:
         if e.get("cat") == "kernel":
             kernels_by_corr.setdefault((e.get("args") or {}).get("correlation"), []).append(e)
     has_kernels = bool(kernels_by_corr)
-
-    instances: list[RangeInstance] = []
     if has_kernels:
-        launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}
-        for e in events:
-            corr = (e.get("args") or {}).get("correlation")
-            if e.get("cat") in LAUNCH_CATS and corr is not None:
-                launches.setdefault((e.get("pid"), e.get("tid")), []).append((float(e["ts"]), corr))
-        for v in launches.values():
-            v.sort(key=lambda x: x[0])
-        for r in ranges:
-            start, end = _span(r)
-            inst = RangeInstance(name=r["name"], start_us=start, end_us=end)
-            calls = launches.get((r.get("pid"), r.get("tid")), [])
-            lo = bisect.bisect_left(calls, start - EPS_US, key=lambda x: x[0])
-            hi = bisect.bisect_right(calls, end + EPS_US, key=lambda x: x[0])
-            for _, corr in calls[lo:hi]:
-                for k in kernels_by_corr.get(corr, []):
-                    ks, ke = _span(k)
-                    inst.events.append(Event(name=str(k.get("name")), start_us=ks, end_us=ke))
-            instances.append(inst)
+        instances = _kernel_ranges(events, ranges, kernels_by_corr)
     else:
-        cpu = [e for e in events if e.get("cat") in CPU_CATS and e.get("name") not in range_names]
-        for r in ranges:
-            start, end = _span(r)
-            inside = [
-                e
-                for e in cpu
-                if e.get("pid") == r.get("pid")
-                and _span(e)[0] >= start - EPS_US
-                and _span(e)[1] <= end + EPS_US
-            ]
-            inst = RangeInstance(name=r["name"], start_us=start, end_us=end)
-            for e in _top_level(inside):
-                s, t = _span(e)
-                inst.events.append(Event(name=str(e.get("name")), start_us=s, end_us=t))
-            instances.append(inst)
+        instances = _cpu_ranges(events, ranges)
 
     raw_dist, raw_meta = data.get("distributedInfo"), data.get("moelab")
     dist_info: dict[str, Any] = raw_dist if isinstance(raw_dist, dict) else {}
@@ -229,3 +195,51 @@ def summarize_chrome_trace(path: Path, prefix: str = PREFIX) -> TraceSummary:
         ranges=summarize_instances(instances, "kernel" if has_kernels else "cpu_op"),
         metadata=dict(meta),
     )
+
+
+def _kernel_ranges(
+    events: list[dict[str, Any]],
+    ranges: list[dict[str, Any]],
+    kernels_by_corr: dict[Any, list[dict[str, Any]]],
+) -> list[RangeInstance]:
+    """Each range with the kernels launched inside it from its own thread (by correlation id)."""
+    launches: dict[tuple[Any, Any], list[tuple[float, Any]]] = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in LAUNCH_CATS and corr is not None:
+            launches.setdefault((e.get("pid"), e.get("tid")), []).append((float(e["ts"]), corr))
+    for v in launches.values():
+        v.sort(key=lambda x: x[0])
+    instances = []
+    for r in ranges:
+        start, end = _span(r)
+        inst = RangeInstance(name=r["name"], start_us=start, end_us=end)
+        calls = launches.get((r.get("pid"), r.get("tid")), [])
+        lo = bisect.bisect_left(calls, start - EPS_US, key=lambda x: x[0])
+        hi = bisect.bisect_right(calls, end + EPS_US, key=lambda x: x[0])
+        for _, corr in calls[lo:hi]:
+            for k in kernels_by_corr.get(corr, []):
+                ks, ke = _span(k)
+                inst.events.append(Event(name=str(k.get("name")), start_us=ks, end_us=ke))
+        instances.append(inst)
+    return instances
+
+
+def _cpu_ranges(events: list[dict[str, Any]], ranges: list[dict[str, Any]]) -> list[RangeInstance]:
+    """A CPU trace: each range with the top-level CPU ops of its process that lie inside it."""
+    range_names = {e["name"] for e in ranges}
+    cpu = [e for e in events if e.get("cat") in CPU_CATS and e.get("name") not in range_names]
+    instances = []
+    for r in ranges:
+        start, end = _span(r)
+        inside = [
+            e
+            for e in cpu
+            if e.get("pid") == r.get("pid") and _span(e)[0] >= start - EPS_US and _span(e)[1] <= end + EPS_US
+        ]
+        inst = RangeInstance(name=r["name"], start_us=start, end_us=end)
+        for e in _top_level(inside):
+            s, t = _span(e)
+            inst.events.append(Event(name=str(e.get("name")), start_us=s, end_us=t))
+        instances.append(inst)
+    return instances

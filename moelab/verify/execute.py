@@ -51,13 +51,24 @@ def run_library(command: LibraryCommand, log_dir: Path, timeout_s: float) -> Lib
         log.flush()
         try:
             proc = subprocess.Popen(
-                list(command.argv), cwd=command.cwd, env={**os.environ, **command.env}, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                list(command.argv),
+                cwd=command.cwd,
+                env={**os.environ, **command.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             log.write(f"cannot start: {exc}\n")
-            return LibraryRun(command=command, log_path=log_path, text=f"cannot start: {exc}\n", returncode=127,
-                              timed_out=False, duration_s=0.0)  # fmt: skip
+            return LibraryRun(
+                command=command,
+                log_path=log_path,
+                text=f"cannot start: {exc}\n",
+                returncode=127,
+                timed_out=False,
+                duration_s=0.0,
+            )
         try:
             returncode: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -65,8 +76,14 @@ def run_library(command: LibraryCommand, log_dir: Path, timeout_s: float) -> Lib
             _kill_session(proc)
             returncode = None
     text = log_path.read_text(encoding="utf-8", errors="replace").split("\n", 1)[1]
-    return LibraryRun(command=command, log_path=log_path, text=text, returncode=returncode, timed_out=timed_out,
-                      duration_s=time.monotonic() - t0)  # fmt: skip
+    return LibraryRun(
+        command=command,
+        log_path=log_path,
+        text=text,
+        returncode=returncode,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - t0,
+    )
 
 
 def _kill_session(proc: subprocess.Popen[bytes]) -> None:

@@ -21,8 +21,10 @@ def store(
         con.execute("DELETE FROM library_figures WHERE run_id = ?", [run_id])
         if rows:
             marks = ", ".join(["?"] * len(COLUMNS))
-            con.executemany(f"INSERT INTO library_figures ({', '.join(COLUMNS)}) VALUES ({marks})",
-                            [tuple(r.to_dict()[c] for c in COLUMNS) for r in rows])  # fmt: skip
+            con.executemany(
+                f"INSERT INTO library_figures ({', '.join(COLUMNS)}) VALUES ({marks})",
+                [tuple(r.to_dict()[c] for c in COLUMNS) for r in rows],
+            )
         for name, text in definitions.items():
             con.execute("INSERT OR REPLACE INTO definitions VALUES (?, ?)", [name, text])
         con.execute("COMMIT")
@@ -32,6 +34,9 @@ def store(
 
 
 def load(con: duckdb.DuckDBPyConnection, run_id: str) -> list[VerifyRow]:
-    cur = con.execute(f"SELECT {', '.join(COLUMNS)} FROM library_figures WHERE run_id = ? "
-                      "ORDER BY backend, dtype, op, figure", [run_id])  # fmt: skip
+    cur = con.execute(
+        f"SELECT {', '.join(COLUMNS)} FROM library_figures WHERE run_id = ? "
+        "ORDER BY backend, dtype, op, figure",
+        [run_id],
+    )
     return [VerifyRow(**dict(zip(COLUMNS, r, strict=True))) for r in cur.fetchall()]

@@ -16,6 +16,7 @@ from moelab.backends.deepep_ll import DeepEPLowLatencyBackend, slot_sources, uni
 from moelab.backends.hybrid_ep import HybridEPBackend, HybridSettings, local_topk
 from moelab.backends.input_cache import InputCache
 from moelab.core.errors import SpecError
+from tests.deepep_byte_counts import deepep_nvl_figure, deepep_rdma_pairs
 
 NAMES = ("deepep", "deepep-ll", "hybrid-ep")
 
@@ -95,9 +96,9 @@ def test_input_cache_reuses_until_the_tensor_changes() -> None:
 
 def test_library_figures() -> None:
     # DeepEP: rows received x hidden x 2, fp8 x (1 + 4/128)/2, over the time
-    fig = common.deepep_nvl_figure(recv_rows=6000, hidden=7168, dtype="bf16", time_us=259.0)
+    fig = deepep_nvl_figure(recv_rows=6000, hidden=7168, dtype="bf16", time_us=259.0)
     assert fig.gbps == pytest.approx(6000 * 7168 * 2 / 1e9 / 259e-6)
-    fp8 = common.deepep_nvl_figure(recv_rows=6000, hidden=7168, dtype="fp8", time_us=259.0)
+    fp8 = deepep_nvl_figure(recv_rows=6000, hidden=7168, dtype="fp8", time_us=259.0)
     assert fp8.bytes == pytest.approx(6000 * (7168 + 7168 / 128 * 4))
     # Hybrid-EP: rank 0's bytes over the mean of the ranks' times
     h = common.hybrid_ep_figure(100e6, [200.0, 300.0])
@@ -109,7 +110,7 @@ def test_library_figures() -> None:
 
 def test_rdma_pairs_counts_own_node() -> None:
     in_rank = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], dtype=torch.bool)
-    assert common.deepep_rdma_pairs(in_rank, gpus_per_node=2) == 3  # token 0: node 0; token 1: nodes 0 and 1
+    assert deepep_rdma_pairs(in_rank, gpus_per_node=2) == 3  # token 0: node 0; token 1: nodes 0 and 1
 
 
 def test_settings_parse_and_reject() -> None:

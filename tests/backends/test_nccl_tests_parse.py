@@ -225,3 +225,17 @@ def test_run_timeout_is_a_result(tmp_path: Path) -> None:
     (res,) = run_alltoall_perf([1], binary=exe, gpus=2, timeout_s=1, workdir=tmp_path).results
     assert res.returncode is None and res.status == "no_results"
     assert any("timed out" in p for p in res.problems)
+
+
+def test_unavailable_reason_is_said_once(tmp_path: Path) -> None:
+    """`moelab backends` without alltoall_perf: one reason, saying what to do once."""
+    from typer.testing import CliRunner
+
+    from moelab.cli.main import app
+
+    env = {"PATH": str(tmp_path)}  # a PATH without alltoall_perf
+    result = CliRunner().invoke(app, ["backends"], env=env)
+    assert result.exit_code == 0, result.output
+    line = " ".join(x for x in result.output.splitlines() if "nccl-tests" in x)
+    assert "alltoall_perf not found on PATH" in line
+    assert line.count("--nccl-tests-bin") == 1 and line.count("not found") == 1

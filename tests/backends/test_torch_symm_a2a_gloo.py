@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moelab.backends.base import CaseConfig
+from moelab.backends.base import CaseConfig, Placement
 from moelab.backends.torch_symm_a2a import TorchSymmA2ABackend
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
@@ -97,13 +97,18 @@ def test_backend_round_trip_over_gloo(world: int) -> None:
 
 
 def test_knobs_and_odd_hidden_are_refused_before_anything_runs() -> None:
-    backend = object.__new__(TorchSymmA2ABackend)
+    """The class says it from the plan alone (what `moelab run --list-cases` shows), no rank needed."""
+    where = Placement(world=2, gpus_per_node=2, comm_backend="nccl")
+
+    def reason(cfg: CaseConfig) -> str:
+        return TorchSymmA2ABackend.planned_reason(cfg, where) or ""
+
     wl = Workload(hidden=256, tokens_per_rank=8, topk=2, experts_per_rank=2)
-    assert "unknown knob(s) layout" in (
-        backend.unsupported_reason(CaseConfig(case_id="a", workload=wl, knobs={"layout": "cached"})) or ""
+    assert "unknown knob(s) layout" in reason(
+        CaseConfig(case_id="a", workload=wl, knobs={"layout": "cached"})
     )
     odd = Workload(hidden=255, tokens_per_rank=8, topk=2, experts_per_rank=2)
-    assert "hidden must be even" in (backend.unsupported_reason(CaseConfig(case_id="b", workload=odd)) or "")
-    assert "no SM control" in (backend.unsupported_reason(CaseConfig(case_id="c", workload=wl, sms=16)) or "")
+    assert "hidden must be even" in reason(CaseConfig(case_id="b", workload=odd))
+    assert "no SM control" in reason(CaseConfig(case_id="c", workload=wl, sms=16))
     fp8 = Workload(hidden=256, tokens_per_rank=8, topk=2, experts_per_rank=2, dtype="fp8")
-    assert "no fp8" in (backend.unsupported_reason(CaseConfig(case_id="d", workload=fp8)) or "")
+    assert "no fp8" in reason(CaseConfig(case_id="d", workload=fp8))

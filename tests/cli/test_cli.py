@@ -249,13 +249,17 @@ def test_db_export_parquet(stored: tuple[Path, Path, str], tmp_path: Path) -> No
     )
 
 
-def test_report_writes_html_with_svg_charts(stored: tuple[Path, Path, str], tmp_path: Path) -> None:
+def test_report_of_one_case_leads_with_the_summary(stored: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """One measured case: the summary answers, and no chart of a single bar is drawn (nor an empty
+    section per absent sweep: one line says what these runs do not hold)."""
     db, _, run_id = stored
     out = tmp_path / "x.html"
     result = _invoke(["report", "-o", str(out), "--db", str(db)])
     assert result.exit_code == 0, result.output
     html = out.read_text()
-    assert "<svg" in html and run_id in html
+    assert run_id in html and html.index('id="summary"') < html.index('id="results"')
+    assert "nccl-a2a (only one)" in html and "<svg" not in html
+    assert "Not in these runs: an SM sweep" in html and "No SM sweep" not in html
 
 
 def test_backends_lists_availability() -> None:

@@ -4,6 +4,7 @@ offer keeps its group's default, the RunRequest's."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -75,3 +76,39 @@ def test_a_command_takes_exactly_the_flags_it_lists() -> None:
     assert (launch, said) == (opt.LaunchOptions(gpus=4, cpu=True), False)
     with pytest.raises(TypeError, match="do not match"):
         opt.command(opt.GPUS)(shows)
+
+
+@pytest.mark.parametrize(
+    "command", [[], *([name] for name in COMMANDS), ["db", "export"], ["trace", "summarize"]]
+)
+def test_help_says_what_each_flag_takes(command: list[str]) -> None:
+    """No `<bool>` beside an on/off flag or --help, no bare Python type beside an option (arguments show
+    their names)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from moelab.cli.main import app
+
+    result = CliRunner().invoke(app, [*command, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    options = [x for x in result.output.splitlines() if re.match(r"│ (\*\s+)?-", x)]
+    assert options and not any(
+        re.search(r"<(bool|str|int|float|path|Path|list\[[^]]*\])>", x) for x in options
+    )
+
+
+def test_shared_flags_declare_their_metavar() -> None:
+    from typer.testing import CliRunner
+
+    from moelab.cli.main import app
+
+    text = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    for flag, meta in (
+        ("--timeout", "SECONDS"),
+        ("--sms", "N|default[,…]"),
+        ("--db", "FILE"),
+        ("--rdzv-endpoint", "HOST:PORT"),
+    ):
+        assert re.search(rf"{re.escape(flag)}\s+(-\w\s+)?{re.escape(meta)}", text), flag
+    assert re.search(r"--cpu\s+Run on CPU ranks", text)  # an on/off flag takes nothing

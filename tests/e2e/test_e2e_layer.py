@@ -29,7 +29,7 @@ from moelab.measure.e2e.layer import (
     swiglu_ffn,
 )
 from moelab.measure.e2e.metrics import e2e_metrics
-from moelab.measure.e2e.overlap import Streams, chunk_bounds, forward_pipelined, forward_tbo
+from moelab.measure.e2e.overlap import TBO_MICRO_BATCHES, Streams, chunk_bounds, forward_pipelined
 from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
@@ -270,7 +270,9 @@ def test_tbo_computes_each_layout_once_before_any_payload() -> None:
     layer = MoELayer(backend, local_expert_weights(0, 0, 3, 32, 8, torch.device("cpu")), 3, "loop")
     x = layer_tokens(0, 0, 10, 32, "cpu")
     with torch.no_grad():
-        out = forward_tbo(layer, x, r.topk_idx, r.topk_weights, Streams(torch.device("cpu")))
+        out = forward_pipelined(
+            layer, x, r.topk_idx, r.topk_weights, TBO_MICRO_BATCHES, Streams(torch.device("cpu"))
+        )
         serial = layer.forward(x, r.topk_idx, r.topk_weights)
     # the pipeline order: both layouts, A's dispatch, B's dispatch (under A's experts), A's combine, B's
     assert backend.calls[:6] == ["layout5", "layout5", "dispatch5", "dispatch5", "combine5", "combine5"]
@@ -291,7 +293,7 @@ def test_layer_on_one_rank_equals_reference_forward_and_backward(mode: str, gemm
 
     def forward(xx: torch.Tensor) -> torch.Tensor:
         if mode == "tbo":
-            return forward_tbo(layer, xx, r.topk_idx, r.topk_weights, streams)
+            return forward_pipelined(layer, xx, r.topk_idx, r.topk_weights, TBO_MICRO_BATCHES, streams)
         if mode == "chunked":
             return forward_pipelined(layer, xx, r.topk_idx, r.topk_weights, 3, streams)
         return layer.forward(xx, r.topk_idx, r.topk_weights)

@@ -211,7 +211,7 @@ def test_layer_with_triton_kernels_equals_reference_forward_and_backward(
     interpreted: None, mode: str
 ) -> None:
     """The whole layer on the kernels (permute, fused SwiGLU, un-permute) within the layer's tolerance."""
-    from moelab.measure.e2e.overlap import Streams, forward_tbo
+    from moelab.measure.e2e.overlap import TBO_MICRO_BATCHES, Streams, forward_pipelined
 
     wl = Workload(hidden=32, tokens_per_rank=12, topk=3, experts_per_rank=4)
     r = route(wl, 0, 1)
@@ -219,7 +219,9 @@ def test_layer_with_triton_kernels_equals_reference_forward_and_backward(
     weights = local_expert_weights(0, 0, 4, 32, 8, torch.device("cpu"), requires_grad=True)
     layer = MoELayer(Loopback(), weights, 4, "loop", permute="triton")
     if mode == "tbo":
-        out = forward_tbo(layer, x, r.topk_idx, r.topk_weights, Streams(torch.device("cpu")))
+        out = forward_pipelined(
+            layer, x, r.topk_idx, r.topk_weights, TBO_MICRO_BATCHES, Streams(torch.device("cpu"))
+        )
     else:
         out = layer.forward(x, r.topk_idx, r.topk_weights)
     gout = output_grad(0, 0, 12, 32, "cpu")

@@ -70,6 +70,7 @@ def test_json_output_and_save_then_compare_nodes(tmp_path: Path) -> None:
     assert report["worst"] == "fail"
     assert report["nodes"][0]["host"] == "gpu-node-7"
     assert any(f["check"] == "ecc" and f["status"] == "fail" and f["source"] for f in report["findings"])
+    assert not any("seed" in f["source"].lower() for f in report["findings"])  # public sources only
     assert HealthSnapshot.from_dict(json.loads(saved.read_text())).host == "gpu-node-7"
 
     healthy = tmp_path / "healthy.json"

@@ -165,7 +165,7 @@ def test_nic_without_atomics_warns_for_nvshmem(tmp_path: Path) -> None:
     an0 = by_check(findings, "mlx5_an0", "pcie_atomics")
     assert an0.status == "warn"
     assert "NVSHMEM" in an0.reason and "32bit, 64bit, 128bitCAS" in an0.reason
-    assert "techcommunity.microsoft.com" in an0.source
+    assert "docs.nvidia.com/nvshmem" in an0.source
     assert by_check(findings, "mlx5_ib0", "pcie_atomics").status == "pass"
 
 
@@ -293,3 +293,14 @@ def test_merge_reports_worst_over_nodes_and_is_json_ready(tmp_path: Path) -> Non
     assert any(f["host"] == "b" and f["check"] == "ecc" and f["status"] == "fail" for f in report["findings"])
     assert [f["check"] for f in report["cluster"]] == ["slowest_gpu"]
     json.dumps(report)
+
+
+def test_every_source_is_public() -> None:
+    """A finding cites what a reader can open (an API, a tool, a document's address), never a file of
+    this project."""
+    sources = {k: v for k, v in vars(rules).items() if k.startswith("SRC_")}
+    assert len(sources) >= 10
+    for name, text in sources.items():
+        assert "seed" not in text.lower() and ".md" not in text and ".txt" not in text, name
+    for name in ("SRC_TOPOLOGY", "SRC_ATOMICS", "SRC_NUMA", "SRC_AFFINITY", "SRC_OUTLIER"):
+        assert "docs.nvidia.com" in sources[name] or ".com/" in sources[name] or ".io/" in sources[name], name

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from moelab.job.events import ProgressEvents, one_time_costs, read_events
 from moelab.launch.progress import JobProgress, JobWatch, watch_job
+from moelab.plan.case_list import NOT_RUN
 
 CASES = ["h256-t64-smdef", "h256-t64-sm16", "h256-t64-sm24"]
 
@@ -87,11 +88,28 @@ def test_state_tracks_running_case_op_and_estimate() -> None:
     state.apply({"event": "case_end", "case_id": "b", "status": "unsupported", "t": 106.0})  # no seconds
     assert state.done == 2 and state.case_seconds == [4.0, 2.0]
     assert state.statuses == {"ok": 1, "unsupported": 1}
-    assert state.estimate_left(now=106.0) == pytest.approx(2 * 3.0)
+    # the cases left are held against the measured one (4 s), not against the unsupported one's 2 s
+    assert state.estimate_left(now=106.0) == pytest.approx(2 * 4.0)
     state.apply({"event": "case_start", "case_id": "c", "op": None, "t": 106.0})
-    assert state.estimate_left(now=107.0) == pytest.approx(2 * 3.0 - 1.0)
-    assert state.estimate_left(now=200.0) == pytest.approx(3.0)  # a slow case never drives it below 0
+    assert state.estimate_left(now=107.0) == pytest.approx(2 * 4.0 - 1.0)
+    assert state.estimate_left(now=200.0) == pytest.approx(4.0)  # a slow case never drives it below 0
     assert state.elapsed(now=110.0) == pytest.approx(10.0)
+
+
+def test_estimate_holds_each_case_against_finished_cases_of_its_kind() -> None:
+    """A first CPU run: one measured case (49 s), then four SM-sweep cases gloo cannot run. The estimate
+    after the first case is what those four cost, none, not 4 x 49 s."""
+    kinds = {"smdef": "a2a", "sm8": NOT_RUN, "sm16": NOT_RUN, "sm24": NOT_RUN, "sm32": NOT_RUN}
+    state = JobProgress(num_cases=5, kinds=kinds, started=0.0)
+    state.apply({"event": "case_start", "case_id": "smdef", "op": None, "t": 0.0})
+    state.apply({"event": "case_end", "case_id": "smdef", "status": "ok", "seconds": 49.0, "t": 49.0})
+    assert state.estimate_left(now=49.0) == pytest.approx(0.0)
+    # a measured kind is held against its own kind; one not seen yet, against the measured cases so far
+    mixed = JobProgress(num_cases=4, kinds={"a": "a2a", "b": NOT_RUN, "c": "a2a", "d": "e2e"}, started=0.0)
+    for cid, status, secs in (("a", "ok", 10.0), ("b", "unsupported", 0.1)):
+        mixed.apply({"event": "case_start", "case_id": cid, "op": None, "t": 0.0})
+        mixed.apply({"event": "case_end", "case_id": cid, "status": status, "seconds": secs, "t": 0.0})
+    assert mixed.estimate_left(now=0.0) == pytest.approx(10.0 + 10.0)
 
 
 def test_plain_output_is_one_line_per_case_and_per_one_time_cost(tmp_path: Path) -> None:

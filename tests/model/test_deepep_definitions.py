@@ -17,13 +17,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.backends.deepep_common import deepep_nvl_figure, deepep_rdma_pairs
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.model.bound import bound, bytes_per_row, estimate
 from moelab.model.links import PeakTable
 from moelab.model.topology import TopologyRequest, resolve
 from moelab.model.traffic import traffic
+from tests.deepep_byte_counts import deepep_nvl_figure, deepep_rdma_pairs
 
 FP8_FACTOR = (1 + 4 / 128) / 2
 

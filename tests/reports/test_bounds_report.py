@@ -122,7 +122,7 @@ def test_report_shows_percent_of_bound_beside_percent_measured(db: Path, tmp_pat
     )
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert "| % measured | bound µs | % bound |" in text
+    assert "| % measured | bound | % bound |" in text
     assert "measured: nvlink 250 GB/s: measured peer copy of run measured" in text
     assert "datasheet: nvlink 478 GB/s: datasheet H200" in text
     html = tmp_path / "r.html"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from moelab.cli.compare_cmd import compare
 from moelab.model.links import PeakTable
 from moelab.reports import compare as cmp
-from moelab.reports import query
+from moelab.reports import hardware, query
 from moelab.store.db import connect
 from tests.synthetic_runs import BackendModel, RunModel, build_db
 
@@ -45,7 +45,9 @@ def _table(db: Path, ids: list[str], by: str) -> cmp.CompareTable:
     con = connect(db, read_only=True)
     try:
         query.select_runs(con, ids)
-        return cmp.build(query.results(con), query.environment(con), query.runs(con), PeakTable(), by=by)
+        env = query.environment(con)
+        links = hardware.job_links(query.health_snapshots(con), env, PeakTable())
+        return cmp.build(query.results(con), env, query.runs(con), links, by=by)
     finally:
         con.close()
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from moelab.cli.main import app
 from moelab.model.links import PeakTable
 from moelab.reports import compare as cmp
-from moelab.reports import query
+from moelab.reports import hardware, query
 from moelab.store.db import connect
 from tests.synthetic_runs import BackendModel, RunModel, build_db
 
@@ -50,11 +50,12 @@ def _table(db: Path, run: str) -> cmp.CompareTable:
     con = connect(db, read_only=True)
     try:
         query.select_runs(con, [run])
+        env = query.environment(con)
         return cmp.build(
             query.results(con),
-            query.environment(con),
+            env,
             query.runs(con),
-            PeakTable(),
+            hardware.job_links(query.health_snapshots(con), env, PeakTable()),
             by="backend",
             reference="nccl-a2a",
             processes=query.process_medians(con),

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from moelab.cli.compare_cmd import compare
 from moelab.model.links import PeakTable
 from moelab.reports import compare as cmp
-from moelab.reports import compare_select, query
+from moelab.reports import compare_select, hardware, query
 from moelab.store.db import connect
 from moelab.store.labels import set_label
 from tests.synthetic_runs import BackendModel, RunModel, build_db
@@ -65,10 +65,12 @@ def test_narrowing_the_runs_changes_no_cell(db: Path, by: str) -> None:
     try:
         ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
         query.select_runs(con, ids)
-        full = cmp.build(query.results(con), query.environment(con), query.runs(con), PeakTable(), by=by)
+        env = query.environment(con)
+        links = hardware.job_links(query.health_snapshots(con), env, PeakTable())
+        full = cmp.build(query.results(con), env, query.runs(con), links, by=by)
         label_of = compare_select.label_groups(con) if by == "label" else None
         kept = compare_select.newest_runs_only(con, by, label_of)
-        narrow = cmp.build(query.results(con), query.environment(con), query.runs(con), PeakTable(), by=by)
+        narrow = cmp.build(query.results(con), query.environment(con), query.runs(con), links, by=by)
     finally:
         con.close()
     assert kept < len(ids)

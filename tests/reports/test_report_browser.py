@@ -31,7 +31,12 @@ HARNESS = """<!DOCTYPE html><html><head><title>harness</title></head><body style
 document.getElementById('f').addEventListener('load', () => {
   const d = document.getElementById('f').contentDocument;
   const boxes = [...d.querySelectorAll('div.svg')].map(e => { const r = e.getBoundingClientRect(); return {id: e.id, x: r.left, y: r.top, w: r.width, h: r.height}; });
-  document.getElementById('out').textContent = JSON.stringify({height: Math.ceil(d.body.getBoundingClientRect().bottom) + 40, boxes: boxes});
+  const top = id => Math.round(d.getElementById(id).getBoundingClientRect().top);
+  const rows = [...d.querySelectorAll('table.results tr')].slice(1).map(e => e.getBoundingClientRect().height);
+  document.getElementById('out').textContent = JSON.stringify({height: Math.ceil(d.body.getBoundingClientRect().bottom) + 40, boxes: boxes,
+    width: d.documentElement.scrollWidth, widest: Math.max(...[...d.querySelectorAll('table')].map(t => Math.ceil(t.getBoundingClientRect().right))),
+    summary: top('summary'), flags: top('flags'), results: top('results'), open: d.querySelectorAll('details[open]').length,
+    groups: d.querySelectorAll('details.flag').length, tallest_row: Math.max(...rows)});
 });
 </script></body></html>"""
 
@@ -92,6 +97,11 @@ def test_every_chart_is_drawn(report: Path, tmp_path: Path) -> None:
     found = re.search(r'<pre id="out">(.*?)</pre>', out.stdout, re.S)
     assert found and found.group(1) != "pending", out.stderr[-2000:]
     layout = json.loads(found.group(1).replace("&quot;", '"'))
+    # the new layout: the answer first, flags grouped and folded, every table inside 1280 px, short rows
+    assert layout["width"] <= WIDTH and layout["widest"] <= WIDTH, layout
+    assert layout["summary"] < layout["flags"] < layout["results"] and layout["summary"] < 400, layout
+    assert layout["groups"] >= 2 and layout["open"] == 0, layout
+    assert layout["tallest_row"] < 120, layout  # flags are badges whose text opens on demand
     boxes = layout["boxes"]
     assert len(boxes) == 12 and all(b["w"] > 300 and b["h"] > 150 for b in boxes), boxes
     shot = tmp_path / "page.png"

@@ -64,7 +64,7 @@ def test_rendered_report_says_who_wins() -> None:
     assert (
         'id="e2e"' in html
         and "Winner: deepep tbo at 24 SMs" in html
-        and "7% over the best other backend" in html
+        and "7.1% over the best other backend" in html
     )
     assert "<td>62%</td><td>81%</td>" in html and "% of roofline" in html  # where measured; — elsewhere
     md = render(data, "md")

@@ -82,8 +82,15 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
         reason = "; ".join(check["messages"])[:2000]
-        return CaseRecord(case=case, status="incorrect", reason=reason, backend_record=backend_record,
-                          check=check_result(check), world=ctx.world, gpus_per_node=ctx.gpus_per_node)  # fmt: skip
+        return CaseRecord(
+            case=case,
+            status="incorrect",
+            reason=reason,
+            backend_record=backend_record,
+            check=check_result(check),
+            world=ctx.world,
+            gpus_per_node=ctx.gpus_per_node,
+        )
     calls = op_calls(backend, inputs, case.workload, ctx.rank)
     local = time_ops(cc.clock, spec.timing, calls, inputs)
     traces = trace_layers(cc, case, calls.forward) if spec.trace.mode == "torch" and cc.files else ()
@@ -163,9 +170,11 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     if settings.profile == "layer":
         forward = {"layer": forward["layer"]}
     return E2ECalls(
-        forward=forward, under_comm=ConcurrentGemm(inputs.streams, gemm_mb_carved, comm_whole),
-        fwd_bwd=fwd_bwd_calls(inputs, wl, rank), pairs=full.grouped.num_pairs,
-    )  # fmt: skip
+        forward=forward,
+        under_comm=ConcurrentGemm(inputs.streams, gemm_mb_carved, comm_whole),
+        fwd_bwd=fwd_bwd_calls(inputs, wl, rank),
+        pairs=full.grouped.num_pairs,
+    )
 
 
 def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Callable[[], object]]:
@@ -218,12 +227,19 @@ def trace_layers(
     ops = [TracedOp(op=op, fn=timed[op]) for op in ("layer", "layer_serial") if op in timed]
     with torch.no_grad():
         cap = capture_torch_trace(
-            ops, backend=cc.backend.name, case_id=case.case_id, iters=cc.spec.trace.iters,
-            path=files.torch_trace(case.case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
-            device=ctx.device, group=ctx.group,
-        )  # fmt: skip
-    mine = TraceFile(rank=ctx.rank, kind="torch", path=str(cap.path.relative_to(files.run_dir)),
-                     size_bytes=cap.size_bytes)  # fmt: skip
+            ops,
+            backend=cc.backend.name,
+            case_id=case.case_id,
+            iters=cc.spec.trace.iters,
+            path=files.torch_trace(case.case_id, ctx.rank),
+            rank=ctx.rank,
+            world_size=ctx.world,
+            device=ctx.device,
+            group=ctx.group,
+        )
+    mine = TraceFile(
+        rank=ctx.rank, kind="torch", path=str(cap.path.relative_to(files.run_dir)), size_bytes=cap.size_bytes
+    )
     gathered: list[Any] = [None] * ctx.world
     dist.all_gather_object(gathered, mine, group=ctx.group)
     return tuple(gathered)
@@ -275,16 +291,31 @@ def build_record(
     )
     rates, no_rates = run_rates(cc.files.run_dir if cc.files is not None else None)  # RUN_DIR/rates.json
     metrics = e2e_metrics(
-        ops, settings, wl, measured.pairs, measured.check, rows_per_rank=[r.recv_rows for r in rows],
-        rates=rates, no_rates_reason=no_rates,
-    )  # fmt: skip
+        ops,
+        settings,
+        wl,
+        measured.pairs,
+        measured.check,
+        rows_per_rank=[r.recv_rows for r in rows],
+        rates=rates,
+        no_rates_reason=no_rates,
+    )
     return CaseRecord(
-        case=case, status="ok", world=ctx.world, gpus_per_node=ctx.gpus_per_node, backend_record=backend_record,
-        check=check_result(measured.check), ops=results, rows=tuple(rows), traces=measured.traces,
-        metrics=tuple(Metric(name=m["name"], value=m.get("value"), unit=m.get("unit"), definition=m.get("definition"))
-                      for m in metrics),
+        case=case,
+        status="ok",
+        world=ctx.world,
+        gpus_per_node=ctx.gpus_per_node,
+        backend_record=backend_record,
+        check=check_result(measured.check),
+        ops=results,
+        rows=tuple(rows),
+        traces=measured.traces,
+        metrics=tuple(
+            Metric(name=m["name"], value=m.get("value"), unit=m.get("unit"), definition=m.get("definition"))
+            for m in metrics
+        ),
         host_sync=f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
-    )  # fmt: skip
+    )
 
 
 def layer_host_sync(gemm: str) -> str:

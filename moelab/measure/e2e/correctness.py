@@ -76,15 +76,27 @@ def make_layer_inputs(
     routings = route_all(wl, ctx.world)
     routing = routings[ctx.rank].to(device)
     weights = local_expert_weights(
-        seed, ctx.rank, wl.experts_per_rank, wl.hidden, settings.intermediate, device,
+        seed,
+        ctx.rank,
+        wl.experts_per_rank,
+        wl.hidden,
+        settings.intermediate,
+        device,
         requires_grad=settings.backward,
-    )  # fmt: skip
+    )
     return LayerInputs(
-        routings=routings, topk_idx=routing.topk_idx, topk_weights=routing.topk_weights,
-        x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device), weights=weights,
-        layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute), streams=Streams(device),
-        settings=settings, gemm=gemm, permute=permute, overlaps=ctx.world > 1,
-    )  # fmt: skip
+        routings=routings,
+        topk_idx=routing.topk_idx,
+        topk_weights=routing.topk_weights,
+        x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device),
+        weights=weights,
+        layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute),
+        streams=Streams(device),
+        settings=settings,
+        gemm=gemm,
+        permute=permute,
+        overlaps=ctx.world > 1,
+    )
 
 
 def check_layer(inputs: LayerInputs, wl: Workload, ctx: BackendContext, combine_dtype: str) -> dict[str, Any]:
@@ -112,9 +124,13 @@ def rank_errors(inputs: LayerInputs, wl: Workload, ctx: BackendContext, combine_
     with torch.no_grad():
         out = inputs.forward(x)
     ref = reference_layer(
-        x, routing.topk_idx, routing.topk_weights, seed=seed, intermediate=inputs.settings.intermediate,
+        x,
+        routing.topk_idx,
+        routing.topk_weights,
+        seed=seed,
+        intermediate=inputs.settings.intermediate,
         grad_out=gout,
-    )  # fmt: skip
+    )
     result: dict[str, Any] = {"layer_err": relative_error(out, ref.out), "messages": []}
     tol = layer_tolerance(wl.dtype, combine_dtype)
     if not result["layer_err"] <= tol:
@@ -158,9 +174,14 @@ def local_weight_grads_reference(inputs: LayerInputs, wl: Workload, ctx: Backend
     first = inputs.weights.first_expert
     local = range(first, first + inputs.weights.num_experts)
     ref_w = reference_layer(
-        all_x, torch.cat([r.topk_idx for r in inputs.routings]), torch.cat([r.topk_weights for r in inputs.routings]),
-        seed=seed, intermediate=inputs.settings.intermediate, experts=local, grad_out=all_g,
-    )  # fmt: skip
+        all_x,
+        torch.cat([r.topk_idx for r in inputs.routings]),
+        torch.cat([r.topk_weights for r in inputs.routings]),
+        seed=seed,
+        intermediate=inputs.settings.intermediate,
+        experts=local,
+        grad_out=all_g,
+    )
     return torch.cat(
         [
             torch.stack([ref_w.grad_w13[e] for e in local]).flatten(),

@@ -126,29 +126,60 @@ def _outside_gemm_over_floor(m: MetricInputs) -> float | None:
 
 
 LAYER = (
-    MetricDef(name="layer_us", unit="us", value=lambda m: m.layer,
-              definition="median forward layer time ({mode}), slowest rank per iteration"),
-    MetricDef(name="tokens_per_s_per_rank", unit="tokens/s", value=lambda m: _tokens_per_s(m, "layer"),
-              definition="tokens per rank / layer time"),
-)  # fmt: skip
+    MetricDef(
+        name="layer_us",
+        unit="us",
+        value=lambda m: m.layer,
+        definition="median forward layer time ({mode}), slowest rank per iteration",
+    ),
+    MetricDef(
+        name="tokens_per_s_per_rank",
+        unit="tokens/s",
+        value=lambda m: _tokens_per_s(m, "layer"),
+        definition="tokens per rank / layer time",
+    ),
+)
 COMM = (
-    MetricDef(name="comm_us", unit="us", value=lambda m: m.comm,
-              definition="dispatch + combine, each timed alone on the whole batch"),
-    MetricDef(name="exposed_comm_us", unit="us", value=lambda m: m.exposed,
-              definition="time the expert compute waits: layer time - compute_only time (expert compute alone, "
-                         "whole batch)"),
-    MetricDef(name="exposed_comm_share", unit="ratio",
-              value=lambda m: m.exposed / m.layer if m.layer > 0 else None,
-              definition="exposed_comm_us / layer_us"),
-    MetricDef(name="overlap_efficiency", unit="ratio", value=_overlap_efficiency,
-              definition="hidden / total communication = (comm_us - exposed_comm_us) / comm_us: 1 = all hidden, "
-                         "0 = none (serial), < 0 = the schedule adds more than it hides"),
-    MetricDef(name="gemm_tflops_per_rank", unit="TFLOP/s", value=_gemm_tflops,
-              definition="mean over ranks of the expert GEMM FLOPs (6 x pairs x hidden x intermediate) / gemm time"),
-    MetricDef(name="gemm_slowdown", unit="ratio", value=_gemm_slowdown,
-              definition="one micro-batch's GEMMs under the whole batch's dispatch+combine (concurrent, on another "
-                         "stream) / the same GEMMs alone - 1: what the communication's SMs cost the GEMMs"),
-)  # fmt: skip
+    MetricDef(
+        name="comm_us",
+        unit="us",
+        value=lambda m: m.comm,
+        definition="dispatch + combine, each timed alone on the whole batch",
+    ),
+    MetricDef(
+        name="exposed_comm_us",
+        unit="us",
+        value=lambda m: m.exposed,
+        definition="time the expert compute waits: layer time - compute_only time (expert compute alone, "
+        "whole batch)",
+    ),
+    MetricDef(
+        name="exposed_comm_share",
+        unit="ratio",
+        value=lambda m: m.exposed / m.layer if m.layer > 0 else None,
+        definition="exposed_comm_us / layer_us",
+    ),
+    MetricDef(
+        name="overlap_efficiency",
+        unit="ratio",
+        value=_overlap_efficiency,
+        definition="hidden / total communication = (comm_us - exposed_comm_us) / comm_us: 1 = all hidden, "
+        "0 = none (serial), < 0 = the schedule adds more than it hides",
+    ),
+    MetricDef(
+        name="gemm_tflops_per_rank",
+        unit="TFLOP/s",
+        value=_gemm_tflops,
+        definition="mean over ranks of the expert GEMM FLOPs (6 x pairs x hidden x intermediate) / gemm time",
+    ),
+    MetricDef(
+        name="gemm_slowdown",
+        unit="ratio",
+        value=_gemm_slowdown,
+        definition="one micro-batch's GEMMs under the whole batch's dispatch+combine (concurrent, on another "
+        "stream) / the same GEMMs alone - 1: what the communication's SMs cost the GEMMs",
+    ),
+)
 ROOFLINE = (
     MetricDef(
         name="dense_matmul_tflops",
@@ -212,35 +243,65 @@ ROOFLINE = (
     ),
 )
 LAYER_CHECK = (
-    MetricDef(name="layer_rel_err", unit="ratio", value=lambda m: m.check.get("layer_err"),
-              definition="max over ranks of ||out - ref|| / ||ref|| (float32 reference)"),
-)  # fmt: skip
+    MetricDef(
+        name="layer_rel_err",
+        unit="ratio",
+        value=lambda m: m.check.get("layer_err"),
+        definition="max over ranks of ||out - ref|| / ||ref|| (float32 reference)",
+    ),
+)
 OVERLAP = (
-    MetricDef(name="speedup_vs_serial", unit="ratio", value=_ratio_of("layer_serial", "layer"),
-              definition="serial layer time / {mode} layer time (> 1: the overlap pays off)"),
-    MetricDef(name="split_overhead_us", unit="us",
-              value=lambda m: m.med["compute_only_split"] - m.med["compute_only"],
-              definition="expert compute in {chunks} micro-batches - in one"),
-    MetricDef(name="split_overhead_share", unit="ratio",
-              value=lambda m: _share(m.med["compute_only_split"] - m.med["compute_only"], m.med["compute_only"]),
-              definition="split_overhead_us / compute_only time: what splitting into {chunks} costs the expert "
-                         "compute (smaller GEMMs, more launches)"),
-    MetricDef(name="schedule_overhead_us", unit="us",
-              value=lambda m: m.layer - m.med["layer_serial"] - (m.med["compute_only_split"] - m.med["compute_only"]),
-              definition="({mode} layer - serial layer) - split_overhead_us: what the overlapped schedule adds beyond "
-                         "its split (streams, events, host syncs) less the communication it hides"),
-)  # fmt: skip
+    MetricDef(
+        name="speedup_vs_serial",
+        unit="ratio",
+        value=_ratio_of("layer_serial", "layer"),
+        definition="serial layer time / {mode} layer time (> 1: the overlap pays off)",
+    ),
+    MetricDef(
+        name="split_overhead_us",
+        unit="us",
+        value=lambda m: m.med["compute_only_split"] - m.med["compute_only"],
+        definition="expert compute in {chunks} micro-batches - in one",
+    ),
+    MetricDef(
+        name="split_overhead_share",
+        unit="ratio",
+        value=lambda m: _share(m.med["compute_only_split"] - m.med["compute_only"], m.med["compute_only"]),
+        definition="split_overhead_us / compute_only time: what splitting into {chunks} costs the expert "
+        "compute (smaller GEMMs, more launches)",
+    ),
+    MetricDef(
+        name="schedule_overhead_us",
+        unit="us",
+        value=lambda m: (
+            m.layer - m.med["layer_serial"] - (m.med["compute_only_split"] - m.med["compute_only"])
+        ),
+        definition="({mode} layer - serial layer) - split_overhead_us: what the overlapped schedule adds beyond "
+        "its split (streams, events, host syncs) less the communication it hides",
+    ),
+)
 BACKWARD = (
-    MetricDef(name="tokens_per_s_per_rank_fwd_bwd", unit="tokens/s",
-              value=lambda m: _tokens_per_s(m, "layer_fwd_bwd"),
-              definition="tokens per rank / forward+backward layer time"),
-)  # fmt: skip
+    MetricDef(
+        name="tokens_per_s_per_rank_fwd_bwd",
+        unit="tokens/s",
+        value=lambda m: _tokens_per_s(m, "layer_fwd_bwd"),
+        definition="tokens per rank / forward+backward layer time",
+    ),
+)
 GRAD_CHECK = (
-    MetricDef(name="grad_x_rel_err", unit="ratio", value=lambda m: m.check.get("grad_x_err"),
-              definition="max over ranks of the input gradient's relative error"),
-    MetricDef(name="grad_w_rel_err", unit="ratio", value=lambda m: m.check.get("grad_w_err"),
-              definition="max over ranks of the local expert weight gradients' relative error"),
-)  # fmt: skip
+    MetricDef(
+        name="grad_x_rel_err",
+        unit="ratio",
+        value=lambda m: m.check.get("grad_x_err"),
+        definition="max over ranks of the input gradient's relative error",
+    ),
+    MetricDef(
+        name="grad_w_rel_err",
+        unit="ratio",
+        value=lambda m: m.check.get("grad_w_err"),
+        definition="max over ranks of the local expert weight gradients' relative error",
+    ),
+)
 ROOFLINE_BACKWARD = (
     MetricDef(
         name="roofline_us_fwd_bwd",
@@ -259,10 +320,13 @@ ROOFLINE_BACKWARD = (
     ),
 )
 OVERLAP_BACKWARD = (
-    MetricDef(name="speedup_vs_serial_fwd_bwd", unit="ratio",
-              value=_ratio_of("layer_fwd_bwd_serial", "layer_fwd_bwd"),
-              definition="serial forward+backward time / {mode} forward+backward time"),
-)  # fmt: skip
+    MetricDef(
+        name="speedup_vs_serial_fwd_bwd",
+        unit="ratio",
+        value=_ratio_of("layer_fwd_bwd_serial", "layer_fwd_bwd"),
+        definition="serial forward+backward time / {mode} forward+backward time",
+    ),
+)
 
 
 def metric_defs(settings: E2ESettings) -> tuple[MetricDef, ...]:

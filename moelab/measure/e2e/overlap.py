@@ -147,13 +147,6 @@ def forward_pipelined(
     return torch.cat(outs) if n > 1 else outs[0]
 
 
-def forward_tbo(
-    layer: MoELayer, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, streams: Streams
-) -> torch.Tensor:
-    """Two-batch overlap: micro-batch B's dispatch under A's experts, A's combine under B's experts."""
-    return forward_pipelined(layer, x, topk_idx, topk_weights, TBO_MICRO_BATCHES, streams)
-
-
 def compute_chunked(layer: MoELayer, received: list[Received]) -> list[torch.Tensor]:
     """The expert compute of pre-dispatched micro-batches, back to back (what the overlapped layer computes)."""
     return [layer.experts(r) for r in received]

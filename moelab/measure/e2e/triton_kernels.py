@@ -61,9 +61,15 @@ def gather_rows(src: torch.Tensor, index: torch.Tensor, scale: torch.Tensor | No
         return dst
     kernel, grid, opts = _launch("gather_rows", n, hidden)
     kernel[grid](
-        src.contiguous(), index, scale if scale is not None else index, dst, n, hidden,
-        HAS_SCALE=scale is not None, **opts,
-    )  # fmt: skip
+        src.contiguous(),
+        index,
+        scale if scale is not None else index,
+        dst,
+        n,
+        hidden,
+        HAS_SCALE=scale is not None,
+        **opts,
+    )
     return dst
 
 
@@ -76,9 +82,16 @@ def slot_sum(y: torch.Tensor, slot_pair: torch.Tensor, slot_weight: torch.Tensor
         return out
     kernel, grid, opts = _launch("slot_sum", rows, hidden)
     kernel[grid](
-        y.contiguous(), slot_pair, slot_weight if slot_weight is not None else slot_pair, out, rows, hidden,
-        K=topk, WEIGHTED=slot_weight is not None, **opts,
-    )  # fmt: skip
+        y.contiguous(),
+        slot_pair,
+        slot_weight if slot_weight is not None else slot_pair,
+        out,
+        rows,
+        hidden,
+        K=topk,
+        WEIGHTED=slot_weight is not None,
+        **opts,
+    )
     return out
 
 

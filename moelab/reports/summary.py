@@ -1,0 +1,232 @@
+"""The answer first: per op, payload type and workload, the backends ranked with the interval that makes
+the ranking honest, the knee in SMs, how close the fastest got to the measured link peak and to moelab
+model's bound, the verdict against a baseline, and the flagged cases counted by kind.
+
+The ranking takes one (low, high) interval per backend and op (`Estimate`) through `rank`, so any interval
+can feed it: `interval(row)`. With repeats (--repeat N) it is the stored interval over the processes (the
+bootstrap interval of the median of the per-process medians, moelab.core.intervals), the variation that
+decides; without, the op's stored median and `noise` (the relative half-width of the median's ~95%
+order-statistics interval, within its one process). Two backends whose intervals overlap are
+indistinguishable, and the summary says so rather than naming a winner the figures cannot separate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moelab.reports.sections import ONE_RANK_NOTE, series_name, workload_text
+
+UNSTABLE_MARK, SUSPECT_MARK = "~", "!"
+LEGEND = (
+    f"{UNSTABLE_MARK} unstable median (noise above target, more than one mode, ranks differ or moved between "
+    f"runs); {SUSPECT_MARK} suspect case (machine shared, health worsened or spread too wide)"
+)
+VERDICT_ORDER = (
+    "broken",
+    "regression",
+    "improvement",
+    "noise",
+    "inconclusive",
+    "unchanged",
+    "missing",
+    "new",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """An op's median time and the interval around it (µs)."""
+
+    median_us: float
+    low_us: float
+    high_us: float
+    known: bool = True  # False: no interval was stored, the median stands alone
+
+    @property
+    def half_width(self) -> float:
+        """Relative half-width of the interval: 0.02 reads ±2%."""
+        return (self.high_us - self.low_us) / 2 / self.median_us if self.median_us else 0.0
+
+    def overlaps(self, other: Estimate) -> bool:
+        return self.low_us <= other.high_us and other.low_us <= self.high_us
+
+
+def interval(r: Mapping[str, Any]) -> Estimate | None:
+    """The ~95% interval of a stored op's median: over its processes where it has several (--repeat), else
+    median x (1 ± noise); a point when no noise was stored."""
+    median = r.get("median_us")
+    if median is None:
+        return None
+    low, high = r.get("ci_low_us"), r.get("ci_high_us")
+    if (r.get("repeats") or 1) > 1 and low is not None and high is not None:
+        return Estimate(median_us=median, low_us=low, high_us=high)
+    noise = r.get("noise")
+    if noise is None:
+        return Estimate(median_us=median, low_us=median, high_us=median, known=False)
+    return Estimate(median_us=median, low_us=median * (1 - noise), high_us=median * (1 + noise))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ranked:
+    name: str
+    estimate: Estimate
+    tie: bool  # indistinguishable from the fastest: the intervals overlap
+
+
+def rank(estimates: Mapping[str, Estimate]) -> list[Ranked]:
+    """Fastest median first; each one whose interval overlaps the fastest's is marked `tie`."""
+    ordered = sorted(estimates.items(), key=lambda kv: (kv[1].median_us, kv[0]))
+    if not ordered:
+        return []
+    first = ordered[0][1]
+    return [Ranked(name=n, estimate=e, tie=i > 0 and e.overlaps(first)) for i, (n, e) in enumerate(ordered)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Entry:
+    """One backend variant's best configuration in a summary row."""
+
+    name: str
+    estimate: Estimate
+    tie: bool
+    sms: str  # its fastest SM setting
+    knee_sms: int | None
+    marks: str  # UNSTABLE_MARK and/or SUSPECT_MARK
+
+
+@dataclass(kw_only=True, slots=True)
+class SummaryRow:
+    op: str
+    dtype: str
+    workload: str
+    world: int
+    entries: list[Entry]
+    frac_measured: float | None  # the fastest's nvl_remote over the run's measured all-to-all peak
+    frac_bound: float | None  # moelab model's bound over the fastest's median time
+    baseline: str | None  # the verdicts of the row's ops against the baseline, counted
+    flagged: dict[str, int] = field(
+        default_factory=dict
+    )  # kind -> ops (unstable, above peak) or cases (suspect)
+
+    @property
+    def answer(self) -> str:
+        """Who is fastest, in words: one name, or the names the intervals cannot separate."""
+        if len(self.entries) == 1:
+            return f"{self.entries[0].name} (only one)"
+        tied = [e.name for e in self.entries if e.tie]
+        if tied:
+            return f"{', '.join([self.entries[0].name, *tied])}: indistinguishable"
+        if not (self.entries[0].estimate.known and self.entries[1].estimate.known):
+            return f"{self.entries[0].name} fastest (no interval)"
+        return f"{self.entries[0].name} fastest"
+
+    @property
+    def one_rank(self) -> bool:
+        return self.world == 1
+
+
+def marks(r: Mapping[str, Any]) -> str:
+    return (UNSTABLE_MARK if r.get("stability") else "") + (SUSPECT_MARK if r.get("suspect") else "")
+
+
+def group_workload(r: Mapping[str, Any]) -> str:
+    return (
+        f"h{r['hidden']} t{r['tokens_per_rank']} k{r['topk']} e{r['experts_per_rank']} {r['routing']} "
+        f"s{r['routing_seed']}, {r['world']} rank{'s' if r['world'] != 1 else ''}"
+    )
+
+
+def _flag_counts(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    counts["unstable"] = sum(1 for r in rows if r.get("stability"))
+    counts["suspect"] = len({(r["run_id"], r["backend"], r["case_id"]) for r in rows if r.get("suspect")})
+    counts["above peak"] = sum(1 for r in rows if r.get("above_peak"))
+    return {k: v for k, v in counts.items() if v}
+
+
+def _baseline_text(
+    rows: Sequence[dict[str, Any]], verdicts: Mapping[tuple[str, str, str, str], str]
+) -> str | None:
+    found = Counter(
+        v for r in rows if (v := verdicts.get((r["run_id"], r["backend"], r["case_id"], r["op"]))) is not None
+    )
+    if not found:
+        return None
+    return ", ".join(f"{found[s]} {s}" for s in VERDICT_ORDER if found[s])
+
+
+def _entry_name(r: Mapping[str, Any], several_runs: bool) -> str:
+    knobs = "".join(f" {k}={v}" for k, v in sorted((r.get("knobs") or {}).items()))
+    return f"{r['backend']}{knobs}" + (f" ({r['run_id']})" if several_runs else "")
+
+
+def build(
+    results: Sequence[dict[str, Any]],
+    knees: Sequence[dict[str, Any]] = (),
+    verdicts: Mapping[tuple[str, str, str, str], str] | None = None,
+) -> list[SummaryRow]:
+    """One row per (op, payload, workload) over annotated result rows (sections.annotate_results and
+    bounds.annotate_bounds), in the order the rows come (suite order)."""
+    several_runs = len({r["run_id"] for r in results}) > 1
+    knee_of = {(k["op"], k["run_id"], k["series"], k["workload"]): k["sms"] for k in knees}
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r.get("median_us") is not None:
+            groups[(r["op"], r["dtype"], group_workload(r))].append(r)
+    out = []
+    for (op, dtype, workload), rows in groups.items():
+        best: dict[str, dict[str, Any]] = {}
+        for r in rows:
+            name = _entry_name(r, several_runs)
+            if name not in best or r["median_us"] < best[name]["median_us"]:
+                best[name] = r
+        estimates = {n: e for n, r in best.items() if (e := interval(r)) is not None}
+        entries = []
+        for ranked in rank(estimates):
+            r = best[ranked.name]
+            knee = knee_of.get((op, r["run_id"], series_name(r), workload_text(r)))
+            sms = "default" if r["sms"] is None else str(r["sms"])
+            entries.append(
+                Entry(
+                    name=ranked.name,
+                    estimate=ranked.estimate,
+                    tie=ranked.tie,
+                    sms=sms,
+                    knee_sms=knee,
+                    marks=marks(r),
+                )
+            )
+        top = best[entries[0].name]
+        out.append(
+            SummaryRow(
+                op=op,
+                dtype=dtype,
+                workload=workload,
+                world=top["world"],
+                entries=entries,
+                frac_measured=top.get("frac_remote_measured"),
+                frac_bound=top.get("frac_bound"),
+                baseline=_baseline_text(rows, verdicts or {}),
+                flagged=_flag_counts(rows),
+            )
+        )
+    return out
+
+
+def by_workload(rows: Sequence[SummaryRow]) -> list[tuple[str, list[SummaryRow]]]:
+    """The rows under one heading per workload, in the order the workloads first come."""
+    grouped: dict[str, list[SummaryRow]] = {}
+    for r in rows:
+        grouped.setdefault(r.workload, []).append(r)
+    return list(grouped.items())
+
+
+def notes(rows: Sequence[SummaryRow]) -> list[str]:
+    """Lines said once under the summary."""
+    out = []
+    if any(r.one_rank for r in rows):
+        out.append(ONE_RANK_NOTE)
+    return out
