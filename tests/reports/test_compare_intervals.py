@@ -128,3 +128,29 @@ def test_the_cli_shows_intervals_and_verdicts(
     ):
         assert needle in r.output, needle
     assert " [" in r.output and "]" in r.output  # ratios with their interval
+
+
+def test_the_summary_ranks_with_the_interval_over_processes(db: Path) -> None:
+    """The report's and console's summary reads the stored interval over processes where a run has
+    repeats (plain fields of the result rows), the within-process noise otherwise."""
+    from moelab.reports.summary import interval
+
+    con = connect(db, read_only=True)
+    try:
+        query.select_runs(con, ["rep", "once"])
+        rows = query.results(con)
+    finally:
+        con.close()
+    rep = next(
+        r for r in rows if r["run_id"] == "rep" and r["backend"] == "nccl-a2a" and r["op"] == "dispatch"
+    )
+    once = next(
+        r for r in rows if r["run_id"] == "once" and r["backend"] == "nccl-a2a" and r["op"] == "dispatch"
+    )
+    assert rep["repeats"] == 3 and rep["ci_low_us"] <= rep["median_us"] <= rep["ci_high_us"]
+    assert rep["process_cv"] is not None
+    e = interval(rep)
+    assert e is not None and (e.low_us, e.high_us) == (rep["ci_low_us"], rep["ci_high_us"])
+    assert once["repeats"] == 1 and once["ci_low_us"] is None
+    e1 = interval(once)
+    assert e1 is not None and e1.low_us == pytest.approx(once["median_us"] * (1 - once["noise"]))
