@@ -169,10 +169,13 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
         lib = common.hybrid_ep_figure(rank0, [sum(s) / len(s) for s in samples_us])
         return [
             Figure(
-                definition=lib.definition, bytes_mean=rank0, bytes_max=rank0, gbps=lib.gbps,
+                definition=lib.definition,
+                bytes_mean=rank0,
+                bytes_max=rank0,
+                gbps=lib.gbps,
                 text="Hybrid-EP's own test figure (tests/test_hybrid_ep.py _report_bw): rank 0's received rows x bytes/token over the mean, across ranks, of each rank's mean time, on the path that test times: dispatch along the cached handle with the routing passed (op dispatch, plain path) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
             )
-        ]  # fmt: skip
+        ]
 
     @classmethod
     def availability(cls) -> str | None:
@@ -221,10 +224,15 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
             if key not in self._buffers:
                 sms, use_fp8, epr, combine_sms = key
                 self._buffers[key] = deep_ep.HybridEPBuffer(
-                    group=ctx.group, hidden_dim=self.max_hidden, max_num_of_tokens_per_rank=self.max_tokens,
-                    num_local_experts=epr, use_fp8=use_fp8, num_sms_dispatch_api=sms, num_sms_combine_api=combine_sms,
+                    group=ctx.group,
+                    hidden_dim=self.max_hidden,
+                    max_num_of_tokens_per_rank=self.max_tokens,
+                    num_local_experts=epr,
+                    use_fp8=use_fp8,
+                    num_sms_dispatch_api=sms,
+                    num_sms_combine_api=combine_sms,
                     **extra,
-                )  # fmt: skip
+                )
         self._buf: Any = None
         self._case: CaseConfig | None = None
         self._settings = HybridSettings.from_knobs({})
@@ -350,10 +358,16 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
                 num_of_experts=num_experts,
             )  # type: ignore[no-any-return]
         kwargs: dict[str, Any] = {
-            "hidden": hidden, "scaling_factor": scales, "topk_idx": topk_idx, "topk_weights": topk_weights,
-            "num_of_experts_per_rank": wl.experts_per_rank, "num_of_experts": num_experts, "use_fp8": wl.dtype == "fp8",
-            "pad_multiple": s.pad_multiple, "fuse_permute_dispatch": s.fused,
-        }  # fmt: skip
+            "hidden": hidden,
+            "scaling_factor": scales,
+            "topk_idx": topk_idx,
+            "topk_weights": topk_weights,
+            "num_of_experts_per_rank": wl.experts_per_rank,
+            "num_of_experts": num_experts,
+            "use_fp8": wl.dtype == "fp8",
+            "pad_multiple": s.pad_multiple,
+            "fuse_permute_dispatch": s.fused,
+        }
         if handle is not None:
             # a cached handle needs its permuted row count back (HandleImpl.num_permuted_tokens takes no None)
             kwargs["handle"] = handle
@@ -415,13 +429,21 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
         routing_map, _ = indices_to_map(topk_idx, topk_weights, num_tokens, wl.num_experts(self.ctx.world))
         config = self._buf.update_template_config(hidden_dim=wl.hidden, num_of_tokens_per_rank=num_tokens)
         impl = self._buf.runtime.metadata_preprocessing(
-            config=config, routing_map=routing_map, num_of_tokens_per_rank=num_tokens,
-            enable_permute=False, non_blocking=False,
-        )  # fmt: skip
+            config=config,
+            routing_map=routing_map,
+            num_of_tokens_per_rank=num_tokens,
+            enable_permute=False,
+            non_blocking=False,
+        )
         lib = (
-            impl.sparse_to_dense_map, impl.rdma_to_attn_map, impl.attn_to_rdma_map, impl.num_dispatched_tokens_tensor,
-            impl.local_expert_routing_map, impl.num_of_tokens_per_rank, impl.config,
-        )  # fmt: skip
+            impl.sparse_to_dense_map,
+            impl.rdma_to_attn_map,
+            impl.attn_to_rdma_map,
+            impl.num_dispatched_tokens_tensor,
+            impl.local_expert_routing_map,
+            impl.num_of_tokens_per_rank,
+            impl.config,
+        )
         return HybridHandle(lib=lib, rows_pos=None, num_permuted=None)
 
     def dispatch(
@@ -430,9 +452,13 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
         hidden, scales = self._payload(x)
         handle: HybridHandle | None = layout
         out = self._lib_dispatch(
-            hidden, scales, topk_idx, topk_weights, None if handle is None else handle.lib,
+            hidden,
+            scales,
+            topk_idx,
+            topk_weights,
+            None if handle is None else handle.lib,
             None if handle is None else handle.num_permuted,
-        )  # fmt: skip
+        )
         if handle is not None and handle.recv_topk_idx is not None and not self._settings.permute:
             # same routing along a known handle: rows land where they did, ids and weights are the handle's
             token, _, got_scales, _ = out

@@ -52,8 +52,12 @@ def run_nccl_tests_job(spec: RunSpec, files: JobFiles) -> JobOutcome:
     world = spec.launch.world
     cases = [c for c in spec.cases_for(NAME) if not c.skip_reason]
     sizes = {c.case_id: case_size_bytes(c, world, spec.launch.gpus_per_node) for c in cases}
-    run = run_alltoall_perf(sorted(set(sizes.values())), binary=spec.launch.nccl_tests_bin, gpus=world,
-                            timeout_s=spec.launch.job_timeout_s)  # fmt: skip
+    run = run_alltoall_perf(
+        sorted(set(sizes.values())),
+        binary=spec.launch.nccl_tests_bin,
+        gpus=world,
+        timeout_s=spec.launch.job_timeout_s,
+    )
     by_size: dict[int, Any] = {}
     for res in run.results:
         for row in res.rows:
@@ -73,8 +77,15 @@ def run_nccl_tests_job(spec: RunSpec, files: JobFiles) -> JobOutcome:
         res, row = hit
         ok = ok and res.ok
         files.append_result(nccl_tests_record(case, row, res, run.binary, where))
-    outcome = JobOutcome(backend=NAME, argv=[run.binary], returncode=0 if ok else 1, signal=None, timed_out=False,
-                         duration_s=time.monotonic() - t0, started_at=started)  # fmt: skip
+    outcome = JobOutcome(
+        backend=NAME,
+        argv=[run.binary],
+        returncode=0 if ok else 1,
+        signal=None,
+        timed_out=False,
+        duration_s=time.monotonic() - t0,
+        started_at=started,
+    )
     files.write_job(outcome.to_dict())
     return outcome
 
@@ -85,20 +96,40 @@ def nccl_tests_record(case: CaseSpec, row: Any, res: Any, binary: str, where: di
     status = "ok" if res.ok else "incorrect" if res.status == "wrong" else "failed"
     t = float(row.time_us_oop)
     size = float(row.size_bytes)
-    summary = Summary(n=1, median_us=t, p10_us=t, p90_us=t, p99_us=t, min_us=t, max_us=t, mean_us=t,
-                      rank_spread_us=0.0, rel_iqr=0.0)  # fmt: skip
+    summary = Summary(
+        n=1,
+        median_us=t,
+        p10_us=t,
+        p90_us=t,
+        p99_us=t,
+        min_us=t,
+        max_us=t,
+        mean_us=t,
+        rank_spread_us=0.0,
+        rel_iqr=0.0,
+    )
     figures = tuple(
         Figure(definition=name, bytes_mean=size, bytes_max=size, gbps=float(gbps))
         for name, gbps in (("nccl_algbw", row.algbw_gbps_oop), ("nccl_busbw", row.busbw_gbps_oop))
     )
     op = OpResult(op="alltoall", samples_us=((t,),), bytes_per_row=0, summary=summary, figures=figures)
     nccl = NcclTestsRow(
-        size_bytes=row.size_bytes, count=row.count, dtype=row.dtype, time_us_oop=t, algbw_gbps_oop=row.algbw_gbps_oop,
-        busbw_gbps_oop=row.busbw_gbps_oop, wrong_oop=row.wrong_oop, time_us_ip=row.time_us_ip,
-        algbw_gbps_ip=row.algbw_gbps_ip, busbw_gbps_ip=row.busbw_gbps_ip, wrong_ip=row.wrong_ip,
-        avg_busbw_gbps=res.avg_busbw_gbps, status=res.status, source=res.source or binary,
+        size_bytes=row.size_bytes,
+        count=row.count,
+        dtype=row.dtype,
+        time_us_oop=t,
+        algbw_gbps_oop=row.algbw_gbps_oop,
+        busbw_gbps_oop=row.busbw_gbps_oop,
+        wrong_oop=row.wrong_oop,
+        time_us_ip=row.time_us_ip,
+        algbw_gbps_ip=row.algbw_gbps_ip,
+        busbw_gbps_ip=row.busbw_gbps_ip,
+        wrong_ip=row.wrong_ip,
+        avg_busbw_gbps=res.avg_busbw_gbps,
+        status=res.status,
+        source=res.source or binary,
         argv=tuple(res.argv or ()),
-    )  # fmt: skip
+    )
     if status != "ok":
         return CaseRecord.not_measured(case, status, str(res.status), **where)  # type: ignore[arg-type]
     return CaseRecord(

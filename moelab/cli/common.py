@@ -64,9 +64,18 @@ def user_errors(fn: F) -> F:
 
 TIME_SUFFIX = " µs"
 FOLD_COLUMNS = {
-    "case": 30, "reason": 20, "note": 20, "description": 20, "label": 12, "command": 20, "workload": 20, "plan": 12,
-    "answer": 16, "fastest first": 30, "flagged": 10,
-}  # fmt: skip
+    "case": 30,
+    "reason": 20,
+    "note": 20,
+    "description": 20,
+    "label": 12,
+    "command": 20,
+    "workload": 20,
+    "plan": 12,
+    "answer": 16,
+    "fastest first": 30,
+    "flagged": 10,
+}
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
