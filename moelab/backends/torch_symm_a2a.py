@@ -141,6 +141,9 @@ class TorchSymmA2ABackend(Backend, ChainedPairs):
             return f"{cls.name}: unknown knob(s) {', '.join(sorted(case.knobs))} (it has none)"
         if case.workload.hidden % 2:
             return f"{cls.name}: hidden must be even (metadata is packed as 32-bit words), got {case.workload.hidden}"
+        if where.world < 2:
+            # torch's rendezvous asserts `global_ranks.size() > 1` (seen on one H100, torch 2.11)
+            return f"{cls.name}: symmetric memory needs 2 or more ranks, this run has {where.world}"
         return super().planned_reason(case, where)
 
     def prepare(self, case: CaseConfig) -> None:

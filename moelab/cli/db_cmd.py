@@ -11,6 +11,7 @@ from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
 from moelab.store.export import export_runs
+from moelab.store.labels import resolve_run
 
 app = typer.Typer(
     help='Query and export the DuckDB store.\n\nExample: moelab db query "SELECT run_id, label FROM runs"',
@@ -77,7 +78,7 @@ def export(
         ..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"
     ),
     fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
-    run: list[str] = typer.Option([], "--run", help="Run id(s) to export (default: all)"),
+    run: list[str] = typer.Option([], "--run", help="Run ids or labels to export (default: all)"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Export runs (every table, filtered by run) to Parquet, CSV or JSON files.
@@ -88,6 +89,7 @@ def export(
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
-        written = export_runs(con, out, fmt, run or None)
+        ids = list(dict.fromkeys(resolve_run(con, r) for r in run))
+        written = export_runs(con, out, fmt, ids or None)
     for p in written:
         console.print(str(p))

@@ -26,6 +26,15 @@ BY_OPTION = {
     "--since": "DATE|SPAN",
     "--baseline": "RUN|LABEL|DIR",
 }
+BY_CLICK_TYPE = {
+    "integer": "N",
+    "int": "N",
+    "float": "NUMBER",
+    "text": "TEXT",
+    "str": "TEXT",
+    "path": "PATH",
+    "datetime": "DATE",
+}
 BY_TYPE = {"int": "N", "float": "NUMBER", "str": "TEXT", "path": "PATH", "Path": "PATH", "datetime": "DATE"}
 
 
@@ -44,9 +53,18 @@ def _fill_option(param: Any, ctx: _click.Context) -> None:
         param.metavar = ""
         return
     long = next((o for o in param.opts if o.startswith("--")), "")
-    word = BY_OPTION.get(long) or _word(str(param.display_type(ctx) or ""))
+    word = BY_OPTION.get(long) or _type_word(param, ctx)
     if word is not None:
         param.metavar = word
+
+
+def _type_word(param: Any, ctx: _click.Context) -> str | None:
+    """The word for an option's type: typer 0.29 describes it with `display_type`; earlier releases (0.27
+    on the GPU machines) keep click's ParamType in `type`, named integer, float, text, path..."""
+    display = getattr(param, "display_type", None)
+    if callable(display):
+        return _word(str(display(ctx) or ""))
+    return BY_CLICK_TYPE.get(getattr(getattr(param, "type", None), "name", ""))
 
 
 def fill(command: _click.Command) -> None:

@@ -45,7 +45,7 @@ BASELINE_OPTION = typer.Option(
 
 @user_errors
 def report(
-    run: list[str] = typer.Option([], "--run", help="Run id(s) (default: the newest run)"),
+    run: list[str] = typer.Option([], "--run", help="Run ids or labels (default: the newest run)"),
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="File to write"),
     fmt: str = typer.Option("html", "--format", help="html (self-contained, opens offline) or md (for PRs)"),
     history: bool | None = HISTORY_OPTION,

@@ -30,6 +30,7 @@ from moelab.reports import (
     verification,
 )
 from moelab.store.db import open_db
+from moelab.store.labels import resolve_run
 
 OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
@@ -257,7 +258,7 @@ def write_report(
         raise MoelabError(f"no database at {db_path}")
     peaks = load_peaks(peaks_file)
     with open_db(db_path, read_only=True) as con:
-        ids = run_ids or query.latest_run_ids(con)
+        ids = [resolve_run(con, r) for r in dict.fromkeys(run_ids)] if run_ids else query.latest_run_ids(con)
         if not ids:
             raise MoelabError(f"no runs in {db_path}")
         data = load(con, ids, peaks, trace_base=out.resolve().parent, draw=fmt == "html", baseline=baseline)

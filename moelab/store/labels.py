@@ -72,4 +72,4 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
         return str(row[0])
     names = [r[0] for r in con.execute("SELECT label FROM labels ORDER BY label LIMIT 20").fetchall()]
     known = f" (labels: {', '.join(names)})" if names else ""
-    raise MoelabError(f"{ref!r} is neither a label nor a run id{known}")
+    raise MoelabError(f"no such run: {ref!r} is neither a label nor a run id{known}")

@@ -112,3 +112,7 @@ def test_knobs_and_odd_hidden_are_refused_before_anything_runs() -> None:
     assert "no SM control" in reason(CaseConfig(case_id="c", workload=wl, sms=16))
     fp8 = Workload(hidden=256, tokens_per_rank=8, topk=2, experts_per_rank=2, dtype="fp8")
     assert "no fp8" in reason(CaseConfig(case_id="d", workload=fp8))
+    one_rank = Placement(world=1, gpus_per_node=1, comm_backend="nccl")
+    assert "2 or more ranks" in (
+        TorchSymmA2ABackend.planned_reason(CaseConfig(case_id="e", workload=wl), one_rank) or ""
+    )

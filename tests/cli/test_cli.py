@@ -249,6 +249,26 @@ def test_db_export_parquet(stored: tuple[Path, Path, str], tmp_path: Path) -> No
     )
 
 
+def test_report_and_export_take_a_label_as_run(stored: tuple[Path, Path, str], tmp_path: Path) -> None:
+    """--run takes a label wherever it takes a run id (report and db export named only ids before)."""
+    db, _, run_id = stored
+    copy = tmp_path / "labelled.duckdb"
+    shutil.copy(db, copy)
+    assert _invoke(["label", run_id, "mine", "--db", str(copy)]).exit_code == 0
+    out = tmp_path / "r.md"
+    result = _invoke(["report", "--run", "mine", "--format", "md", "-o", str(out), "--db", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert run_id in out.read_text()
+    export = tmp_path / "export"
+    result = _invoke(["db", "export", "--run", "mine", "-o", str(export), "--db", str(copy)])
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect()
+    migrate(con)
+    assert load_export(con, export) == [run_id]
+    con.close()
+    _assert_user_error(_invoke(["report", "--run", "nope", "--db", str(copy)]), "no such run")
+
+
 def test_report_of_one_case_leads_with_the_summary(stored: tuple[Path, Path, str], tmp_path: Path) -> None:
     """One measured case: the summary answers, and no chart of a single bar is drawn (nor an empty
     section per absent sweep: one line says what these runs do not hold)."""

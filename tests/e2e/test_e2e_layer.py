@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from moelab.backends.base import Backend, CaseConfig, Dispatched
 from moelab.core.e2e_spec import E2ESpec
@@ -14,6 +16,7 @@ from moelab.core.errors import SpecError
 from moelab.core.routing import route
 from moelab.core.spec import CaseSpec
 from moelab.core.workload import Workload
+from moelab.measure.e2e.correctness import StreamedError
 from moelab.measure.e2e.layer import (
     ExpertWeights,
     MoELayer,
@@ -209,6 +212,45 @@ def test_reference_gradients_match_autograd_of_naive_layer() -> None:
     # only the named experts contribute
     part = reference_layer(x, r.topk_idx, r.topk_weights, seed=2, intermediate=4, experts=[1])
     assert set(part.grad_w13) == set() and not torch.equal(part.out, ref.out)
+    # streamed: each expert's weight gradients go to the callback, the same values, none kept
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    streamed = reference_layer(
+        x,
+        r.topk_idx,
+        r.topk_weights,
+        seed=2,
+        intermediate=4,
+        grad_out=gout,
+        experts=[0, 1, 2],
+        on_weight_grads=lambda e, g13, g2: seen.__setitem__(e, (g13, g2)),
+    )
+    assert not streamed.grad_w13 and not streamed.grad_w2 and sorted(seen) == [0, 1, 2]
+    for e in range(3):
+        assert torch.equal(seen[e][0], ref.grad_w13[e]) and torch.equal(seen[e][1], ref.grad_w2[e])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=5),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.0, 1e-3, 0.3]),
+)
+def test_a_streamed_error_is_the_relative_error_of_the_concatenation(
+    sizes: list[int], seed: int, noise: float
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    wants = [torch.randn(n, generator=gen) for n in sizes]
+    gots = [(w + noise * torch.randn(w.shape, generator=gen)).bfloat16() for w in wants]
+    streamed = StreamedError()
+    for got, want in zip(gots, wants, strict=True):
+        streamed.add(got, want)
+    whole = relative_error(torch.cat(gots), torch.cat(wants))
+    assert streamed.value() == pytest.approx(whole, rel=1e-9, abs=1e-12)
+    gots[0][0] = float("nan")
+    broken = StreamedError()
+    for got, want in zip(gots, wants, strict=True):
+        broken.add(got, want)
+    assert broken.value() == float("inf") == relative_error(torch.cat(gots), torch.cat(wants))
 
 
 class LoopbackForwardOnly(Backend):
