@@ -132,9 +132,10 @@ class JobWatch:
         quiet: bool,
         console: Console,
         kinds: dict[str, str] | None = None,
+        name: str | None = None,
     ) -> None:
         self.path = job_dir / PROGRESS_FILE
-        self.backend = job_dir.name
+        self.backend = name or job_dir.name  # a repeated start's folder is r<K>: the caller names the job
         self.ranks = f"{world} {device} rank{'s' if world != 1 else ''}"
         self.state = JobProgress(num_cases=num_cases, kinds=dict(kinds or {}))
         self.quiet = quiet
@@ -247,6 +248,7 @@ def watch_job(
     quiet: bool,
     console: Console | None = None,
     kinds: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> Iterator[JobWatch]:
     """Show a backend job's progress while the body (the launched job) runs; yields the watch, whose
     `state.setup_s` holds the job's one-time costs once the body is done. `kinds`: each case's planned
@@ -259,6 +261,7 @@ def watch_job(
         quiet,
         console or Console(highlight=False, markup=False, soft_wrap=True),
         kinds,
+        name,
     )
     watch.start()
     try:

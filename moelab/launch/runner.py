@@ -140,7 +140,7 @@ def run_backend(spec: RunSpec, rd: RunDir, backend: str, quiet: bool = False, re
     if spec.trace.mode == "nsys" or spec.trace.wrap:
         files.traces_dir.mkdir(parents=True, exist_ok=True)  # the tools write there, and make no folder
     with (
-        watch_job(files.dir, num_cases, launch.world, launch.device, quiet, kinds=kinds),
+        watch_job(files.dir, num_cases, launch.world, launch.device, quiet, kinds=kinds, name=backend),
         contention.ContentionMonitor(spec.run_id, own_busy=launch.nproc_per_node) as monitor,
     ):
         outcome = run_job(

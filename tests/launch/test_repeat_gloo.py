@@ -43,6 +43,12 @@ def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Pa
     ]
     assert order == ["nccl-a2a 1/2", "mxfp8-a2a 1/2", "mxfp8-a2a 2/2", "nccl-a2a 2/2"]
     assert "medians: of the 2 per-process medians (--repeat)" in result.output
+    # every progress line names its backend, a repeated start's too (its folder is r1: round 5's GPU call
+    # showed "[r1] case 1/1 ...")
+    prefixes = {
+        line.split("]")[0][1:].split()[0] for line in result.output.splitlines() if line.startswith("[")
+    }
+    assert prefixes == {"nccl-a2a", "mxfp8-a2a"}, prefixes
     assert (out / "rep" / "nccl-a2a" / "r1" / "results.jsonl").is_file()
     con = duckdb.connect(str(db_path), read_only=True)
     try:
