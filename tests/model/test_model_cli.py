@@ -149,7 +149,9 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
         "source": "measured peer copy of run r-peaks",
     }
     res = _invoke(["--from-run", "r-missing", "--db", str(db)])
-    assert res.exit_code == 2 and res.stderr.startswith("error: no such run: 'r-missing' is neither a label nor a run id")
+    assert res.exit_code == 2 and res.stderr.startswith(
+        "error: no such run: 'r-missing' is neither a label nor a run id"
+    )
 
 
 def test_nic_rails_nic_and_pcie_figures_and_a_peaks_file(tmp_path: Path) -> None:
