@@ -47,13 +47,29 @@ DEFAULT_CONFIG_SMS = 20  # deep_ep.Buffer.num_sms at import (buffer.py:31)
 # DeepEP v1.2.1 deep_ep/buffer.py:236-247 get_dispatch_config and :262-273 get_combine_config, mirrored because
 # the Config binding exposes no fields to read back: ranks -> (nvl send chunk, nvl recv buffer, rdma send chunk, rdma recv buffer)
 V1_DISPATCH_CONFIGS: dict[int, tuple[int, int, int, int]] = {
-    2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128), 24: (8, 288, 32, 128),
-    32: (32, 288, 32, 128), 64: (20, 288, 28, 128), 128: (20, 560, 32, 128), 144: (32, 720, 12, 128), 160: (28, 720, 12, 128),
-}  # fmt: skip
+    2: (24, 256, 6, 128),
+    4: (6, 256, 6, 128),
+    8: (6, 256, 6, 128),
+    16: (36, 288, 20, 128),
+    24: (8, 288, 32, 128),
+    32: (32, 288, 32, 128),
+    64: (20, 288, 28, 128),
+    128: (20, 560, 32, 128),
+    144: (32, 720, 12, 128),
+    160: (28, 720, 12, 128),
+}
 V1_COMBINE_CONFIGS: dict[int, tuple[int, int, int, int]] = {
-    2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128), 24: (1, 288, 8, 128),
-    32: (1, 288, 8, 128), 64: (1, 288, 20, 128), 128: (1, 560, 12, 128), 144: (2, 720, 8, 128), 160: (2, 720, 8, 128),
-}  # fmt: skip
+    2: (10, 256, 6, 128),
+    4: (9, 256, 6, 128),
+    8: (4, 256, 6, 128),
+    16: (4, 288, 12, 128),
+    24: (1, 288, 8, 128),
+    32: (1, 288, 8, 128),
+    64: (1, 288, 20, 128),
+    128: (1, 560, 12, 128),
+    144: (2, 720, 8, 128),
+    160: (2, 720, 8, 128),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,10 +143,15 @@ class _V1Engine:
             return Dispatched(recv_x, layout.recv_topk_idx, layout.recv_topk_weights, layout, scales)
         lay = layout if isinstance(layout, DeepEPLayout) else self.layout(topk_idx, num_experts)
         recv, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
-            payload, num_tokens_per_rank=lay.per_rank, num_tokens_per_rdma_rank=lay.per_rdma_rank,
-            is_token_in_rank=lay.in_rank, num_tokens_per_expert=lay.per_expert, topk_idx=topk_idx,
-            topk_weights=topk_weights, config=self.dispatch_cfg,
-        )  # fmt: skip
+            payload,
+            num_tokens_per_rank=lay.per_rank,
+            num_tokens_per_rdma_rank=lay.per_rdma_rank,
+            is_token_in_rank=lay.in_rank,
+            num_tokens_per_expert=lay.per_expert,
+            topk_idx=topk_idx,
+            topk_weights=topk_weights,
+            config=self.dispatch_cfg,
+        )
         recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
         return Dispatched(recv_x, recv_idx, recv_w, DeepEPHandle(handle, recv_idx, recv_w), scales)
 
@@ -182,22 +203,31 @@ class _V2Engine:
             recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
             rows = layout.recv_topk_idx.shape[0]
             return Dispatched(
-                recv_x[:rows], layout.recv_topk_idx, layout.recv_topk_weights, layout,
+                recv_x[:rows],
+                layout.recv_topk_idx,
+                layout.recv_topk_weights,
+                layout,
                 None if scales is None else scales[:rows],
-            )  # fmt: skip
+            )
         recv, recv_idx, recv_w, handle, _ = self.buffer.dispatch(
-            payload, topk_idx=topk_idx, topk_weights=topk_weights, num_experts=num_experts, num_sms=self.sms,
+            payload,
+            topk_idx=topk_idx,
+            topk_weights=topk_weights,
+            num_experts=num_experts,
+            num_sms=self.sms,
             do_cpu_sync=True,
-        )  # fmt: skip
+        )
         recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
-        rows = int(
-            handle.num_recv_tokens
-        )  # exact with do_cpu_sync; outputs are padded to the buffer's capacity
+        # exact with do_cpu_sync; outputs are padded to the buffer's capacity
+        rows = int(handle.num_recv_tokens)
         ids, weights = recv_idx[:rows], recv_w[:rows]
         return Dispatched(
-            recv_x[:rows], ids, weights, DeepEPHandle(handle, ids, weights, padded_rows=recv_x.shape[0]),
+            recv_x[:rows],
+            ids,
+            weights,
+            DeepEPHandle(handle, ids, weights, padded_rows=recv_x.shape[0]),
             None if scales is None else scales[:rows],
-        )  # fmt: skip
+        )
 
     def combine(self, expert_out: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
         x = expert_out
@@ -258,10 +288,13 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
         rank0 = float(rows[0].recv_rows * bytes_per_row)
         return [
             Figure(
-                definition="deepep_nvl", bytes_mean=rank0, bytes_max=rank0, gbps=rank0 / (t * 1e-6) / 1e9,
+                definition="deepep_nvl",
+                bytes_mean=rank0,
+                bytes_max=rank0,
+                gbps=rank0 / (t * 1e-6) / 1e9,
                 text="DeepEP's own test figure (tests/test_intranode.py): rank 0's received rows x bytes/token over rank 0's mean time after dropping the first iteration, on the path that test times: dispatch with the cached handle of the same routing (op dispatch) and combine, timed as that test times them (back-to-back calls after one L2 flush, no barrier between calls)",
             )
-        ]  # fmt: skip
+        ]
 
     @classmethod
     def availability(cls) -> str | None:
@@ -343,9 +376,13 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
         use_fp8 = any(c.workload.dtype == "fp8" for c in cases)
         try:
             return self._ep.ElasticBuffer(
-                self.ctx.group, num_max_tokens_per_rank=max_t, hidden=max_h, num_topk=max_k,
-                use_fp8_dispatch=use_fp8, explicitly_destroy=True,
-            )  # fmt: skip
+                self.ctx.group,
+                num_max_tokens_per_rank=max_t,
+                hidden=max_h,
+                num_topk=max_k,
+                use_fp8_dispatch=use_fp8,
+                explicitly_destroy=True,
+            )
         except RuntimeError as exc:
             reason = v2_buffer_problem(str(exc))
             if reason:

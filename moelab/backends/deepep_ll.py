@@ -208,8 +208,14 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
         assert self._case is not None
         wl = self._case.workload
         recv, _, lib_handle, _, _ = self._buffer.low_latency_dispatch(
-            x, topk_idx, self.max_tokens, wl.num_experts(self.ctx.world), use_fp8=wl.dtype == "fp8", round_scale=False, use_ue8m0=False,
-        )  # fmt: skip
+            x,
+            topk_idx,
+            self.max_tokens,
+            wl.num_experts(self.ctx.world),
+            use_fp8=wl.dtype == "fp8",
+            round_scale=False,
+            use_ue8m0=False,
+        )
         misses = self._dispatch_cache.misses
         exposed: Dispatched = self._dispatch_cache.get(
             [x, topk_idx, topk_weights], lambda: self._expose(recv, lib_handle, topk_idx, topk_weights)
@@ -220,10 +226,18 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
             assert isinstance(exposed.handle, LLHandle)
             handle = exposed.handle
             return Dispatched(
-                recv_x=exposed.recv_x, recv_topk_idx=exposed.recv_topk_idx, recv_topk_weights=exposed.recv_topk_weights,
-                handle=LLHandle(lib=lib_handle, slot_row=handle.slot_row, slot_idx=handle.slot_idx, topk_idx=handle.topk_idx, unit_weights=handle.unit_weights),
+                recv_x=exposed.recv_x,
+                recv_topk_idx=exposed.recv_topk_idx,
+                recv_topk_weights=exposed.recv_topk_weights,
+                handle=LLHandle(
+                    lib=lib_handle,
+                    slot_row=handle.slot_row,
+                    slot_idx=handle.slot_idx,
+                    topk_idx=handle.topk_idx,
+                    unit_weights=handle.unit_weights,
+                ),
                 recv_scales=exposed.recv_scales,
-            )  # fmt: skip
+            )
         return exposed
 
     def combine(self, expert_out: torch.Tensor, handle: LLHandle) -> torch.Tensor:

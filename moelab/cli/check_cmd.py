@@ -13,7 +13,7 @@ from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.gate import outputs
 from moelab.gate.baseline import candidate_run, load_baseline
-from moelab.gate.decision import Policy, decide, matched
+from moelab.gate.decision import GateResult, Policy, decide, matched
 from moelab.gate.samples import env_differences, load_side
 from moelab.store.db import open_db, resolve_db_path
 
@@ -25,6 +25,30 @@ def _write(path: Path, text: str, append: bool = False) -> None:
             fh.write(text)
     except OSError as exc:
         raise MoelabError(f"cannot write {path}: {exc}") from exc
+
+
+def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[GateResult, str, str]:
+    """(the verdict, how the baseline was described, the candidate's run id)."""
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=True) as con:
+        base, described = load_baseline(con, baseline)
+        cand_id = candidate_run(con, run, exclude=base.run_id if base.where == "database" else None)
+        if cand_id == base.run_id and base.where == "database":
+            raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
+        cand = load_side(con, cand_id)
+    return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id
+
+
+def _write_outputs(result: GateResult, summary: Path | None, junit: Path | None) -> None:
+    """The Markdown summary (to --summary, else appended to GitHub's step summary when set) and JUnit XML."""
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary is not None:
+        _write(summary, outputs.markdown(result))
+    elif step_summary:
+        _write(Path(step_summary), outputs.markdown(result), append=True)
+    if junit is not None:
+        _write(junit, outputs.junit(result))
 
 
 @user_errors
@@ -72,16 +96,7 @@ def check(
         fail_on_missing=fail_on_missing,
         allow_different_hardware=allow_different_hardware,
     )
-    path = resolve_db_path(db)
-    if not path.exists():
-        raise MoelabError(f"no database at {path}")
-    with open_db(path, read_only=True) as con:
-        base, described = load_baseline(con, baseline)
-        cand_id = candidate_run(con, run, exclude=base.run_id if base.where == "database" else None)
-        if cand_id == base.run_id and base.where == "database":
-            raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
-        cand = load_side(con, cand_id)
-    result = decide(base, cand, policy, described, env_differences(base, cand))
+    result, described, cand_id = _judge(resolve_db_path(db), baseline, run, policy)
     if matched(result) == 0 and not result.failing and not result.refused:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
     console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
@@ -91,12 +106,6 @@ def check(
     if table:
         print_table(outputs.COLUMNS, table)
     console.print(safe_text(outputs.headline(result)))
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary is not None:
-        _write(summary, outputs.markdown(result))
-    elif step_summary:
-        _write(Path(step_summary), outputs.markdown(result), append=True)
-    if junit is not None:
-        _write(junit, outputs.junit(result))
+    _write_outputs(result, summary, junit)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

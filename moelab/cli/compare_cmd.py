@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from duckdb import DuckDBPyConnection
 
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.errors import MoelabError
-from moelab.model.links import load_peaks
+from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import bounds, compare_select, hardware, query
 from moelab.reports import compare as cmp
 from moelab.store.db import open_db, resolve_db_path
@@ -60,16 +61,51 @@ def compare(
     if by not in cmp.BY_KEYS:
         raise MoelabError(f"cannot compare by {by!r}: choose one of {', '.join(cmp.BY_KEYS)}")
     table_peaks = load_peaks(peaks)
-    path = resolve_db_path(db)
+    table, paged, ids = _build_table(
+        resolve_db_path(db), run, by, metric, reference, table_peaks, groups, page
+    )
+    if len(table.groups) < 2:
+        raise MoelabError(
+            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {_some(ids)}: nothing to compare"
+        )
+    if not table.rows:
+        raise MoelabError(f"no case was measured by more than one {by}: nothing to compare")
+    rows = table.table_rows()
+    print_table(
+        table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
+    )
+    console.print(cmp.INTERVAL_NOTE)
+    if len(rows) > max_rows:
+        console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
+    if paged is not None and paged.note:
+        console.print(paged.note)
+    if html is not None:
+        _write_html(table, by, html)
+
+
+def _run_ids(con: DuckDBPyConnection, run: list[str], by: str) -> list[str]:
+    """The runs asked for (ids or labels); by default the newest run for --by backend, else every run."""
+    if run:
+        return list(dict.fromkeys(resolve_run(con, r) for r in run))
+    if by == "backend":
+        return query.latest_run_ids(con)
+    return [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
+
+
+def _build_table(
+    path: Path,
+    run: list[str],
+    by: str,
+    metric: str,
+    reference: str | None,
+    table_peaks: PeakTable,
+    groups: int,
+    page: int,
+) -> tuple[cmp.CompareTable, compare_select.Page | None, list[str]]:
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
-        if run:
-            ids = list(dict.fromkeys(resolve_run(con, r) for r in run))
-        elif by == "backend":
-            ids = query.latest_run_ids(con)
-        else:
-            ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY created_at").fetchall()]
+        ids = _run_ids(con, run, by)
         if not ids:
             raise MoelabError(f"no runs in {path}")
         query.select_runs(con, ids)
@@ -90,27 +126,15 @@ def compare(
             reference=reference,
             processes=query.process_medians(con),
         )
-    if len(table.groups) < 2:
-        raise MoelabError(
-            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {_some(ids)}: nothing to compare"
-        )
-    if not table.rows:
-        raise MoelabError(f"no case was measured by more than one {by}: nothing to compare")
-    rows = table.table_rows()
-    print_table(
-        table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
-    )
-    console.print(cmp.INTERVAL_NOTE)
-    if len(rows) > max_rows:
-        console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
-    if paged is not None and paged.note:
-        console.print(paged.note)
-    if html is not None:
-        try:
-            html.parent.mkdir(parents=True, exist_ok=True)
-            from moelab.reports.html import render_compare
+    return table, paged, ids
 
-            html.write_text(render_compare(table, f"moelab compare by {by}"))
-        except OSError as exc:
-            raise MoelabError(f"cannot write {html}: {exc}") from exc
-        console.print(f"html: {html}")
+
+def _write_html(table: cmp.CompareTable, by: str, html: Path) -> None:
+    try:
+        html.parent.mkdir(parents=True, exist_ok=True)
+        from moelab.reports.html import render_compare
+
+        html.write_text(render_compare(table, f"moelab compare by {by}"))
+    except OSError as exc:
+        raise MoelabError(f"cannot write {html}: {exc}") from exc
+    console.print(f"html: {html}")

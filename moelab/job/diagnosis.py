@@ -305,9 +305,13 @@ def _from_log(rank: int, log: Path) -> tuple[RankError | None, RankStack | None]
     error = None
     if fatal:
         error = RankError(
-            rank=rank, type="Fatal Python error", message=fatal["what"][:MAX_TEXT], traceback=dump, source="fatal",
+            rank=rank,
+            type="Fatal Python error",
+            message=fatal["what"][:MAX_TEXT],
+            traceback=dump,
+            source="fatal",
             at=log.lstat().st_mtime,
-        )  # fmt: skip
+        )
     return error, stack
 
 
@@ -363,9 +367,20 @@ def diagnosis_rows(run_id: str, job_dir: Path) -> list[tuple[Any, ...]]:
     rows = []
     for rank in diag.ranks():
         e, s = errors.get(rank), stacks.get(rank)
-        rows.append((
-            run_id, diag.backend, rank, e.type if e else None, e.message if e else None, e.traceback if e else None,
-            s.trigger if s else None, s.where if s else None, s.text if s else None, diag.tails.get(rank),
-            cause is not None and cause.rank == rank, headline,
-        ))  # fmt: skip
+        rows.append(
+            (
+                run_id,
+                diag.backend,
+                rank,
+                e.type if e else None,
+                e.message if e else None,
+                e.traceback if e else None,
+                s.trigger if s else None,
+                s.where if s else None,
+                s.text if s else None,
+                diag.tails.get(rank),
+                cause is not None and cause.rank == rank,
+                headline,
+            )
+        )
     return rows

@@ -81,10 +81,17 @@ def launch_plan(spec: RunSpec, run_dir: Path, backend: str, repeat: int = 0) -> 
             argv=tuple(nsys_profile_argv(osrt=spec.trace.nsys_osrt)), output=str(files.nsys_prefix)
         )
     return launchers.LaunchPlan(
-        launcher=spec.launch.launcher, nodes=spec.launch.nodes, gpus_per_node=spec.launch.nproc_per_node,
-        device=spec.launch.device, python=sys.executable, worker_args=files.worker_args,
-        rdzv_endpoint=spec.launch.rdzv_endpoint, rdzv_id=spec.run_id, node_rank=spec.launch.node_rank, nsys=nsys,
-    )  # fmt: skip
+        launcher=spec.launch.launcher,
+        nodes=spec.launch.nodes,
+        gpus_per_node=spec.launch.nproc_per_node,
+        device=spec.launch.device,
+        python=sys.executable,
+        worker_args=files.worker_args,
+        rdzv_endpoint=spec.launch.rdzv_endpoint,
+        rdzv_id=spec.run_id,
+        node_rank=spec.launch.node_rank,
+        nsys=nsys,
+    )
 
 
 def job_argv(spec: RunSpec, run_dir: Path, backend: str, repeat: int = 0) -> list[str]:

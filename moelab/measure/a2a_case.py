@@ -100,9 +100,14 @@ def measure_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     backend_record = backend.case_record(cfg)
     if not checked.ok:
         return CaseRecord(
-            case=case, status="incorrect", reason="; ".join(checked.check.messages)[:2000], check=checked.check,
-            backend_record=backend_record, world=ctx.world, gpus_per_node=ctx.gpus_per_node,
-        )  # fmt: skip
+            case=case,
+            status="incorrect",
+            reason="; ".join(checked.check.messages)[:2000],
+            check=checked.check,
+            backend_record=backend_record,
+            world=ctx.world,
+            gpus_per_node=ctx.gpus_per_node,
+        )
     calls = op_calls(backend, inputs, checked)
     ib_before = ib_counters.sample() if ctx.local_rank == 0 else None
     sampled = time_ops(cc, case.case_id, calls, counts)
@@ -122,10 +127,16 @@ def trace_ops(cc: CaseContext, case_id: str, calls: dict[str, Callable[[], objec
     ctx, name = cc.ctx, cc.backend.name
     ops = [TracedOp(op=op, fn=fn) for op, fn in calls.items()]
     cap = capture_torch_trace(
-        ops, backend=name, case_id=case_id, iters=cc.spec.trace.iters,
-        path=cc.files.torch_trace(case_id, ctx.rank), rank=ctx.rank, world_size=ctx.world,
-        device=ctx.device, group=ctx.group,
-    )  # fmt: skip
+        ops,
+        backend=name,
+        case_id=case_id,
+        iters=cc.spec.trace.iters,
+        path=cc.files.torch_trace(case_id, ctx.rank),
+        rank=ctx.rank,
+        world_size=ctx.world,
+        device=ctx.device,
+        group=ctx.group,
+    )
     kt = op_kernel_times(summarize_chrome_trace(cap.path), name, case_id, cap.calls)
     rel = str(cap.path.relative_to(cc.files.run_dir))
     return {
@@ -136,8 +147,12 @@ def trace_ops(cc: CaseContext, case_id: str, calls: dict[str, Callable[[], objec
 
 def gather_extras(ctx: BackendContext, ib: Any, traced: dict[str, Any]) -> list[dict[str, Any]]:
     """Each rank's trace file, kernel times, IB counter delta and host, on every rank."""
-    mine = {"traced": traced, "ib": ib.to_dict() if ib is not None else None,
-            "host": environment.fingerprint_host(), "node": ctx.node}  # fmt: skip
+    mine = {
+        "traced": traced,
+        "ib": ib.to_dict() if ib is not None else None,
+        "host": environment.fingerprint_host(),
+        "node": ctx.node,
+    }
     out: list[Any] = [None] * ctx.world
     dist.all_gather_object(out, mine, group=ctx.group)
     return out
@@ -150,9 +165,11 @@ def _kernel_time(d: dict[str, Any] | None) -> RankKernelTime | None:
 
     return RankKernelTime(
         kernel_us=d.get("kernel_us"),
-        kernels=tuple(KernelShare(**{k: v for k, v in s.items() if k in KernelShare.__dataclass_fields__})
-                      for s in d.get("kernels", [])),
-    )  # fmt: skip
+        kernels=tuple(
+            KernelShare(**{k: v for k, v in s.items() if k in KernelShare.__dataclass_fields__})
+            for s in d.get("kernels", [])
+        ),
+    )
 
 
 def _ib_nodes(extras: list[dict[str, Any]]) -> tuple[IbNode, ...] | None:
@@ -196,12 +213,15 @@ def build_record(
     results = []
     for op, s in sampled.items():
         m = OpMeasurement(
-            op=op, samples_us=s.samples_us, bytes_per_row=per_op_bytes[op], noise=s.noise,
+            op=op,
+            samples_us=s.samples_us,
+            bytes_per_row=per_op_bytes[op],
+            noise=s.noise,
             noise_target=cc.spec.timing.noise_target if cc.spec.timing.iters is None else None,
             host_sync=syncs.get(op),
             kernel=[_kernel_time(e["traced"].get("ops", {}).get(op)) for e in extras] if traced else None,
             library_samples_us=s.library_samples_us,
-        )  # fmt: skip
+        )
         # a library's figure only from the path and the timing its own test uses (Sampled.library_samples_us)
         library = {
             op: library_figures(backend, op, rows, m.bytes_per_row, s.library_samples_us)
@@ -211,7 +231,16 @@ def build_record(
         results.append(op_result(m, rows, library))
     traces = tuple(TraceFile(**e["traced"]["trace"]) for e in extras if e["traced"].get("trace"))
     return CaseRecord(
-        case=case, status="ok", world=ctx.world, gpus_per_node=ctx.gpus_per_node, backend_record=backend_record,
-        check=checked.check, ops=tuple(results), rows=tuple(rows), traces=traces, ib=_ib_nodes(extras),
-        host_sync=backend.host_sync_note(), nvtx_counts=nvtx_counts,
-    )  # fmt: skip
+        case=case,
+        status="ok",
+        world=ctx.world,
+        gpus_per_node=ctx.gpus_per_node,
+        backend_record=backend_record,
+        check=checked.check,
+        ops=tuple(results),
+        rows=tuple(rows),
+        traces=traces,
+        ib=_ib_nodes(extras),
+        host_sync=backend.host_sync_note(),
+        nvtx_counts=nvtx_counts,
+    )

@@ -122,10 +122,17 @@ def check_request(req: RunRequest) -> None:
     if not req.backends:
         raise SpecError("--backend names no backend")
     dedupe_backends(req.backends)
-    for name, value in (("--gpus", req.gpus), ("--gpus-per-node", req.gpus_per_node), ("--nodes", req.nodes),
-                        ("--iters", req.iters), ("--timeout", req.timeout_s),
-                        ("--collective-timeout", req.collective_timeout_s), ("--trace-iters", req.trace_iters),
-                        ("--max-iters", req.max_iters), ("--repeat", req.repeat)):  # fmt: skip
+    for name, value in (
+        ("--gpus", req.gpus),
+        ("--gpus-per-node", req.gpus_per_node),
+        ("--nodes", req.nodes),
+        ("--iters", req.iters),
+        ("--timeout", req.timeout_s),
+        ("--collective-timeout", req.collective_timeout_s),
+        ("--trace-iters", req.trace_iters),
+        ("--max-iters", req.max_iters),
+        ("--repeat", req.repeat),
+    ):
         _positive(name, value)
     _positive("--warmup", req.warmup, allow_zero=True)
     if req.noise_target is not None and not 0 < req.noise_target < 1:
@@ -277,9 +284,13 @@ def timing_for(req: RunRequest, device: str) -> TimingSpec:
             min_iters=min(base.min_iters, req.max_iters) if req.max_iters else base.min_iters,
             max_iters=req.max_iters or base.max_iters,
             noise_target=req.noise_target or base.noise_target,
-            min_time_s=base.min_time_s, batch=base.batch, pair_reps=base.pair_reps, pair_iters=base.pair_iters,
-            chain=base.chain, flush_l2=base.flush_l2,
-        )  # fmt: skip
+            min_time_s=base.min_time_s,
+            batch=base.batch,
+            pair_reps=base.pair_reps,
+            pair_iters=base.pair_iters,
+            chain=base.chain,
+            flush_l2=base.flush_l2,
+        )
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
 
@@ -323,15 +334,33 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
     if not any(not c.skip_reason for c in cases):
         raise SpecError(cases[0].skip_reason if cases else f"suite {suite.name} has no cases")
     spec = RunSpec(
-        run_id=req.run_id or new_run_id, created_at=now_iso(), suite=suite.name, backends=tuple(req.backends),
-        cases=tuple(cases), timing=timing_for(req, device),
-        launch=LaunchSpec(device=device, nproc_per_node=nproc, nodes=req.nodes, gpus_per_node=per_node,
-                          launcher=req.launcher, job_timeout_s=req.timeout_s, collective_timeout_s=req.collective_timeout_s,
-                          rdzv_endpoint=req.rdzv_endpoint, node_rank=req.node_rank, backend_paths=dict(req.backend_paths),
-                          bind=req.bind, emulate_internode=req.emulate_internode, nccl_tests_bin=req.nccl_tests_bin,
-                          kernel_cache=resolve_kernel_cache(req.kernel_cache), repeats=req.repeat or suite.repeat),
-        label=req.label, command=tuple(req.command),
+        run_id=req.run_id or new_run_id,
+        created_at=now_iso(),
+        suite=suite.name,
+        backends=tuple(req.backends),
+        cases=tuple(cases),
+        timing=timing_for(req, device),
+        launch=LaunchSpec(
+            device=device,
+            nproc_per_node=nproc,
+            nodes=req.nodes,
+            gpus_per_node=per_node,
+            launcher=req.launcher,
+            job_timeout_s=req.timeout_s,
+            collective_timeout_s=req.collective_timeout_s,
+            rdzv_endpoint=req.rdzv_endpoint,
+            node_rank=req.node_rank,
+            backend_paths=dict(req.backend_paths),
+            bind=req.bind,
+            emulate_internode=req.emulate_internode,
+            nccl_tests_bin=req.nccl_tests_bin,
+            kernel_cache=resolve_kernel_cache(req.kernel_cache),
+            repeats=req.repeat or suite.repeat,
+        ),
+        label=req.label,
+        command=tuple(req.command),
         trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
-        health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy), notes=tuple(notes),
-    )  # fmt: skip
+        health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy),
+        notes=tuple(notes),
+    )
     return PlannedRun(spec=spec, notes=tuple(notes))

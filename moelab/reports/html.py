@@ -116,12 +116,20 @@ def load(
     env = query.environment(con)
     results = query.results(con)
     data = ReportData(
-        runs=query.runs(con), environment=env, results=results, not_measured=query.not_measured(con),
-        jobs=query.jobs(con), definitions=query.definitions(con), suspects=query.suspects(con),
-        health=query.health(con), traces=sections.trace_links(query.traces(con), trace_base),
-        case_metrics=query.case_metrics(con), library_figures=verification.library_figures(con), peaks_source=peaks.source,
+        runs=query.runs(con),
+        environment=env,
+        results=results,
+        not_measured=query.not_measured(con),
+        jobs=query.jobs(con),
+        definitions=query.definitions(con),
+        suspects=query.suspects(con),
+        health=query.health(con),
+        traces=sections.trace_links(query.traces(con), trace_base),
+        case_metrics=query.case_metrics(con),
+        library_figures=verification.library_figures(con),
+        peaks_source=peaks.source,
         failure_ranks=query.failure_ranks(con),
-    )  # fmt: skip
+    )
     links = hardware.job_links(query.health_snapshots(con), env, peaks)
     data.nodes = sections.nodes_panel(env, links)
     sections.annotate_results(results, links)

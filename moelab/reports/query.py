@@ -25,6 +25,11 @@ def dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
 
+def select(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    """Rows of one query as dicts keyed by column name (what the templates and sections read)."""
+    return dicts(con.execute(sql))
+
+
 def latest_run_ids(con: duckdb.DuckDBPyConnection, n: int = 1) -> list[str]:
     return [
         r[0]
@@ -46,10 +51,12 @@ def select_runs(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> None:
 def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     from moelab.store.labels import names_by_run
 
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         """SELECT r.run_id, r.created_at, r.label, r.suite, r.status, r.backends, r.device, r.world, r.nodes,
                   r.gpus_per_node, r.command, r.moelab_version, r.git_sha, r.run_dir
-           FROM runs r SEMI JOIN _sel USING (run_id) ORDER BY r.created_at, r.run_id"""))  # fmt: skip
+           FROM runs r SEMI JOIN _sel USING (run_id) ORDER BY r.created_at, r.run_id""",
+    )
     names = names_by_run(con)
     for r in rows:
         r["labels"] = names.get(r["run_id"], [])
@@ -58,10 +65,12 @@ def runs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def environment(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """One row per (run, backend, rank): the fingerprint each rank recorded."""
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         """SELECT run_id, backend, rank, node, host, gpu_name, gpu_count, sm_count, driver, cuda, nccl, torch, python,
                   moelab_version, git_sha, CAST(library_versions AS VARCHAR) AS library_versions
-           FROM environment SEMI JOIN _sel USING (run_id) ORDER BY run_id, node, backend, rank"""))  # fmt: skip
+           FROM environment SEMI JOIN _sel USING (run_id) ORDER BY run_id, node, backend, rank""",
+    )
     for r in rows:
         r["library_versions"] = _json_obj(r["library_versions"])
     return rows
@@ -69,7 +78,8 @@ def environment(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Measured (case, op) rows with their workload, times, bandwidths and flags."""
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         f"""WITH bw AS ({BANDWIDTH_PIVOT})
            SELECT c.run_id, c.backend, c.case_id, c.status, c.hidden, c.tokens_per_rank, c.topk, c.experts_per_rank,
                   c.routing, c.routing_seed, c.dtype, c.sms, c.world, CAST(c.knobs AS VARCHAR) AS knobs,
@@ -88,7 +98,8 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
            FROM cases_judged c JOIN results_judged r USING (run_id, backend, case_id)
            LEFT JOIN bw USING (run_id, backend, case_id, op)
            WHERE c.run_id IN (SELECT run_id FROM _sel)
-           ORDER BY {case_order("c")}, {op_order("r.op")}, c.run_id"""))  # fmt: skip
+           ORDER BY {case_order("c")}, {op_order("r.op")}, c.run_id""",
+    )
     for r in rows:
         r["knobs"] = _json_obj(r["knobs"])
     return rows
@@ -124,9 +135,11 @@ def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool
 
 def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Cases not measured, with the cause of their job's failure (`cause`) where one was diagnosed."""
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         "SELECT run_id, backend, case_id, status, reason FROM cases SEMI JOIN _sel USING (run_id) "
-        f"WHERE status <> 'ok' ORDER BY run_id, {case_order()}"))  # fmt: skip
+        f"WHERE status <> 'ok' ORDER BY run_id, {case_order()}",
+    )
     causes = _causes(con)
     for r in rows:
         r["cause"] = causes.get((r["run_id"], r["backend"])) if r["status"] in BAD_STATUSES else None
@@ -161,21 +174,27 @@ def failure_ranks(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Per rank of each failed job: exception, where its stack was, its stack and its last log lines."""
     if not _has_table(con, "failure_diagnosis"):
         return []
-    return dicts(con.execute(
+    return select(
+        con,
         "SELECT run_id, backend, rank, exc_type, exc_message, traceback, stack_trigger, stack_where, stack, "
-        "log_tail, root_cause FROM failure_diagnosis SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, rank"))  # fmt: skip
+        "log_tail, root_cause FROM failure_diagnosis SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, rank",
+    )
 
 
 def suspects(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute(
+    return select(
+        con,
         "SELECT run_id, backend, case_id, suspect_reason FROM cases_judged SEMI JOIN _sel USING (run_id) "
-        f"WHERE suspect ORDER BY run_id, {case_order()}"))  # fmt: skip
+        f"WHERE suspect ORDER BY run_id, {case_order()}",
+    )
 
 
 def jobs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         "SELECT run_id, backend, status, description, returncode, signal, timed_out, duration_s FROM jobs "
-        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend"))  # fmt: skip
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend",
+    )
     causes = _causes(con)
     for r in rows:
         r["cause"] = causes.get((r["run_id"], r["backend"]))
@@ -184,9 +203,11 @@ def jobs(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def health(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Health snapshots whose worst finding is not a pass, with those findings."""
-    rows = dicts(con.execute(
+    rows = select(
+        con,
         "SELECT run_id, backend, phase, host, node, worst, CAST(findings AS VARCHAR) AS findings FROM health "
-        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, phase, node"))  # fmt: skip
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, phase, node",
+    )
     out = []
     for r in rows:
         findings = _json_list(r.pop("findings"))
@@ -207,20 +228,24 @@ def health_snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 
 def traces(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute(
+    return select(
+        con,
         """SELECT t.run_id, t.backend, t.case_id, t.rank, t.kind, t.path, t.size_bytes, r.run_dir
            FROM traces t JOIN runs r USING (run_id) WHERE t.run_id IN (SELECT run_id FROM _sel)
-           ORDER BY t.run_id, t.backend, t.case_id, t.rank"""))  # fmt: skip
+           ORDER BY t.run_id, t.backend, t.case_id, t.rank""",
+    )
 
 
 def case_metrics(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute(
+    return select(
+        con,
         "SELECT run_id, backend, case_id, name, value, unit, definition FROM case_metrics "
-        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, case_id, name"))  # fmt: skip
+        "SEMI JOIN _sel USING (run_id) ORDER BY run_id, backend, case_id, name",
+    )
 
 
 def definitions(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    return dicts(con.execute("SELECT name, text FROM definitions ORDER BY name"))
+    return select(con, "SELECT name, text FROM definitions ORDER BY name")
 
 
 def _json_obj(text: Any) -> dict[str, Any]:

@@ -63,14 +63,28 @@ def nodes_panel(environment: Sequence[dict[str, Any]], links: JobLinks) -> list[
         def distinct(key: str, rows: list[dict[str, Any]] = rows) -> str:
             return ", ".join(sorted({str(r[key]) for r in rows if r[key] is not None})) or ""
 
-        out.append({
-            "run_id": run_id, "node": node, "hosts": distinct("host"), "gpu_name": distinct("gpu_name") or "CPU",
-            "gpu_count": first["gpu_count"], "sm_count": first["sm_count"], "driver": distinct("driver"),
-            "cuda": distinct("cuda"), "nccl": distinct("nccl"), "torch": distinct("torch"), "python": distinct("python"),
-            "backends": distinct("backend"), "ranks": len({r["rank"] for r in rows}), "libraries": sorted((k, " / ".join(sorted(v))) for k, v in libs.items()),
-            "peak_link": peak.link if peak else None, "peak_gbps": peak.gbps if peak else None,
-            "peak_basis": hardware.basis(peak), "peak_source": peak.source if peak else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "run_id": run_id,
+                "node": node,
+                "hosts": distinct("host"),
+                "gpu_name": distinct("gpu_name") or "CPU",
+                "gpu_count": first["gpu_count"],
+                "sm_count": first["sm_count"],
+                "driver": distinct("driver"),
+                "cuda": distinct("cuda"),
+                "nccl": distinct("nccl"),
+                "torch": distinct("torch"),
+                "python": distinct("python"),
+                "backends": distinct("backend"),
+                "ranks": len({r["rank"] for r in rows}),
+                "libraries": sorted((k, " / ".join(sorted(v))) for k, v in libs.items()),
+                "peak_link": peak.link if peak else None,
+                "peak_gbps": peak.gbps if peak else None,
+                "peak_basis": hardware.basis(peak),
+                "peak_source": peak.source if peak else None,
+            }
+        )
     return out
 
 
@@ -113,73 +127,137 @@ def _common_peak(rows: Sequence[dict[str, Any]]) -> tuple[float, str] | None:
     return gbps, f"link peak {gbps:.0f} GB/s ({link})"
 
 
+SWEEP_KEY = (
+    "op",
+    "run_id",
+    "hidden",
+    "tokens_per_rank",
+    "topk",
+    "experts_per_rank",
+    "routing",
+    "routing_seed",
+    "world",
+)
+
+
+def _groups(
+    results: Sequence[dict[str, Any]], fields: Sequence[str], keep: str
+) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """Rows with a value in `keep`, grouped by `fields` (op and run first), in first-seen order."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r[keep] is not None:
+            groups[tuple(r[f] for f in fields)].append(r)
+    return groups
+
+
+def _chart(chart_ids: list[int], kind: str, op: str, title: str, svg: str) -> dict[str, Any]:
+    chart_ids.append(len(chart_ids) + 1)
+    return {"id": f"chart-{chart_ids[-1]}", "kind": kind, "op": op, "title": title, "svg": svg}
+
+
+def _sm_series(
+    op: str, run_id: str, name: str, srows: list[dict[str, Any]], knees: list[dict[str, Any]]
+) -> charts.Series:
+    """One backend variant's line of an SM chart (sorted by SMs), its knee appended to `knees` where found."""
+    k = knee([(r["sms"], r["nvl_gbps"]) for r in srows])
+    marks: tuple[tuple[float, float, str], ...] = ()
+    if k is not None:
+        peak = srows[0]["peak_gbps"]
+        frac = fraction_of_peak(k.best_gbps, peak) if op in FLAGGED_OPS else None
+        knees.append(
+            {
+                "op": op,
+                "run_id": run_id,
+                "series": name,
+                "workload": workload_text(srows[0]),
+                "sms": k.sms,
+                "gbps": k.gbps,
+                "best_sms": k.best_sms,
+                "best_gbps": k.best_gbps,
+                "frac_peak": frac,
+            }
+        )
+        marks = ((k.sms, k.gbps, f"knee {k.sms} SMs"),)
+    return charts.Series(
+        xs=[r["sms"] for r in srows],
+        ys=[r["nvl_gbps"] for r in srows],
+        lo=[r["nvl_gbps_p90t"] for r in srows],
+        hi=[r["nvl_gbps_p10t"] for r in srows],
+        marks=marks,
+    )
+
+
 def sm_sweeps(
     results: Sequence[dict[str, Any]], chart_ids: list[int], draw: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Per op and workload with two or more SM counts: a chart (one line per backend variant, band p10-p90)
     and the knee of each line. Returns (charts, knees)."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        if r["sms"] is not None and r["nvl_gbps"] is not None:
-            groups[
-                (
-                    r["op"],
-                    r["run_id"],
-                    r["hidden"],
-                    r["tokens_per_rank"],
-                    r["topk"],
-                    r["experts_per_rank"],
-                    r["routing"],
-                    r["routing_seed"],
-                    r["world"],
-                )
-            ].append(r)
-    out_charts, knees = [], []
-    for key, rows in groups.items():
-        op = key[0]
+    with_sms = [r for r in results if r["sms"] is not None]
+    out_charts: list[dict[str, Any]] = []
+    knees: list[dict[str, Any]] = []
+    for (op, run_id, *_), rows in _groups(with_sms, SWEEP_KEY, keep="nvl_gbps").items():
         by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_series[series_name(r)].append(r)
         series = {}
         for name, srows in sorted(by_series.items()):
             srows.sort(key=lambda r: r["sms"])
-            if len({r["sms"] for r in srows}) < 2:
-                continue
-            k = knee([(r["sms"], r["nvl_gbps"]) for r in srows])
-            marks: tuple[tuple[float, float, str], ...] = ()
-            if k is not None:
-                peak = srows[0]["peak_gbps"]
-                knees.append({
-                    "op": op, "run_id": key[1], "series": name, "workload": workload_text(srows[0]), "sms": k.sms,
-                    "gbps": k.gbps, "best_sms": k.best_sms, "best_gbps": k.best_gbps,
-                    "frac_peak": fraction_of_peak(k.best_gbps, peak) if op in FLAGGED_OPS else None,
-                })  # fmt: skip
-                marks = ((k.sms, k.gbps, f"knee {k.sms} SMs"),)
-            series[name] = charts.Series(
-                xs=[r["sms"] for r in srows], ys=[r["nvl_gbps"] for r in srows],
-                lo=[r["nvl_gbps_p90t"] for r in srows], hi=[r["nvl_gbps_p10t"] for r in srows], marks=marks,
-            )  # fmt: skip
+            if len({r["sms"] for r in srows}) >= 2:
+                series[name] = _sm_series(op, run_id, name, srows, knees)
         if not series:
             continue
         hline = _common_peak(rows) if op in FLAGGED_OPS else None
+        title = f"{op}: bandwidth vs SMs"
         svg = (
-            ""
-            if not draw
-            else charts.line_chart(
-                series, f"{op}: bandwidth vs SMs", "SMs", "nvl_recv GB/s (band: p10-p90 time)", hline=hline
-            )
+            charts.line_chart(series, title, "SMs", "nvl_recv GB/s (band: p10-p90 time)", hline=hline)
+            if draw
+            else ""
         )
-        chart_ids.append(len(chart_ids) + 1)
         out_charts.append(
-            {
-                "id": f"chart-{chart_ids[-1]}",
-                "kind": "sm",
-                "op": op,
-                "title": f"{op}: SMs vs bandwidth, {workload_text(rows[0])}",
-                "svg": svg,
-            }
+            _chart(chart_ids, "sm", op, f"{op}: SMs vs bandwidth, {workload_text(rows[0])}", svg)
         )
     return out_charts, knees
+
+
+def _token_fit(
+    op: str, run_id: str, name: str, sms: int | None, srows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    fit = fit_alpha_beta([r["nvl_bytes"] for r in srows], [r["median_us"] for r in srows])
+    return {
+        "op": op,
+        "run_id": run_id,
+        "series": name,
+        "sms": "default" if sms is None else sms,
+        "workload": workload_text(srows[0], with_tokens=False),
+        "n": fit.n,
+        "alpha_us": fit.alpha_us,
+        "beta_gbps": fit.beta_gbps,
+        "r2": fit.r2,
+        "withheld": fit.withheld,
+    }
+
+
+def _token_series(srows: list[dict[str, Any]], fit: dict[str, Any]) -> tuple[charts.Series, charts.Series]:
+    """(bandwidth, latency) lines of one backend variant against tokens per rank; the latency line carries the
+    alpha/beta fit where there is one."""
+    xs = [r["tokens_per_rank"] for r in srows]
+    alpha, beta = fit["alpha_us"], fit["beta_gbps"]
+    fit_ys = [alpha + r["nvl_bytes"] / (beta * 1e3) for r in srows] if alpha is not None and beta else None
+    bw = charts.Series(
+        xs=xs,
+        ys=[r["nvl_gbps"] for r in srows],
+        lo=[r["nvl_gbps_p90t"] for r in srows],
+        hi=[r["nvl_gbps_p10t"] for r in srows],
+    )
+    lat = charts.Series(
+        xs=xs,
+        ys=[r["median_us"] for r in srows],
+        lo=[r["p10_us"] for r in srows],
+        hi=[r["p90_us"] for r in srows],
+        fit_ys=fit_ys,
+    )
+    return bw, lat
 
 
 def token_sweeps(
@@ -188,24 +266,10 @@ def token_sweeps(
     """Per op and workload-without-tokens with two or more token counts: the alpha/beta fit of each backend
     variant at each SM count, and one chart (bandwidth and latency against tokens per rank) at the SM
     setting measured most (the library default first). Returns (charts, fits)."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        if r["nvl_bytes"] is not None:
-            groups[
-                (
-                    r["op"],
-                    r["run_id"],
-                    r["hidden"],
-                    r["topk"],
-                    r["experts_per_rank"],
-                    r["routing"],
-                    r["routing_seed"],
-                    r["world"],
-                )
-            ].append(r)
-    out_charts, fits = [], []
-    for key, rows in groups.items():
-        op = key[0]
+    key_fields = [f for f in SWEEP_KEY if f != "tokens_per_rank"]
+    out_charts: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
+    for (op, run_id, *_), rows in _groups(results, key_fields, keep="nvl_bytes").items():
         by_series: dict[tuple[str, Any], list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_series[(series_name(r), r["sms"])].append(r)
@@ -221,46 +285,27 @@ def token_sweeps(
             swept.items(), key=lambda kv: (kv[0][0], kv[0][1] is not None, kv[0][1] or 0)
         ):
             srows.sort(key=lambda r: r["tokens_per_rank"])
-            bytes_ = [r["nvl_bytes"] for r in srows]
-            fit = fit_alpha_beta(bytes_, [r["median_us"] for r in srows])
-            fits.append({"op": op, "run_id": key[1], "series": name, "sms": "default" if sms is None else sms,
-                         "workload": workload_text(srows[0], with_tokens=False), "n": fit.n, "alpha_us": fit.alpha_us,
-                         "beta_gbps": fit.beta_gbps, "r2": fit.r2, "withheld": fit.withheld})  # fmt: skip
-            if sms != chart_sms:
-                continue
-            xs = [r["tokens_per_rank"] for r in srows]
-            fit_ys = (
-                [fit.alpha_us + b / (fit.beta_gbps * 1e3) for b in bytes_]
-                if fit.alpha_us is not None and fit.beta_gbps
-                else None
-            )
-            bw_series[name] = charts.Series(
-                xs=xs,
-                ys=[r["nvl_gbps"] for r in srows],
-                lo=[r["nvl_gbps_p90t"] for r in srows],
-                hi=[r["nvl_gbps_p10t"] for r in srows],
-            )
-            lat_series[name] = charts.Series(
-                xs=xs,
-                ys=[r["median_us"] for r in srows],
-                lo=[r["p10_us"] for r in srows],
-                hi=[r["p90_us"] for r in srows],
-                fit_ys=fit_ys,
-            )
+            fits.append(_token_fit(op, run_id, name, sms, srows))
+            if sms == chart_sms:
+                bw_series[name], lat_series[name] = _token_series(srows, fits[-1])
         text = f"{workload_text(rows[0], with_tokens=False)}, SMs {'default' if chart_sms is None else chart_sms}"
         hline = _common_peak(rows) if op in FLAGGED_OPS else None
-        svg = "" if not draw else charts.pair_chart(bw_series, lat_series, f"{op} vs tokens per rank", "tokens per rank",
-                                ("nvl_recv GB/s (band: p10-p90 time)", "median µs (dashed: alpha/beta fit)"), hline=hline, logx=True)  # fmt: skip
-        chart_ids.append(len(chart_ids) + 1)
-        out_charts.append(
-            {
-                "id": f"chart-{chart_ids[-1]}",
-                "kind": "tokens",
-                "op": op,
-                "title": f"{op}: bandwidth and latency vs tokens per rank, {text}",
-                "svg": svg,
-            }
+        axes = ("nvl_recv GB/s (band: p10-p90 time)", "median µs (dashed: alpha/beta fit)")
+        svg = (
+            charts.pair_chart(
+                bw_series,
+                lat_series,
+                f"{op} vs tokens per rank",
+                "tokens per rank",
+                axes,
+                hline=hline,
+                logx=True,
+            )
+            if draw
+            else ""
         )
+        title = f"{op}: bandwidth and latency vs tokens per rank, {text}"
+        out_charts.append(_chart(chart_ids, "tokens", op, title, svg))
     return out_charts, fits
 
 

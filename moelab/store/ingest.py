@@ -28,9 +28,19 @@ from moelab.store.schema import RUN_TABLES
 
 Row = dict[str, Any]
 DIAGNOSIS_COLUMNS = (
-    "run_id", "backend", "rank", "exc_type", "exc_message", "traceback", "stack_trigger", "stack_where", "stack",
-    "log_tail", "root_cause", "headline",
-)  # fmt: skip
+    "run_id",
+    "backend",
+    "rank",
+    "exc_type",
+    "exc_message",
+    "traceback",
+    "stack_trigger",
+    "stack_where",
+    "stack",
+    "log_tail",
+    "root_cause",
+    "headline",
+)
 
 
 def _job_status(job: dict[str, Any] | None) -> str:
@@ -116,12 +126,17 @@ def _job_row(files: JobFiles) -> tuple[Row, dict[str, Any] | None]:
     if note:
         description = f"{description}; {note}"
     row = dict(
-        status=status, description=description, returncode=j.get("returncode"), signal=j.get("signal"),
-        timed_out=bool(j.get("timed_out")), duration_s=j.get("duration_s"),
+        status=status,
+        description=description,
+        returncode=j.get("returncode"),
+        signal=j.get("signal"),
+        timed_out=bool(j.get("timed_out")),
+        duration_s=j.get("duration_s"),
         failed_ranks=_json(j.get("failed_ranks", [])),
         stderr_tails=_json({str(k): v for k, v in j.get("stderr_tails", {}).items()}),
-        argv=_json(j.get("argv", [])), one_time_s=_json(one_time_costs(files.dir)),
-    )  # fmt: skip
+        argv=_json(j.get("argv", [])),
+        one_time_s=_json(one_time_costs(files.dir)),
+    )
     return row, job
 
 
@@ -182,13 +197,25 @@ def environment_rows(rows: RunRows, backend: str, files: JobFiles) -> dict[str, 
     for env in files.read_env():
         first = first or env
         rows.add(
-            "environment", backend=backend, rank=env.get("rank"), node=env.get("node"), host=env.get("host"),
-            gpu_name=env.get("gpu_name"), gpu_count=env.get("gpu_count"), sm_count=env.get("sm_count"),
-            driver=env.get("driver"), cuda=env.get("cuda"), nccl=env.get("nccl"), torch=env.get("torch"),
-            python=env.get("python"), moelab_version=env.get("moelab_version"), git_sha=env.get("moelab_git_sha"),
-            library_versions=_json(env.get("library_versions", {})), env_vars=_json(env.get("env_vars", {})),
+            "environment",
+            backend=backend,
+            rank=env.get("rank"),
+            node=env.get("node"),
+            host=env.get("host"),
+            gpu_name=env.get("gpu_name"),
+            gpu_count=env.get("gpu_count"),
+            sm_count=env.get("sm_count"),
+            driver=env.get("driver"),
+            cuda=env.get("cuda"),
+            nccl=env.get("nccl"),
+            torch=env.get("torch"),
+            python=env.get("python"),
+            moelab_version=env.get("moelab_version"),
+            git_sha=env.get("moelab_git_sha"),
+            library_versions=_json(env.get("library_versions", {})),
+            env_vars=_json(env.get("env_vars", {})),
             raw=_json(env),
-        )  # fmt: skip
+        )
     return first
 
 
@@ -201,10 +228,16 @@ def health_rows(rows: RunRows, backend: str, files: JobFiles) -> None:
             continue
         snapshot, verdict = health
         rows.add(
-            "health", backend=backend, phase=phase, host=snapshot.get("host"), node=0,
-            worst=verdict.get("worst"), findings=_json(verdict.get("findings", [])),
-            snapshot=_json(snapshot, sort_keys=True), repeat=files.repeat,
-        )  # fmt: skip
+            "health",
+            backend=backend,
+            phase=phase,
+            host=snapshot.get("host"),
+            node=0,
+            worst=verdict.get("worst"),
+            findings=_json(verdict.get("findings", [])),
+            snapshot=_json(snapshot, sort_keys=True),
+            repeat=files.repeat,
+        )
 
 
 def suspect_reason(files: JobFiles) -> str | None:
@@ -219,14 +252,30 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
     measured = rec.status == "ok" and rec.nccl_tests is None
     suspect = rec.suspect_reason or (job_suspect if measured else None)
     rows.add(
-        "cases", backend=rec.backend, case_id=rec.case_id, status=rec.status, reason=rec.reason, hidden=wl.hidden,
-        tokens_per_rank=wl.tokens_per_rank, topk=wl.topk, experts_per_rank=wl.experts_per_rank, world=spec.launch.world,
-        gpus_per_node=spec.launch.gpus_per_node, routing=wl.routing.kind, routing_seed=wl.routing.seed,
-        routing_params=_json(wl.to_dict()["routing"]), dtype=wl.dtype, sms=case.sms, knobs=_json(case.asked_knobs()),
-        backend_record=_json(rec.backend_record), dispatch_err=_finite(check.dispatch_err) if check else None,
-        combine_err=_finite(check.combine_err) if check else None, host_sync=rec.host_sync,
-        suspect=suspect is not None, suspect_reason=suspect,
-    )  # fmt: skip
+        "cases",
+        backend=rec.backend,
+        case_id=rec.case_id,
+        status=rec.status,
+        reason=rec.reason,
+        hidden=wl.hidden,
+        tokens_per_rank=wl.tokens_per_rank,
+        topk=wl.topk,
+        experts_per_rank=wl.experts_per_rank,
+        world=spec.launch.world,
+        gpus_per_node=spec.launch.gpus_per_node,
+        routing=wl.routing.kind,
+        routing_seed=wl.routing.seed,
+        routing_params=_json(wl.to_dict()["routing"]),
+        dtype=wl.dtype,
+        sms=case.sms,
+        knobs=_json(case.asked_knobs()),
+        backend_record=_json(rec.backend_record),
+        dispatch_err=_finite(check.dispatch_err) if check else None,
+        combine_err=_finite(check.combine_err) if check else None,
+        host_sync=rec.host_sync,
+        suspect=suspect is not None,
+        suspect_reason=suspect,
+    )
     if rec.status != "ok":
         return
     if rec.nccl_tests is not None:
@@ -234,51 +283,109 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
         return
     for op in rec.ops:
         op_rows(rows, rec, op)
+    attachment_rows(rows, rec)
+
+
+def attachment_rows(rows: RunRows, rec: CaseRecord) -> None:
+    """What a measured case carries besides its ops: derived metrics, trace files, IB counter deltas."""
+    key = {"backend": rec.backend, "case_id": rec.case_id}
     for m in rec.metrics:
-        rows.add("case_metrics", backend=rec.backend, case_id=rec.case_id, name=m.name, value=_finite(m.value),
-                 unit=m.unit, definition=m.definition)  # fmt: skip
+        rows.add(
+            "case_metrics", **key, name=m.name, value=_finite(m.value), unit=m.unit, definition=m.definition
+        )
     for t in rec.traces:
-        rows.add("traces", backend=rec.backend, case_id=rec.case_id, rank=t.rank, kind=t.kind, path=t.path,
-                 size_bytes=t.size_bytes)  # fmt: skip
+        rows.add("traces", **key, rank=t.rank, kind=t.kind, path=t.path, size_bytes=t.size_bytes)
     for node in rec.ib or ():
         for p in node.ports:
             rows.add(
-                "ib_counters", backend=rec.backend, case_id=rec.case_id, node=node.node, host=node.host,
-                device=p.device, port=p.port, status=p.status, xmit_bytes=p.xmit_bytes, rcv_bytes=p.rcv_bytes,
-                xmit_gbps=p.xmit_gbps, rcv_gbps=p.rcv_gbps, rate_gbps=p.rate_gbps, elapsed_s=node.elapsed_s,
-            )  # fmt: skip
+                "ib_counters",
+                **key,
+                node=node.node,
+                host=node.host,
+                device=p.device,
+                port=p.port,
+                status=p.status,
+                xmit_bytes=p.xmit_bytes,
+                rcv_bytes=p.rcv_bytes,
+                xmit_gbps=p.xmit_gbps,
+                rcv_gbps=p.rcv_gbps,
+                rate_gbps=p.rate_gbps,
+                elapsed_s=node.elapsed_s,
+            )
 
 
 def op_rows(rows: RunRows, rec: CaseRecord, op: OpResult) -> None:
     s = op.summary
     key = {"backend": rec.backend, "case_id": rec.case_id, "op": op.op}
     rows.add(
-        "results", **key, n=s.n, median_us=s.median_us, p10_us=s.p10_us, p90_us=s.p90_us, p99_us=s.p99_us,
-        min_us=s.min_us, max_us=s.max_us, mean_us=s.mean_us, rank_spread_us=s.rank_spread_us, rel_iqr=_finite(s.rel_iqr),
-        bytes_per_row=op.bytes_per_row, kernel_us=op.kernel_us, kernel_source="torch" if op.kernel_us is not None else None,
-        noise=_finite(s.noise), host_sync=op.host_sync, stability=op.stability, repeats=s.repeats,
-        ci_low_us=_finite(s.ci_low_us), ci_high_us=_finite(s.ci_high_us), process_cv=_finite(s.process_cv),
-    )  # fmt: skip
+        "results",
+        **key,
+        n=s.n,
+        median_us=s.median_us,
+        p10_us=s.p10_us,
+        p90_us=s.p90_us,
+        p99_us=s.p99_us,
+        min_us=s.min_us,
+        max_us=s.max_us,
+        mean_us=s.mean_us,
+        rank_spread_us=s.rank_spread_us,
+        rel_iqr=_finite(s.rel_iqr),
+        bytes_per_row=op.bytes_per_row,
+        kernel_us=op.kernel_us,
+        kernel_source="torch" if op.kernel_us is not None else None,
+        noise=_finite(s.noise),
+        host_sync=op.host_sync,
+        stability=op.stability,
+        repeats=s.repeats,
+        ci_low_us=_finite(s.ci_low_us),
+        ci_high_us=_finite(s.ci_high_us),
+        process_cv=_finite(s.process_cv),
+    )
     for f in op.figures:
-        rows.add("bandwidths", **key, definition=f.definition, bytes_mean=f.bytes_mean, bytes_max=f.bytes_max,
-                 gbps=_finite(f.gbps))  # fmt: skip
+        rows.add(
+            "bandwidths",
+            **key,
+            definition=f.definition,
+            bytes_mean=f.bytes_mean,
+            bytes_max=f.bytes_max,
+            gbps=_finite(f.gbps),
+        )
         if f.text:
             rows.definitions[f.definition] = f.text
     for rank, k in enumerate(op.kernel or ()):
         for kern in k.kernels if k is not None else ():
-            rows.add("trace_kernels", **key, rank=rank, kernel_name=kern.name, count=kern.count,
-                     total_us=kern.total_us, share=kern.share)  # fmt: skip
+            rows.add(
+                "trace_kernels",
+                **key,
+                rank=rank,
+                kernel_name=kern.name,
+                count=kern.count,
+                total_us=kern.total_us,
+                share=kern.share,
+            )
 
 
 def nccl_tests_rows(rows: RunRows, rec: CaseRecord) -> None:
     r = rec.nccl_tests
     assert r is not None
     rows.add(
-        "nccl_tests", size_bytes=r.size_bytes, count=r.count, dtype=r.dtype, time_us_oop=r.time_us_oop,
-        algbw_gbps_oop=r.algbw_gbps_oop, busbw_gbps_oop=r.busbw_gbps_oop, wrong_oop=r.wrong_oop, time_us_ip=r.time_us_ip,
-        algbw_gbps_ip=r.algbw_gbps_ip, busbw_gbps_ip=r.busbw_gbps_ip, wrong_ip=r.wrong_ip,
-        avg_busbw_gbps=r.avg_busbw_gbps, status=r.status, source=r.source, argv=_json(list(r.argv)),
-    )  # fmt: skip
+        "nccl_tests",
+        size_bytes=r.size_bytes,
+        count=r.count,
+        dtype=r.dtype,
+        time_us_oop=r.time_us_oop,
+        algbw_gbps_oop=r.algbw_gbps_oop,
+        busbw_gbps_oop=r.busbw_gbps_oop,
+        wrong_oop=r.wrong_oop,
+        time_us_ip=r.time_us_ip,
+        algbw_gbps_ip=r.algbw_gbps_ip,
+        busbw_gbps_ip=r.busbw_gbps_ip,
+        wrong_ip=r.wrong_ip,
+        avg_busbw_gbps=r.avg_busbw_gbps,
+        status=r.status,
+        source=r.source,
+        argv=_json(list(r.argv)),
+    )
     for op in rec.ops:  # the alltoall line as an op, with nccl-tests' own algbw/busbw as its figures
         op_rows(rows, rec, op)
 
@@ -407,12 +514,23 @@ def collect(run_dir: Path) -> RunRows:
         )
     created = datetime.fromisoformat(spec.created_at).astimezone(timezone.utc).replace(tzinfo=None)
     rows.add(
-        "runs", created_at=created, ingested_at=datetime.now(timezone.utc).replace(tzinfo=None), label=spec.label,
-        suite=spec.suite, status=info.get("status", "unknown"), backends=list(spec.backends),
-        command=" ".join(spec.command), device=spec.launch.device, world=spec.launch.world, nodes=spec.launch.nodes,
-        gpus_per_node=spec.launch.gpus_per_node, moelab_version=env0.get("moelab_version"),
-        git_sha=env0.get("moelab_git_sha"), run_dir=str(run_dir.resolve()), spec=_json(spec.to_dict()),
-    )  # fmt: skip
+        "runs",
+        created_at=created,
+        ingested_at=datetime.now(timezone.utc).replace(tzinfo=None),
+        label=spec.label,
+        suite=spec.suite,
+        status=info.get("status", "unknown"),
+        backends=list(spec.backends),
+        command=" ".join(spec.command),
+        device=spec.launch.device,
+        world=spec.launch.world,
+        nodes=spec.launch.nodes,
+        gpus_per_node=spec.launch.gpus_per_node,
+        moelab_version=env0.get("moelab_version"),
+        git_sha=env0.get("moelab_git_sha"),
+        run_dir=str(run_dir.resolve()),
+        spec=_json(spec.to_dict()),
+    )
     return rows
 
 

@@ -60,29 +60,72 @@ class TrialPlan:
         """Round `n` as plan_run checks it: one e2e case per candidate, in their order."""
         profile = "full" if n == ROUNDS else "layer"  # the final round records every figure of the winner
         wl = self.workload
-        cases = tuple({"backend": c.backend, "dtype": self.workload_for(c.backend).dtype, "sms": c.sms,
-                       **self.knobs_for(c, profile)} for c in candidates)  # fmt: skip
+        cases = tuple(
+            {
+                "backend": c.backend,
+                "dtype": self.workload_for(c.backend).dtype,
+                "sms": c.sms,
+                **self.knobs_for(c, profile),
+            }
+            for c in candidates
+        )
         req = dataclasses.replace(
-            self.request, backends=tuple(dict.fromkeys(c.backend for c in candidates)),
-            suite=Suite(name=SUITE_NAME, description=f"moelab tune {self.tune_id}", workload={}, axes={}, cases=cases,
-                        source=f"moelab tune round {n}"),
-            workload={"hidden": [wl.hidden], "tokens_per_rank": [wl.tokens_per_rank], "topk": [wl.topk],
-                      "experts_per_rank": [wl.experts_per_rank], "routing": [wl.routing.kind], "seed": [wl.routing.seed]},
-            iters=timing.iters, warmup=timing.warmup, label=self.round_label(n), health=False,
-            repeat=self.request.repeat if n == ROUNDS else None,  # only the final round's verdict needs repeats
-        )  # fmt: skip
+            self.request,
+            backends=tuple(dict.fromkeys(c.backend for c in candidates)),
+            suite=Suite(
+                name=SUITE_NAME,
+                description=f"moelab tune {self.tune_id}",
+                workload={},
+                axes={},
+                cases=cases,
+                source=f"moelab tune round {n}",
+            ),
+            workload={
+                "hidden": [wl.hidden],
+                "tokens_per_rank": [wl.tokens_per_rank],
+                "topk": [wl.topk],
+                "experts_per_rank": [wl.experts_per_rank],
+                "routing": [wl.routing.kind],
+                "seed": [wl.routing.seed],
+            },
+            iters=timing.iters,
+            warmup=timing.warmup,
+            label=self.round_label(n),
+            health=False,
+            # only the final round's verdict needs repeats
+            repeat=self.request.repeat if n == ROUNDS else None,
+        )
         return plan_run(req, self.host, new_run_id=new_run_id()).spec
 
 
 def plan_trials(
-    *, request: RunRequest, host: HostFacts, workload: Workload, dtypes: Mapping[str, str], intermediate: int,
-    backward: bool, first: Sequence[Candidate], final: TimingSpec, runs_root: Path, db_path: Path, tune_id: str,
-) -> TrialPlan:  # fmt: skip
+    *,
+    request: RunRequest,
+    host: HostFacts,
+    workload: Workload,
+    dtypes: Mapping[str, str],
+    intermediate: int,
+    backward: bool,
+    first: Sequence[Candidate],
+    final: TimingSpec,
+    runs_root: Path,
+    db_path: Path,
+    tune_id: str,
+) -> TrialPlan:
     """The plan with its launch as plan_run sizes it: round one's candidates (`first`) at the final round's
     settings planned once, so any user error is refused here, before anything runs."""
-    draft = TrialPlan(workload=workload, dtypes=dtypes, intermediate=intermediate, backward=backward,
-                      launch=LaunchSpec(), runs_root=runs_root, db_path=db_path, tune_id=tune_id, request=request,
-                      host=host)  # fmt: skip
+    draft = TrialPlan(
+        workload=workload,
+        dtypes=dtypes,
+        intermediate=intermediate,
+        backward=backward,
+        launch=LaunchSpec(),
+        runs_root=runs_root,
+        db_path=db_path,
+        tune_id=tune_id,
+        request=request,
+        host=host,
+    )
     spec = draft.spec_for(ROUNDS, first, final)
     return dataclasses.replace(draft, launch=spec.launch)
 
@@ -127,6 +170,6 @@ def run_round(
                 tokens_per_s=float(value) if value is not None else None,
                 reason=reason,
                 per_start=tuple(float(v) for v in (row[5] or ()) if v is not None) if row else (),
-            )  # fmt: skip
+            )
         )
     return trials

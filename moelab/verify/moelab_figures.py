@@ -92,9 +92,13 @@ def first_op(
     con: duckdb.DuckDBPyConnection, run_id: str, backend: str, case_id: str, ops: tuple[str, ...]
 ) -> str | None:
     """The first of `ops` the case stored (op names that changed between versions: roundtrip, pair)."""
-    stored = {r[0] for r in con.execute(
-        "SELECT op FROM results WHERE run_id = ? AND backend = ? AND case_id = ?", [run_id, backend, case_id]
-    ).fetchall()}  # fmt: skip
+    stored = {
+        r[0]
+        for r in con.execute(
+            "SELECT op FROM results WHERE run_id = ? AND backend = ? AND case_id = ?",
+            [run_id, backend, case_id],
+        ).fetchall()
+    }
     return next((op for op in ops if op in stored), None)
 
 
