@@ -32,7 +32,6 @@ from moelab.reports import (
 from moelab.store.db import open_db
 from moelab.store.labels import resolve_run
 
-OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
 

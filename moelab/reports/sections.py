@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from moelab.core.ops import OPS
 from moelab.reports import charts, hardware
 from moelab.reports.analysis import fit_alpha_beta, fraction_of_peak, knee
 from moelab.reports.hardware import JobLinks
@@ -315,7 +316,7 @@ def fallback_bars(
     """Without any sweep, one bar per case for each op measured in two or more cases (a chart of one bar
     says nothing the summary does not)."""
     out = []
-    for op in ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair"):
+    for op in OPS:
         rows = [r for r in results if r["op"] == op and r["nvl_gbps"] is not None]
         if len(rows) < 2:
             continue

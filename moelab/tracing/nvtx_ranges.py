@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from moelab.core import ops as core_ops
+
 PREFIX = "moelab/"
-OPS = ("layout", "dispatch", "dispatch_fresh", "combine", "roundtrip", "pair")  # moelab.core.ops
+OPS = tuple(core_ops.OPS)
 PHASES = ("warmup", "check")
 IMPLS = ("nvtx", "torch.cuda.nvtx", "none")
 
