@@ -69,6 +69,13 @@ def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, paired: bool) -> In
     return Interval(float(ci.low), float(ci.high))
 
 
+def _within(ci: Interval, values: np.ndarray) -> Interval:
+    """The interval clipped to the values' range: a median of resampled values cannot leave it, but the
+    bootstrap's interpolation can, by a rounding step (seen: max + 1 ulp)."""
+    lo, hi = float(values.min()), float(values.max())
+    return Interval(min(max(ci.low, lo), hi), max(min(ci.high, hi), lo))
+
+
 def _median(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.median(x, axis=axis)
 
@@ -99,7 +106,7 @@ def median_interval(medians: Sequence[float] | np.ndarray) -> Interval | None:
         return None
     if np.all(x == x[0]):
         return Interval(float(x[0]), float(x[0]))
-    return _bootstrap((x,), _median, paired=False)
+    return _within(_bootstrap((x,), _median, paired=False), x)
 
 
 def ratio_interval(
@@ -117,4 +124,6 @@ def ratio_interval(
     if np.all(b == b[0]) and np.all(c == c[0]):
         r = float(c[0] / b[0])
         return Interval(r, r)
-    return _bootstrap((b, c), _paired_ratio if paired else _ratio, paired=paired)
+    if paired:
+        return _within(_bootstrap((b, c), _paired_ratio, paired=True), c / b)
+    return _bootstrap((b, c), _ratio, paired=False)
