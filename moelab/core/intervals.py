@@ -69,11 +69,13 @@ def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, paired: bool) -> In
     return Interval(float(ci.low), float(ci.high))
 
 
-def _within(ci: Interval, values: np.ndarray) -> Interval:
-    """The interval clipped to the values' range: a median of resampled values cannot leave it, but the
-    bootstrap's interpolation can, by a rounding step (seen: max + 1 ulp)."""
+def _within(ci: Interval, values: np.ndarray, point: float) -> Interval:
+    """The interval clipped to the values' range and widened to hold its own point: a median of resampled
+    values can leave neither, but the bootstrap's interpolation can, by a rounding step (seen both ways)."""
     lo, hi = float(values.min()), float(values.max())
-    return Interval(min(max(ci.low, lo), hi), max(min(ci.high, hi), lo))
+    low = min(max(ci.low, lo), point)
+    high = max(min(ci.high, hi), point)
+    return Interval(low, high)
 
 
 def _median(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -106,7 +108,7 @@ def median_interval(medians: Sequence[float] | np.ndarray) -> Interval | None:
         return None
     if np.all(x == x[0]):
         return Interval(float(x[0]), float(x[0]))
-    return _within(_bootstrap((x,), _median, paired=False), x)
+    return _within(_bootstrap((x,), _median, paired=False), x, float(np.median(x)))
 
 
 def ratio_interval(
@@ -125,5 +127,5 @@ def ratio_interval(
         r = float(c[0] / b[0])
         return Interval(r, r)
     if paired:
-        return _within(_bootstrap((b, c), _paired_ratio, paired=True), c / b)
+        return _within(_bootstrap((b, c), _paired_ratio, paired=True), c / b, float(np.median(c / b)))
     return _bootstrap((b, c), _ratio, paired=False)

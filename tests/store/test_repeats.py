@@ -80,10 +80,14 @@ def test_a_ratio_interval_covers_one_when_the_processes_overlap() -> None:
 
 
 def test_an_interval_never_leaves_the_range_of_its_values() -> None:
-    """Hypothesis found the bootstrap's interval one rounding step above the largest median."""
+    """Hypothesis found the bootstrap's interval a rounding step outside the values and outside its point."""
     medians = [1.0, 735029.9976843019]
     ci = median_interval(medians)
     assert ci is not None and ci.low >= 1.0 and ci.high <= max(medians)
+    # and once one rounding step above its own point
+    medians = [452680.0, 452679.50187157345, 452679.50187157345]
+    ci = median_interval(medians)
+    assert ci is not None and ci.low <= np.median(medians) <= ci.high
     paired = ratio_interval([1.0, 3.0, 7.0], [735029.9976843019, 2.0, 5.0], paired=True)
     ratios = [735029.9976843019, 2 / 3, 5 / 7]
     assert paired is not None and min(ratios) <= paired.low and paired.high <= max(ratios)
