@@ -43,7 +43,7 @@ import numpy as np
 
 from moelab.core.ops import OPS as OP_DEFINITIONS
 from moelab.gate.samples import CaseSide, Side, key_text
-from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, PROCESS_ALPHA, differ, processes_differ
+from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, PROCESS_ALPHA, Test, differ, processes_differ
 
 OPS = tuple(OP_DEFINITIONS)
 FAILING = ("regression", "broken")
@@ -140,6 +140,16 @@ class GateResult:
         return sorted(self.verdicts, key=lambda v: (STATUS_ORDER.index(v.status), v.case, v.op or ""))
 
 
+def _tested(v: Verdict, test: Test, *, too_few: str, noise: str) -> Verdict:
+    """The verdict of a change past the threshold, from the test of either rule."""
+    if test.significant is None:
+        return replace(v, status="inconclusive", method=test.method, note=too_few)
+    if not test.significant:
+        return replace(v, status="noise", method=test.method, p_value=test.p_value, note=noise)
+    status = "regression" if v.change is not None and v.change > 0 else "improvement"
+    return replace(v, status=status, method=test.method, p_value=test.p_value)
+
+
 def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy) -> Verdict:
     """The iterations rule: medians of the per-iteration times, Mann-Whitney U (stats.differ)."""
     bm, cm = float(np.median(base)), float(np.median(cand))
@@ -158,16 +168,8 @@ def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: P
     if abs(change) <= policy.threshold:
         return v
     test = differ(base, cand, policy.alpha, policy.fallback_level)
-    if test.significant is None:
-        note = f"too few samples to test ({base.size} and {cand.size}; 5 and 5 at least)"
-        return replace(v, status="inconclusive", method=test.method, note=note)
-    if not test.significant:
-        return replace(
-            v, status="noise", method=test.method, p_value=test.p_value, note="within the measured noise"
-        )
-    return replace(
-        v, status="regression" if change > 0 else "improvement", method=test.method, p_value=test.p_value
-    )
+    too_few = f"too few samples to test ({base.size} and {cand.size}; 5 and 5 at least)"
+    return _tested(v, test, too_few=too_few, noise="within the measured noise")
 
 
 def compare_processes(
@@ -197,13 +199,8 @@ def compare_processes(
     if abs(change) <= policy.threshold:
         return v
     test = processes_differ(base, cand, policy.process_alpha)
-    if test.significant is None:
-        return replace(v, status="inconclusive", method=test.method, note="fewer than 2 processes a side")
-    if not test.significant:
-        note = "within the variation between processes"
-        return replace(v, status="noise", method=test.method, p_value=test.p_value, note=note)
-    return replace(
-        v, status="regression" if change > 0 else "improvement", method=test.method, p_value=test.p_value
+    return _tested(
+        v, test, too_few="fewer than 2 processes a side", noise="within the variation between processes"
     )
 
 
