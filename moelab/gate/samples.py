@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from moelab.store.db import has_column
 from moelab.store.order import case_order
 
 CASE_KEY_FIELDS = (
@@ -64,19 +65,10 @@ def key_text(key: CaseKey) -> str:
     )
 
 
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    """A database opened read-only is not migrated: one stored by an older moelab lacks later columns."""
-    row = con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
-        [table, column],
-    ).fetchone()
-    return bool(row and row[0])
-
-
 def _cases(
     con: duckdb.DuckDBPyConnection, run_id: str
 ) -> tuple[dict[CaseKey, CaseSide], dict[tuple[str, str], CaseSide]]:
-    judged = "cases_judged" if _has_column(con, "cases_judged", "suspect") else "cases"
+    judged = "cases_judged" if has_column(con, "cases_judged", "suspect") else "cases"
     rows = con.execute(
         f"""SELECT backend, hidden, tokens_per_rank, topk, experts_per_rank, routing, routing_seed, dtype, sms,
                   CAST(knobs AS VARCHAR), world, case_id, status, reason,
@@ -154,7 +146,7 @@ def _env(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, set[str | Non
 
 def load_side(con: duckdb.DuckDBPyConnection, run_id: str, where: str = "database") -> Side:
     cases, by_id = _cases(con, run_id)
-    repeat = "repeat" if _has_column(con, "samples", "repeat") else "0"
+    repeat = "repeat" if has_column(con, "samples", "repeat") else "0"
     _samples(con, run_id, by_id, repeat)
     found = con.execute(f"SELECT max({repeat}) FROM samples WHERE run_id = ?", [run_id]).fetchone()
     repeats = int(found[0]) + 1 if found and found[0] is not None else 1

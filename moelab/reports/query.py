@@ -8,6 +8,7 @@ from typing import Any
 import duckdb
 
 from moelab.core.errors import MoelabError
+from moelab.store.db import has_column, has_table
 from moelab.store.order import case_order, op_order
 
 BANDWIDTH_PIVOT = """
@@ -111,7 +112,7 @@ ProcessKey = tuple[str, str, str, str]  # run, backend, case, op
 def process_medians(con: duckdb.DuckDBPyConnection) -> dict[ProcessKey, tuple[list[float], list[float]]]:
     """(run, backend, case, op) -> the median of each start of its job (--repeat; one without) of the
     slowest rank's iteration times, and of the fastest rank's, in start order, read from the samples."""
-    repeat = "repeat" if _has_column(con, "samples", "repeat") else "0"
+    repeat = "repeat" if has_column(con, "samples", "repeat") else "0"
     rows = con.execute(
         f"""SELECT run_id, backend, case_id, op, list(slow ORDER BY rep), list(fast ORDER BY rep) FROM (
                 SELECT run_id, backend, case_id, op, rep, median(slow) AS slow, median(fast) AS fast FROM (
@@ -122,15 +123,6 @@ def process_medians(con: duckdb.DuckDBPyConnection) -> dict[ProcessKey, tuple[li
             GROUP BY ALL"""
     ).fetchall()
     return {(r[0], r[1], r[2], r[3]): (list(r[4]), list(r[5])) for r in rows}
-
-
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    """A database opened read-only is not migrated: an older one may lack a later column."""
-    row = con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
-        [table, column],
-    ).fetchone()
-    return bool(row and row[0])
 
 
 def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -149,17 +141,8 @@ def not_measured(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 BAD_STATUSES = ("failed", "crashed", "timeout")
 
 
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    """A database opened read-only is not migrated: an older one may lack a later table."""
-    return bool(
-        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[
-            0
-        ]  # type: ignore[index]
-    )
-
-
 def _causes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
-    if not _has_table(con, "failure_diagnosis"):
+    if not has_table(con, "failure_diagnosis"):
         return {}
     return {
         (r[0], r[1]): r[2]
@@ -172,7 +155,7 @@ def _causes(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
 
 def failure_ranks(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Per rank of each failed job: exception, where its stack was, its stack and its last log lines."""
-    if not _has_table(con, "failure_diagnosis"):
+    if not has_table(con, "failure_diagnosis"):
         return []
     return select(
         con,

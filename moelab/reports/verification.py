@@ -8,16 +8,14 @@ from typing import Any
 import duckdb
 
 from moelab.reports.query import dicts
+from moelab.store.db import has_table
 
 VERDICT_ORDER = {"fail": 0, "error": 1, "missing": 2, "unsupported": 3, "skipped": 4, "pass": 5}
 
 
 def library_figures(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Rows of the selected runs (`_sel`), findings first; none for a database older than the table."""
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'library_figures'"
-    ).fetchone()
-    if not exists or not exists[0]:
+    if not has_table(con, "library_figures"):
         return []
     rows = dicts(
         con.execute(

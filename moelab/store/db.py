@@ -211,11 +211,26 @@ def open_db(path: Path, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConn
         con.close()
 
 
-def current_version(con: duckdb.DuckDBPyConnection) -> int:
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """A table or view of that name; a database opened read-only is not migrated, so an older one may lack a
+    later table."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
     ).fetchone()
-    if not exists or not exists[0]:
+    return bool(row and row[0])
+
+
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """As has_table, for a column added by a later migration."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? AND column_name = ?",
+        [table, column],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    if not has_table(con, "schema_version"):
         return 0
     row = con.execute("SELECT max(version) FROM schema_version").fetchone()
     return int(row[0]) if row and row[0] is not None else 0
