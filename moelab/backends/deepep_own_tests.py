@@ -224,33 +224,33 @@ def _workload_flags(wl: Workload, world: int) -> tuple[str, ...]:
     )
 
 
+def _deepep_test(
+    tree: Path, wl: Workload, world: int, python: str, master_port: int, *, library: str, test: str
+) -> LibraryCommand:
+    """One of DeepEP V1's tests/test_*.py scripts, the workload in its flags."""
+    return LibraryCommand(
+        library=library,
+        test=test,
+        argv=(python, Path(test).name, *_workload_flags(wl, world)),
+        cwd=str(tree / "tests"),
+        env=tree_python_env(tree, master_port),
+        log_name=f"deepep_{Path(test).stem}.log",
+    )
+
+
 def deepep_intranode(
     tree: Path, wl: Workload, world: int, python: str = sys.executable, master_port: int = DEFAULT_MASTER_PORT
 ) -> LibraryCommand:
     """DeepEP V1 tests/test_intranode.py: its flags carry the workload; it runs BF16 and FP8 dispatch and
     combine at 24 SMs whatever moelab's dtype (the SM count is fixed in the test)."""
-    return LibraryCommand(
-        library="deepep",
-        test=TEST_INTRANODE,
-        argv=(python, "test_intranode.py", *_workload_flags(wl, world)),
-        cwd=str(tree / "tests"),
-        env=tree_python_env(tree, master_port),
-        log_name="deepep_test_intranode.log",
-    )
+    return _deepep_test(tree, wl, world, python, master_port, library="deepep", test=TEST_INTRANODE)
 
 
 def deepep_low_latency(
     tree: Path, wl: Workload, world: int, python: str = sys.executable, master_port: int = DEFAULT_MASTER_PORT
 ) -> LibraryCommand:
     """DeepEP V1 tests/test_low_latency.py (no pressure test, NVLink allowed: its defaults)."""
-    return LibraryCommand(
-        library="deepep-ll",
-        test=TEST_LOW_LATENCY,
-        argv=(python, "test_low_latency.py", *_workload_flags(wl, world)),
-        cwd=str(tree / "tests"),
-        env=tree_python_env(tree, master_port),
-        log_name="deepep_test_low_latency.log",
-    )
+    return _deepep_test(tree, wl, world, python, master_port, library="deepep-ll", test=TEST_LOW_LATENCY)
 
 
 # --- the tests as verify runs them ------------------------------------------------------------------------

@@ -18,12 +18,13 @@ from moelab.backends.nccl_tests import (
     parse_text,
     run_alltoall_perf,
 )
-from moelab.core.case_record import CaseRecord, Figure, NcclTestsRow, OpResult, Summary
+from moelab.core.case_record import CaseRecord, Figure, NcclTestsRow, OpResult
 from moelab.core.errors import BackendUnavailable
 from moelab.core.library_figures import LibraryFigure
 from moelab.core.routing import route_all
 from moelab.core.rows import count_rows
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
+from moelab.core.stats import summarize
 from moelab.job.local import JobOutcome
 from moelab.job.rundir import JobFiles, now_iso
 
@@ -96,18 +97,7 @@ def nccl_tests_record(case: CaseSpec, row: Any, res: Any, binary: str, where: di
     status = "ok" if res.ok else "incorrect" if res.status == "wrong" else "failed"
     t = float(row.time_us_oop)
     size = float(row.size_bytes)
-    summary = Summary(
-        n=1,
-        median_us=t,
-        p10_us=t,
-        p90_us=t,
-        p99_us=t,
-        min_us=t,
-        max_us=t,
-        mean_us=t,
-        rank_spread_us=0.0,
-        rel_iqr=0.0,
-    )
+    summary = summarize([[t]])  # one figure: every quantile is it
     figures = tuple(
         Figure(definition=name, bytes_mean=size, bytes_max=size, gbps=float(gbps))
         for name, gbps in (("nccl_algbw", row.algbw_gbps_oop), ("nccl_busbw", row.busbw_gbps_oop))

@@ -19,10 +19,11 @@ from moelab.backends.capabilities import LibraryFigures
 from moelab.backends.library_test import CommandContext, Comparison, LibraryCommand, LibraryTest, VerifyConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.backends.tuning import TuneSpace
-from moelab.core.case_record import CaseRecord, Figure, OpResult, Summary
+from moelab.core.case_record import CaseRecord, Figure, OpResult
 from moelab.core.library_figures import LibraryFigure
 from moelab.core.rows import RankRows
 from moelab.core.spec import RunSpec
+from moelab.core.stats import summarize
 from moelab.job.local import JobOutcome
 from moelab.job.rundir import JobFiles, now_iso
 
@@ -258,18 +259,7 @@ class ToolHostJob(HostJob):
     def run_job(cls, spec: RunSpec, files: JobFiles) -> JobOutcome:
         started, t = now_iso(), cls.TIME_US
         where = {"world": spec.launch.world, "gpus_per_node": spec.launch.gpus_per_node}
-        summary = Summary(
-            n=1,
-            median_us=t,
-            p10_us=t,
-            p90_us=t,
-            p99_us=t,
-            min_us=t,
-            max_us=t,
-            mean_us=t,
-            rank_spread_us=0.0,
-            rel_iqr=0.0,
-        )
+        summary = summarize([[t]])  # one figure: every quantile is it
         op = OpResult(op="alltoall", samples_us=((t,),), bytes_per_row=0, summary=summary, figures=())
         for case in spec.cases_for(cls.name):
             record = CaseRecord(case=case, status="ok", ops=(op,), **where)
