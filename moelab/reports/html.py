@@ -71,14 +71,6 @@ class ReportData:
         return [j for j in self.jobs if j["status"] != "ok"]
 
     @property
-    def bad_cases(self) -> list[dict[str, Any]]:
-        return [c for c in self.not_measured if c["status"] in ("failed", "incorrect", "crashed", "timeout")]
-
-    @property
-    def bad_health(self) -> list[dict[str, Any]]:
-        return [h for h in self.health if h["worst"] in ("warn", "fail")]
-
-    @property
     def summary_groups(self) -> list[tuple[str, list[summary.SummaryRow]]]:
         return summary.by_workload(self.summary_rows)
 
