@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 
 from moelab.reports import charts
-from moelab.reports.query import dicts
+from moelab.reports.query import select
 
 METRICS = (
     "layer_us",
@@ -30,18 +30,16 @@ METRICS = (
 
 def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """One row per stored e2e case of the selected runs (the temp table _sel), its metrics as columns."""
-    cases = dicts(
-        con.execute(
-            """SELECT c.run_id, c.backend, c.case_id, c.sms, c.knobs, c.hidden, c.tokens_per_rank, c.topk,
-                  c.experts_per_rank, c.world, c.dtype, c.backend_record
-           FROM cases c SEMI JOIN _sel USING (run_id) WHERE c.status = 'ok'"""
-        )
+    cases = select(
+        con,
+        """SELECT c.run_id, c.backend, c.case_id, c.sms, c.knobs, c.hidden, c.tokens_per_rank, c.topk,
+              c.experts_per_rank, c.world, c.dtype, c.backend_record
+           FROM cases c SEMI JOIN _sel USING (run_id) WHERE c.status = 'ok'""",
     )
     metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
-    for m in dicts(
-        con.execute(
-            "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)"
-        )
+    for m in select(
+        con,
+        "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)",
     ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
     out = []

@@ -21,14 +21,11 @@ BANDWIDTH_PIVOT = """
     FROM bandwidths GROUP BY ALL"""
 
 
-def dicts(cur: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    cols = [d[0] for d in cur.description or []]
-    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
-
-
 def select(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
     """Rows of one query as dicts keyed by column name (what the templates and sections read)."""
-    return dicts(con.execute(sql))
+    cur = con.execute(sql)
+    cols = [d[0] for d in cur.description or []]
+    return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
 
 def latest_run_ids(con: duckdb.DuckDBPyConnection, n: int = 1) -> list[str]:
@@ -202,11 +199,10 @@ def health(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 
 def health_snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """The stored health snapshots (NVML's reading of the machine: its links among the rest) per job."""
-    return dicts(
-        con.execute(
-            "SELECT run_id, backend, phase, CAST(snapshot AS VARCHAR) AS snapshot FROM health "
-            "SEMI JOIN _sel USING (run_id) WHERE snapshot IS NOT NULL ORDER BY run_id, backend, phase"
-        )
+    return select(
+        con,
+        "SELECT run_id, backend, phase, CAST(snapshot AS VARCHAR) AS snapshot FROM health "
+        "SEMI JOIN _sel USING (run_id) WHERE snapshot IS NOT NULL ORDER BY run_id, backend, phase",
     )
 
 
