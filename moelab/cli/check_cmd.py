@@ -12,6 +12,7 @@ from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.gate import outputs
+from moelab.gate.above import above_bound_flags
 from moelab.gate.baseline import candidate_run, load_baseline
 from moelab.gate.decision import GateResult, Policy, decide, matched
 from moelab.gate.samples import env_differences, load_side
@@ -27,8 +28,12 @@ def _write(path: Path, text: str, append: bool = False) -> None:
         raise MoelabError(f"cannot write {path}: {exc}") from exc
 
 
-def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[GateResult, str, str]:
-    """(the verdict, how the baseline was described, the candidate's run id)."""
+def _judge(
+    path: Path, baseline: str, run: str | None, policy: Policy
+) -> tuple[GateResult, str, str, list[str]]:
+    """(the verdict, how the baseline was described, the candidate's run id, its above-bound flags)."""
+    from moelab.reports.run_view import load_view
+
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
@@ -37,7 +42,8 @@ def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
         cand = load_side(con, cand_id)
-    return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id
+        flags = above_bound_flags(load_view(con, cand_id).results)
+    return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id, flags
 
 
 def _write_outputs(result: GateResult, summary: Path | None, junit: Path | None) -> None:
@@ -96,11 +102,13 @@ def check(
         fail_on_missing=fail_on_missing,
         allow_different_hardware=allow_different_hardware,
     )
-    result, described, cand_id = _judge(resolve_db_path(db), baseline, run, policy)
+    result, described, cand_id, above = _judge(resolve_db_path(db), baseline, run, policy)
     if matched(result) == 0 and not result.failing and not result.refused:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
     console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
     for line in outputs.rule_lines(result):
+        console.print(safe_text(line))
+    for line in above:
         console.print(safe_text(line))
     table = outputs.rows(result, include_unchanged=show_all)
     if table:

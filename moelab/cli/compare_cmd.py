@@ -75,6 +75,11 @@ def compare(
         table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
     )
     console.print(cmp.INTERVAL_NOTE)
+    above = table.findings()
+    if above:
+        console.print("flags: figures above 100% of their bound or peak, with the likely cause:")
+        for line in above:
+            console.print(f"  {line}")
     if len(rows) > max_rows:
         console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
     if paged is not None and paged.note:

@@ -28,6 +28,9 @@ class CaseBound:
     family: str
     links: str  # where the link figures come from
     bottleneck: str
+    nodes: int = 1  # the nodes the bound assumed (their NIC between them)
+    nic: str | None = None
+    intra_measured: bool = False  # the intra-node figure is the run's measured one (above the table's)
 
 
 def case_workload(case: Mapping[str, Any]) -> Workload:
@@ -114,6 +117,11 @@ def workload_bound(
         family=best if family else f"{best} (fastest family)",
         links=links,
         bottleneck=bottleneck,
+        nodes=est.topology.nodes,
+        nic=est.topology.nic_name,
+        intra_measured=measured_intra_gbps is not None
+        and est.topology.intra.gbps == measured_intra_gbps
+        and est.topology.nodes == 1,
     )
 
 

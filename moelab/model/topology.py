@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moelab.core.errors import MoelabError
-from moelab.model.links import PCIE_GEN5_X16, PeakTable
+from moelab.model.links import PCIE_GEN5_X16, LinkPeak, PeakTable
 
 DEFAULT_GPU = "H100"
 DEFAULT_NIC = "ConnectX-7"
@@ -123,17 +123,19 @@ def resolve(req: TopologyRequest, table: PeakTable) -> Topology:
     else:
         host = Link(name="pcie", gbps=PCIE_GEN5_X16, source="PCIe Gen5 x16 (PCI-SIG)")
     pcie_only = req.pcie_only or (entry is not None and entry.intra == "pcie" and req.nvlink_gbps is None)
-    if req.measured_intra_gbps is not None:
+    table_intra = _table_intra(req, entry, host, pcie_only, default)
+    if req.measured_intra_gbps is not None and req.measured_intra_gbps > table_intra.gbps:
         kind = "pcie" if pcie_only else "nvlink"
-        intra = Link(name=kind, gbps=req.measured_intra_gbps, source=req.measured_source)
-    elif pcie_only:
-        intra = host
-    elif req.nvlink_gbps is not None:
-        intra = Link(name="nvlink", gbps=req.nvlink_gbps, source="flag --nvlink-gbps")
+        source = (
+            f"{req.measured_source}, above the table's {table_intra.gbps:.0f} GB/s ({table_intra.source})"
+        )
+        intra = Link(name=kind, gbps=req.measured_intra_gbps, source=source)
+    elif req.measured_intra_gbps is not None:
+        # the larger of the measured figure and the table's rate, so the bound stays a bound
+        source = f"{table_intra.source}; above the measured {req.measured_intra_gbps:.0f} GB/s ({req.measured_source})"
+        intra = Link(name=table_intra.name, gbps=table_intra.gbps, source=source)
     else:
-        assert entry is not None
-        source = f"datasheet {entry.pattern}: {entry.link} ({entry.source}){default}"
-        intra = Link(name="nvlink", gbps=entry.gbps, source=source)
+        intra = table_intra
     nic, nic_name, rails = _nic(req, table)
     return Topology(
         nodes=req.nodes,
@@ -145,6 +147,19 @@ def resolve(req: TopologyRequest, table: PeakTable) -> Topology:
         nic_name=nic_name,
         nics_per_node=rails,
     )
+
+
+def _table_intra(
+    req: TopologyRequest, entry: LinkPeak | None, host: Link, pcie_only: bool, default: str
+) -> Link:
+    """The intra-node link from a flag or the named table (its signalling rate, the larger: a bound)."""
+    if pcie_only:
+        return host
+    if req.nvlink_gbps is not None:
+        return Link(name="nvlink", gbps=req.nvlink_gbps, source="flag --nvlink-gbps")
+    assert entry is not None
+    source = f"table {entry.pattern}: {entry.link} ({entry.source}){default}"
+    return Link(name="nvlink", gbps=entry.gbps, source=source)
 
 
 def _nic(req: TopologyRequest, table: PeakTable) -> tuple[Link | None, str | None, int]:

@@ -36,6 +36,16 @@ def gpu_by_run_backend(environment: Sequence[dict[str, Any]]) -> dict[tuple[str,
     return out
 
 
+def hosts_by_run_backend(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """How many distinct hosts each job's ranks ran on (a bound of more nodes than that assumed a NIC the
+    host lacks)."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for e in environment:
+        if e.get("host"):
+            seen.setdefault((e["run_id"], e["backend"]), set()).add(e["host"])
+    return {job: len(h) for job, h in seen.items()}
+
+
 def annotate_bounds(
     results: list[dict[str, Any]],
     environment: Sequence[dict[str, Any]],
@@ -46,6 +56,7 @@ def annotate_bounds(
     the bound takes it instead of the datasheet of the GPU's name (a measured peer copy still comes first).
     One rank moves nothing over a link: it gets no bound."""
     gpus = gpu_by_run_backend(environment)
+    hosts = hosts_by_run_backend(environment)
     combine_bytes = {_case_key(r): r["bytes_per_row"] for r in results if r["op"] == "combine"}
     tables: dict[tuple[str, str], PeakTable] = {}
     for r in results:
@@ -61,6 +72,10 @@ def annotate_bounds(
         r["bound_family"] = b.family if b else None
         r["bound_links"] = b.links if b else None
         r["frac_bound"] = fraction_of_peak(b.time_us, r["median_us"]) if b else None
+        r["bound_nodes"] = b.nodes if b else None  # what the bound assumed, against the hosts the run used
+        r["bound_nic"] = b.nic if b else None
+        r["bound_intra_measured"] = b.intra_measured if b else None
+        r["hosts"] = hosts.get(job)
 
 
 def reported_table(table: PeakTable, gpu: str | None, peak: LinkPeak | None) -> PeakTable:

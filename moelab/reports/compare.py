@@ -1,7 +1,8 @@
 """Side-by-side comparison of measured cases grouped by one key (backend, GPU model, a software version,
 label or run), matched on the workload and SM count.
 
-Bandwidth is also given as a fraction of each group's own link peak (moelab.reports.hardware: what each
+Bandwidth is also given as a fraction of each group's own link peak (`% peak`: nvl_remote, the rows from
+other ranks, over the per-direction peak, whatever `--metric` the GB/s column shows) (moelab.reports.hardware: what each
 run's machine reported, the datasheet of its GPU where it stored no reading), so hardware generations compare by how much of their link they use, not only by GB/s, and
 as a fraction of moelab model's bound for the case's own topology (`% bound`, moelab.reports.bounds).
 When several runs give the same group the same case, the newest run's number is used.
@@ -23,6 +24,8 @@ from typing import Any
 
 from moelab.core.errors import MoelabError
 from moelab.core.intervals import Interval, ratio_interval, ratio_point
+from moelab.model.above import above_findings
+from moelab.reports import hardware
 from moelab.reports.analysis import fraction_of_peak
 from moelab.reports.hardware import JobLinks
 
@@ -58,6 +61,7 @@ class Cell:
         None  # moelab model's bound time over the measured time (moelab.reports.bounds)
     )
     slowest: tuple[float, ...] = ()  # per start of the job: the median of the slowest rank's times
+    findings: tuple[str, ...] = ()  # each figure above 100% of its bound or peak, with its cause
     fastest: tuple[float, ...] = ()  # ... and of the fastest rank's
 
 
@@ -138,6 +142,15 @@ class CompareTable:
         if bw is None:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
+
+    def findings(self) -> list[str]:
+        """One line per cell with a figure above 100% of its bound or peak (moelab.model.above)."""
+        return [
+            f"{g} {row.label} {row.op}: {text}"
+            for row in self.rows
+            for g, cell in row.cells.items()
+            for text in cell.findings
+        ]
 
     def header(self) -> list[str]:
         cols = ["case", "op", "SMs"]
@@ -234,10 +247,21 @@ def build(
         gpu = (env or {}).get("gpu_name")
         peak = links.get(r["run_id"], r["backend"]) if r["world"] != 1 else None
         gbps = r[METRICS[metric]] if r["world"] != 1 else None  # one rank: nothing crossed a link
+        # % peak in one definition everywhere: nvl_remote (rows from other ranks) over the per-direction
+        # link peak, whichever metric the GB/s column shows
+        remote = r["remote_gbps"] if r["world"] != 1 else None
         frac = (
-            fraction_of_peak(gbps, peak.gbps if peak else None)
+            fraction_of_peak(remote, peak.gbps if peak else None)
             if r["op"] not in ("roundtrip", "pair", "layout")
             else None
+        )
+        above = above_findings(
+            {
+                **r,
+                "frac_remote": frac,
+                "peak_basis": hardware.basis(peak),
+                "peak_link": peak.link if peak else None,
+            }
         )
         slowest, fastest = (processes or {}).get((r["run_id"], r["backend"], r["case_id"], r["op"]), ([], []))
         row.cells[g] = Cell(
@@ -247,6 +271,7 @@ def build(
             frac_peak=frac,
             gpu_name=gpu,
             frac_bound=r.get("frac_bound"),
+            findings=tuple(f.text() for f in above),
             slowest=tuple(float(x) for x in slowest if x is not None),
             fastest=tuple(float(x) for x in fastest if x is not None),
         )

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moelab.model.above import above_findings
 from moelab.reports.sections import ONE_RANK_NOTE, series_name, workload_text
 
 UNSTABLE_MARK, SUSPECT_MARK = "~", "!"
@@ -143,7 +144,8 @@ def _flag_counts(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     counts["unstable"] = sum(1 for r in rows if r.get("stability"))
     counts["suspect"] = len({(r["run_id"], r["backend"], r["case_id"]) for r in rows if r.get("suspect")})
-    counts["above peak"] = sum(1 for r in rows if r.get("above_peak"))
+    counts["above peak"] = sum(1 for r in rows if r.get("above_peak") and not above_findings(r))
+    counts["above 100%"] = sum(1 for r in rows if above_findings(r))
     return {k: v for k, v in counts.items() if v}
 
 
