@@ -48,7 +48,9 @@ def _run_facts(db: str | None, ref: str) -> RunFacts:
         ).fetchone()  # type: ignore[misc]
         gpu = con.execute("SELECT min(gpu_name) FROM environment WHERE run_id = ?", [run_id]).fetchone()
         peak = con.execute(
-            "SELECT max(gbps) FROM measured_peaks WHERE run_id = ? AND name LIKE 'peer_copy_shift%'", [run_id]
+            "SELECT max(gbps) FROM measured_peaks WHERE run_id = ? "
+            "AND (name LIKE 'peer_copy_shift%' OR name = 'peer_exchange_all')",
+            [run_id],
         ).fetchone()
     gpn = gpn or world
     return RunFacts(
@@ -193,7 +195,7 @@ class TopologyOptions(opt.Options):
             nic_gbps=self.nic_gbps,
             pcie_only=self.pcie_only,
             measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
-            measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
+            measured_source=f"measured link capacity of run {facts.run_id}" if facts else "",
         )
         if facts and facts.measured_intra_gbps is None:
             console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")

@@ -80,7 +80,7 @@ class TopologyRequest:
     pcie_gbps: float | None = None
     nic_gbps: float | None = None  # per NIC
     pcie_only: bool = False
-    measured_intra_gbps: float | None = None  # a run's measured peer copy per direction
+    measured_intra_gbps: float | None = None  # a run's measured link capacity per direction (the larger wins)
     measured_source: str = ""
 
 

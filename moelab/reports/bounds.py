@@ -3,7 +3,7 @@ matches a published row beside that row.
 
 `annotate_bounds` adds to each result row (moelab.reports.query.results): `bound_us`, the op's bound time;
 `frac_bound`, bound / measured time (the same in any byte definition); `bound_family` and `bound_links`,
-which family and link figures gave it (the run's measured peer copy where it stored one, else the named
+which family and link figures gave it (the run's measured link capacity where it is above the named
 table). `moelab run`, the report and `moelab compare` read these fields.
 """
 
@@ -53,7 +53,7 @@ def annotate_bounds(
     links: JobLinks | None = None,
 ) -> None:
     """`links`: each job's link as its machine reported it (hardware.job_links); where NVML reported one,
-    the bound takes it instead of the datasheet of the GPU's name (a measured peer copy still comes first).
+    the bound takes it instead of the datasheet of the GPU's name (a measured link capacity above it still comes first).
     One rank moves nothing over a link: it gets no bound."""
     gpus = gpu_by_run_backend(environment)
     hosts = hosts_by_run_backend(environment)

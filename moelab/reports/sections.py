@@ -26,8 +26,9 @@ ONE_RANK_NOTE = "one rank: nothing crossed a link, so no link bandwidth, link pe
 
 
 def measured_fraction(r: dict[str, Any]) -> float | None:
-    """nvl_remote against what this machine's large all_to_all_single moved to other ranks at the start of
-    the run (moelab.measure.peaks); dispatch and combine only."""
+    """nvl_remote against the most this machine moved to other ranks at the start of the run (the larger of
+    its all_to_all_single and its exchange with every peer at once: moelab.measure.peaks); dispatch and
+    combine only."""
     if r["op"] not in FLAGGED_OPS:
         return None
     return fraction_of_peak(r["remote_gbps"], r.get("measured_remote_peak_gbps"))

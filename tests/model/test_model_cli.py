@@ -67,7 +67,7 @@ def test_default_is_every_family_on_one_h100_node() -> None:
     topo = doc["topology"]
     assert (topo["nodes"], topo["gpus_per_node"], topo["gpu"]) == (1, 8, "H100")
     (nvlink,) = topo["links"]  # one node: only the intra-node link carries bytes
-    assert nvlink["name"] == "nvlink" and "datasheet H100" in nvlink["source"]
+    assert nvlink["name"] == "nvlink" and "table H100" in nvlink["source"]
     assert [(b["family"], b["op"]) for b in doc["bounds"]] == [
         (f, op) for f in ("flat", "hierarchical", "low_latency") for op in ("dispatch", "combine")
     ]
@@ -134,7 +134,7 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "runs", RunModel(run_id="r-peaks", gpu_name="NVIDIA H200", world=2))
     write_peaks(
         run_dir / "peaks.json",
-        [MeasuredPeak(name="peer_copy_shift1", gbps=301.5, bytes=1 << 28, definition="peer copy")],
+        [MeasuredPeak(name="peer_copy_shift1", gbps=501.5, bytes=1 << 28, definition="peer copy")],
     )
     db = tmp_path / "m.duckdb"
     con = connect(db)
@@ -145,8 +145,9 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
     assert (topo["world"], topo["gpus_per_node"], topo["gpu"]) == (2, 2, "NVIDIA H200")
     assert topo["links"][0] == {
         "name": "nvlink",
-        "gbps": 301.5,
-        "source": "measured peer copy of run r-peaks",
+        "gbps": 501.5,
+        "source": "measured link capacity of run r-peaks, above the table's 478 GB/s (table H200: NVLink4 18 x 26.56 GB/s "
+        "(NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5))",
     }
     res = _invoke(["--from-run", "r-missing", "--db", str(db)])
     assert res.exit_code == 2 and res.stderr.startswith(
