@@ -111,3 +111,25 @@ def test_run_console_flags_a_case_above_its_bound(
     out = res.stdout
     assert "flags (the marks in the table above):" in out, out
     assert "above 100% of its bound or peak: topology mismatch" in out and "a NIC the host lacks" in out
+
+
+def test_one_percent_peak_definition_in_results_knee_and_chart(tmp_path: Path) -> None:
+    """% peak is nvl_remote over the per-direction peak in the results, the knee table and the SM chart."""
+    from moelab.reports.html import load
+
+    db = tmp_path / "k.duckdb"
+    _store(db, tmp_path / "runs", "sweep", gpu_name="NVIDIA H200", sms=(8, 16, 24, 32))
+    con = connect(db, read_only=True)
+    try:
+        data = load(con, ["sweep"], draw=True)
+    finally:
+        con.close()
+    for k in data.knees:
+        best = next(
+            r
+            for r in data.results
+            if r["op"] == k["op"] and r["sms"] == k["best_sms"] and r["backend"] in k["series"]
+        )
+        assert k["best_gbps"] == best["remote_gbps"] < best["nvl_gbps"]
+        assert k["frac_peak"] == pytest.approx(best["frac_remote"])
+    assert data.knees and all("nvl_remote GB/s" in c["svg"] for c in data.charts if c["kind"] == "sm")
