@@ -192,10 +192,10 @@ def _sm_series(
     )
 
 
-def _scaled(r: dict[str, Any], time_key: str) -> float | None:
-    """nvl_remote at another time of the same op (the band's p10 / p90 edge)."""
+def _scaled(r: dict[str, Any], time_key: str) -> float:
+    """nvl_remote at another time of the same op (the band's p10 / p90 edge; the median's without one)."""
     t = r.get(time_key)
-    return r["remote_gbps"] * r["median_us"] / t if t and r["remote_gbps"] is not None else None
+    return float(r["remote_gbps"] * r["median_us"] / t) if t else float(r["remote_gbps"])
 
 
 def sm_sweeps(
