@@ -159,6 +159,10 @@ def _table_intra(
         return Link(name="nvlink", gbps=req.nvlink_gbps, source="flag --nvlink-gbps")
     assert entry is not None
     source = f"table {entry.pattern}: {entry.link} ({entry.source}){default}"
+    if entry.datasheet_gbps is not None and entry.datasheet_gbps != entry.gbps:
+        source += (
+            f"; the datasheet's {entry.datasheet_gbps:g} GB/s is lower: the bound takes the signalling rate"
+        )
     return Link(name="nvlink", gbps=entry.gbps, source=source)
 
 
@@ -179,6 +183,8 @@ def _nic(req: TopologyRequest, table: PeakTable) -> tuple[Link | None, str | Non
         source = (
             f"datasheet {entry.pattern}: {entry.link} ({entry.source}){'' if req.nic else ' (default NIC)'}"
         )
+        if req.nics_per_node is None and entry.per_node is not None:
+            rails = entry.per_node  # an instance kind's own NIC count (EFA)
     if rails != req.gpus_per_node:
         source += f"; {rails} NIC(s) per {req.gpus_per_node} GPUs"
     return Link(name="nic", gbps=per_nic * rails / req.gpus_per_node, source=source), name, rails

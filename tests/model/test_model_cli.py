@@ -143,12 +143,11 @@ def test_from_run_takes_topology_gpu_and_measured_peaks(tmp_path: Path) -> None:
     doc = _json(["--from-run", "r-peaks", "--db", str(db), "--experts-per-rank", "8"])
     topo = doc["topology"]
     assert (topo["world"], topo["gpus_per_node"], topo["gpu"]) == (2, 2, "NVIDIA H200")
-    assert topo["links"][0] == {
-        "name": "nvlink",
-        "gbps": 501.5,
-        "source": "measured link capacity of run r-peaks, above the table's 478 GB/s (table H200: NVLink4 18 x 26.56 GB/s "
-        "(NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5))",
-    }
+    link = topo["links"][0]
+    assert (link["name"], link["gbps"]) == ("nvlink", 501.5)
+    assert link["source"].startswith(
+        "measured link capacity of run r-peaks, above the table's 478 GB/s (table H200"
+    )
     res = _invoke(["--from-run", "r-missing", "--db", str(db)])
     assert res.exit_code == 2 and res.stderr.startswith(
         "error: no such run: 'r-missing' is neither a label nor a run id"
