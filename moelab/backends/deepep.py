@@ -266,6 +266,11 @@ class DeepEPTuning(TuneSpace):
 class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
     name = "deepep"
     dispatch_family = "hierarchical"
+    dispatch_family_source = (
+        "DeepEP README (docs/legacy.md since V2) 'Normal kernels with NVLink and RDMA forwarding': RDMA to the "
+        "same-index GPU of each node, then NVLink forwarding; tests/test_internode.py counts RDMA bytes once per "
+        "(token, node)"
+    )
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"

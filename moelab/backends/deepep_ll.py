@@ -69,6 +69,10 @@ def slot_sources(
 class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
     name = "deepep-ll"
     dispatch_family = "low_latency"
+    dispatch_family_source = (
+        "DeepEP README 'Low-latency kernels with pure RDMA': one message per (token, expert) straight to its "
+        "rank; tests/test_low_latency.py counts (hidden + scales + 16) bytes per selection"
+    )
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = None

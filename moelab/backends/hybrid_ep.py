@@ -145,6 +145,10 @@ def local_topk(
 class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, LibraryFigures):
     name = "hybrid-ep"
     dispatch_family = "hierarchical"
+    dispatch_family_source = (
+        "DeepEP hybrid-ep branch, docs/README_Hybrid-EP.md 'Hierarchical Communication Design': RDMA between "
+        "nodes, NVLink (TMA) inside a node"
+    )
     description = (
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
     )

@@ -137,6 +137,7 @@ class _Counted:
 class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
     name = "nccl-a2a"
     dispatch_family = "flat"
+    dispatch_family_source = "torch.distributed.all_to_all_single over NCCL: each rank sends each peer its rows directly, no forwarding"
     description = (
         "torch.distributed all_to_all with exact splits, or all_gather where every token goes everywhere"
     )

@@ -17,7 +17,7 @@ from moelab.core.errors import MoelabError, SpecError
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
-from moelab.model.published import check_row, load_rows
+from moelab.model.published import TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
 
@@ -123,13 +123,62 @@ def _print_estimate(est: Estimate, wl: Workload, combine: str) -> None:
 
 
 def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> None:
+    """Per published table: the rows that hold, their ratio range, the rows the model cannot express with
+    the reason; exit 1 if any row beats its bound or breaks a rule of moelab.model.published."""
     table = load_peaks(peaks)
-    checked = [check_row(r, table, latency) for r in load_rows()]
-    problems = [c.problem for c in checked if c.problem]
+    tables = check_tables(load_rows(), table, latency)
+    checked = [c for t in tables for c in t.checked]
+    problems = [p for t in tables for p in t.problems]
     if json_out:
-        print(json.dumps({"ok": not problems, "rows": [c.to_dict() for c in checked]}, indent=2))
+        held = [c for t in tables for c in t.held]
+        summary = {
+            "tables": len(tables),
+            "tables_with_held_rows": sum(1 for t in tables if t.held),
+            "rows": len(checked) + sum(len(t.unexpressed) for t in tables),
+            "rows_held": len(held),
+            "rows_above_bound": sum(1 for c in checked if c.ratio > 1.0),
+            "rows_unexpressed": sum(len(t.unexpressed) for t in tables),
+            "nic_bound_rows": sum(1 for c in checked if c.nic_bound),
+            "nic_bound_ratio_min": min((c.ratio for c in checked if c.nic_bound), default=None),
+        }
+        doc = {
+            "ok": not problems,
+            "summary": summary,
+            "tables": [t.to_dict() for t in tables],
+            "rows": [c.to_dict() for c in checked],
+        }
+        print(json.dumps(doc, indent=2))
     else:
-        rows = [
+        _print_tables(tables)
+    if problems:  # a finding, not a user error: exit 1
+        print(
+            f"error: {len(problems)} published row(s) fail the model: {safe_text(problems[0])}",
+            file=sys.stderr,
+        )
+        raise typer.Exit(1)
+
+
+def _print_tables(tables: list[TableCheck]) -> None:
+    rows = []
+    for t in tables:
+        span = t.ratio_range()
+        rows.append(
+            [
+                f"{t.dataset}/{t.table}",
+                t.title,
+                f"{len(t.held)} of {len(t.checked) + len(t.unexpressed)}",
+                f"{span[0]:.2f}–{span[1]:.2f}" if span else "—",
+                len(t.unexpressed),
+            ]
+        )
+    print_table(
+        ["table", "title", "rows that hold", "published / bound", "cannot express"],
+        rows,
+        title="published tables against the bound of their own hardware",
+    )
+    print_table(
+        ["row", "published GB/s", "definition", "bound GB/s", "published / bound", "bottleneck", "reason"],
+        [
             [
                 c.row.row_id,
                 c.row.gbps,
@@ -139,31 +188,16 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
                 c.bound.bottleneck,
                 c.row.reason or "",
             ]
-            for c in checked
-        ]
-        print_table(
-            [
-                "row",
-                "published GB/s",
-                "definition",
-                "bound GB/s",
-                "published / bound",
-                "bottleneck",
-                "reason",
-            ],
-            rows,
-            title="published figures against the bound of their own hardware",
-        )
-        for src in dict.fromkeys(
-            f"{c.row.library} {c.row.title}: {c.row.source}; {c.row.version}" for c in checked
-        ):
-            console.print(f"source: {src}")
-    if problems:  # a finding, not a user error: exit 1
-        print(
-            f"error: {len(problems)} published row(s) fail the model: {safe_text(problems[0])}",
-            file=sys.stderr,
-        )
-        raise typer.Exit(1)
+            for t in tables
+            for c in t.checked
+        ],
+        title="every row",
+    )
+    for t in tables:
+        for r in t.unexpressed:
+            console.print(f"cannot express {r.row_id}: {r.unexpressed}")
+    for t in tables:
+        console.print(f"source of {t.dataset}/{t.table}: {t.source}")
 
 
 @dataclass(frozen=True, kw_only=True)

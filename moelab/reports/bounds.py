@@ -126,6 +126,8 @@ def _routing_of(r: dict[str, Any]) -> RoutingSpec:
 
 def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
     wl = row.workload
+    if wl is None:
+        return False
     return (
         r["backend"] in row.backends
         and r["op"] in ((row.op,) if row.op == "combine" else ("dispatch",))
@@ -185,7 +187,7 @@ def _measured_gbps(row: PublishedRow, r: dict[str, Any]) -> float | None:
     }
     if row.definition in stored:
         return stored[row.definition]
-    if row.definition == "ll_selections" and r["median_us"]:
+    if row.definition == "ll_selections" and r["median_us"] and row.workload is not None:
         wl = row.workload
         per_message = bytes_per_row("low_latency", row.op, wl.hidden, wl.dtype, wl.combine_dtype)
         return r["tokens_per_rank"] * r["topk"] * per_message / (r["median_us"] * 1e3)

@@ -44,7 +44,8 @@ def test_check_published_table_names_rows_and_sources() -> None:
     res = _invoke(["--check-published"])
     assert res.exit_code == 0, res.output
     assert "deepep-v1/normal/ep64/combine" in res.stdout and "published / bound" in res.stdout
-    assert "source: DeepEP Low-latency kernels with pure RDMA" in res.stdout and "de8cfca" in res.stdout
+    assert "source of deepep-v1/low_latency: DeepEP README.md" in res.stdout and "de8cfca" in res.stdout
+    assert "rows that hold" in res.stdout and "cannot express" in res.stdout
 
 
 def test_check_published_fails_on_a_row_above_its_bound(
