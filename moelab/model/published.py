@@ -80,19 +80,28 @@ class PublishedWorkload:
     hidden: int
     tokens_per_rank: int
     topk: int
-    experts: int
+    experts: int  # in all (0: `experts_per_rank` is fixed instead, the experts grow with EP)
     dtype: str
     combine_dtype: str
     routing: RoutingSpec
+    experts_per_rank: int = 0  # a table that fixes the local experts (Hybrid-EP's "Local Experts: 8")
 
     def workload(self, world: int) -> Workload:
+        if self.experts_per_rank:
+            return self._at(world, self.experts_per_rank)
         if self.experts % world:
             raise MoelabError(f"{self.experts} experts do not divide over EP{world}")
+        return self._at(world, self.experts // world)
+
+    def experts_at(self, world: int) -> int:
+        return self.experts_per_rank * world if self.experts_per_rank else self.experts
+
+    def _at(self, world: int, experts_per_rank: int) -> Workload:
         return Workload(
             hidden=self.hidden,
             tokens_per_rank=self.tokens_per_rank,
             topk=self.topk,
-            experts_per_rank=self.experts // world,
+            experts_per_rank=experts_per_rank,
             routing=self.routing,
             dtype=self.dtype,
         )
@@ -180,7 +189,8 @@ def _workload(where: str, w: dict[str, Any]) -> PublishedWorkload:
             hidden=w["hidden"],
             tokens_per_rank=w["tokens_per_rank"],
             topk=w["topk"],
-            experts=w["experts"],
+            experts=w.get("experts", 0),
+            experts_per_rank=w.get("experts_per_rank", 0),
             dtype=w["dtype"],
             combine_dtype=w.get("combine_dtype", "bf16"),
             routing=spec,
@@ -345,7 +355,7 @@ def check_row(row: PublishedRow, table: PeakTable, latency: Latency | None = Non
             nodes=row.nodes,
             gpus_per_node=min(row.ep, row.gpus_per_node),
             gpu=row.gpu,
-            nic=row.nic,
+            nic=row.nic or None,
             nics_per_node=row.nics_per_node if row.nodes > 1 else None,
         ),
         table,

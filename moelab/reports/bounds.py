@@ -135,7 +135,7 @@ def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
         and r["hidden"] == wl.hidden
         and r["tokens_per_rank"] == wl.tokens_per_rank
         and r["topk"] == wl.topk
-        and r["experts_per_rank"] * r["world"] == wl.experts
+        and r["experts_per_rank"] * r["world"] == wl.experts_at(row.ep)
         and r["dtype"] == wl.dtype
         and _routing_key(_routing_of(r), row.ep) == _routing_key(wl.routing, row.ep)
     )
