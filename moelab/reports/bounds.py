@@ -125,8 +125,14 @@ def _routing_of(r: dict[str, Any]) -> RoutingSpec:
 
 
 def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
+    """A row that names its SM count matches a case at that count; one timed kernel-only is not beside an
+    op timed through the library's API."""
     wl = row.workload
-    if wl is None:
+    if (
+        wl is None
+        or row.timing not in (None, "torch-api")
+        or (row.sms is not None and r.get("sms") != row.sms)
+    ):
         return False
     return (
         r["backend"] in row.backends

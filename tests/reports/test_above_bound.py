@@ -75,14 +75,16 @@ def test_report_flags_a_bound_that_assumed_a_nic_the_host_lacks(db: Path, tmp_pa
     assert "timing artefact" in html.read_text()
 
 
-def test_compare_flags_each_figure_above_its_bound(db: Path) -> None:
+def test_compare_flags_each_figure_above_its_bound(db: Path, tmp_path: Path) -> None:
     for args, cause in (
         (["--by", "run", "--run", "emulated-base", "--run", "emulated"], "topology mismatch"),
         (["--by", "backend", "--run", "too-fast"], "timing artefact"),
     ):
-        res = CliRunner().invoke(app, ["compare", "--db", str(db), *args])
+        html = tmp_path / "c.html"
+        res = CliRunner().invoke(app, ["compare", "--db", str(db), *args, "--html", str(html)])
         assert res.exit_code == 0, res.output
         assert "flags: figures above 100% of their bound or peak" in res.stdout and cause in res.stdout
+        assert "above 100% of their bound or peak" in html.read_text() and cause in html.read_text()
 
 
 def test_gate_flags_the_candidate_above_its_bound(db: Path) -> None:
