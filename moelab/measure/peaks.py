@@ -10,7 +10,8 @@ read as "% of what the hardware really does" beside "% of the datasheet peak".
   GPU sends more to three peers at once than to one: the pair figure is no bound for an all-to-all).
 - `a2a_algbw_gbps` / `a2a_remote_gbps`: one large all_to_all_single with equal splits: every byte a rank
   sends (its own share included) and only the bytes to other ranks, over the slowest rank's median time.
-Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json; ingest stores it as it is.
+Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json (GPU runs and, with smaller
+buffers, CPU runs on gloo); ingest stores it as it is.
 
 The same job measures each GPU's achievable rates for the e2e layer's roofline (RUN_DIR/rates.json,
 table measured_rates; moelab.measure.e2e.roofline): `dense_bf16_matmul` (a large square bf16 matmul,
@@ -30,6 +31,9 @@ from moelab.core.peaks import MeasuredPeak, MeasuredRate
 from moelab.measure.timing import Clock
 
 PEAK_BYTES = 256 * 1024 * 1024  # per rank and transfer: well past the link's latency, several times L2
+CPU_PEAK_BYTES = (
+    4 * 1024 * 1024
+)  # gloo on CPU ranks: the same exchanges, small enough to cost well under a second
 ITERS = 20
 MATMUL_N = 8192  # 2 x 8192^3 = 1.1 TFLOP a call: past the launch cost, the shape cuBLAS runs at its best
 COPY_BYTES = 1 << 30  # per copy: many times L2, so every byte comes from and goes to HBM
@@ -92,15 +96,17 @@ def measure_peaks(clock: Clock, rank: int, world: int, nbytes: int = PEAK_BYTES)
                 definition=f"with every peer at once: every rank sends {mib} split evenly over its {world - 1} peers and receives as much, all in one group of send/recv: bytes a rank sends to other ranks (per direction) / the slowest rank's median time; the GPU's link capacity where traffic goes to several peers",
             )
         )
-    a2a_in = torch.ones(elems, dtype=torch.bfloat16, device=dev)
+    a2a_elems = elems - elems % world  # equal splits: a whole number of elements per rank
+    a2a_in = torch.ones(a2a_elems, dtype=torch.bfloat16, device=dev)
     a2a_out = torch.empty_like(a2a_in)
     t = _median_slowest(clock, lambda: dist.all_to_all_single(a2a_out, a2a_in, group=clock.group))  # type: ignore[arg-type]
-    remote = nbytes * (world - 1) // world
+    a2a_bytes = 2 * a2a_elems
+    remote = a2a_bytes * (world - 1) // world
     out.append(
         MeasuredPeak(
             name="a2a_algbw",
-            gbps=nbytes / (t * 1e-6) / 1e9,
-            bytes=nbytes,
+            gbps=a2a_bytes / (t * 1e-6) / 1e9,
+            bytes=a2a_bytes,
             definition="all_to_all_single, equal splits: every byte a rank sends (own share included) / the slowest rank's median time",
         )
     )

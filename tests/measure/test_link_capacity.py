@@ -4,13 +4,18 @@ gloo ranks: both stored with their definitions, the same figures on every rank."
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
+from typer.testing import CliRunner
 
+from moelab.cli.main import app
 from moelab.measure.peaks import measure_peaks
 from moelab.measure.timing import Clock
+from moelab.store.db import connect
 from tests.distributed_helpers import run_ranks
 
 
@@ -34,3 +39,23 @@ def test_pair_by_pair_and_every_peer_at_once_on_gloo() -> None:
     assert "its 2 peers" in every["definition"]
     pair = next(p for p in ranks[0] if p["name"] == "peer_copy_shift1")
     assert pair["definition"].startswith("pair by pair")
+
+
+@pytest.mark.slow
+def test_a_cpu_run_stores_both_capacities_with_their_definitions(tmp_path: Path) -> None:
+    """`moelab run` on CPU ranks measures the link capacity as a GPU run does (gloo, smaller buffers) and
+    stores each figure with its definition."""
+    db = tmp_path / "m.duckdb"
+    args = ["run", "--cpu", "--gpus", "3", "--experts-per-rank", "8", "--tokens-per-rank", "32", "--hidden", "128",
+            "--sms", "default", "--iters", "2", "--warmup", "0", "--no-health", "--db", str(db), "--out", str(tmp_path / "runs")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    con = connect(db, read_only=True)
+    try:
+        stored = dict(con.execute("SELECT name, definition FROM measured_peaks").fetchall())
+    finally:
+        con.close()
+    assert {"peer_copy_shift1", "peer_copy_shift2", "peer_exchange_all", "a2a_remote"} <= set(stored)
+    assert "every peer at once" in stored["peer_exchange_all"] and stored["peer_copy_shift1"].startswith(
+        "pair by pair"
+    )
