@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
@@ -135,3 +137,20 @@ def test_one_percent_peak_definition_in_results_knee_and_chart(tmp_path: Path) -
         assert k["best_gbps"] == best["remote_gbps"] < best["nvl_gbps"]
         assert k["frac_peak"] == pytest.approx(best["frac_remote"])
     assert data.knees and all("nvl_remote GB/s" in c["svg"] for c in data.charts if c["kind"] == "sm")
+
+
+@given(
+    key=st.sampled_from(["frac_bound", "frac_remote", "frac_remote_measured"]),
+    fraction=st.floats(min_value=0.0, max_value=1e6, allow_nan=False),
+    nodes=st.integers(1, 16),
+    hosts=st.one_of(st.none(), st.integers(1, 16)),
+    basis=st.sampled_from(["NVML", "datasheet", "peaks file", None]),
+)
+def test_any_figure_above_100_percent_is_a_finding_with_a_cause(
+    key: str, fraction: float, nodes: int, hosts: int | None, basis: str | None
+) -> None:
+    row = {key: fraction, "bound_nodes": nodes, "hosts": hosts, "peak_basis": basis, "world": 8}
+    found = above_findings(row)
+    assert bool(found) == (fraction > 1.0)
+    for f in found:
+        assert f.cause in CAUSES and f.why and f"{100 * fraction:.0f}%" in f.text()
