@@ -118,7 +118,9 @@ def resolve(req: TopologyRequest, table: PeakTable) -> Topology:
         host = Link(name="pcie", gbps=req.pcie_gbps, source="flag --pcie-gbps")
     elif entry is not None:
         host = Link(
-            name="pcie", gbps=entry.host_gbps, source=f"datasheet {entry.pattern}: {entry.source}{default}"
+            name="pcie",
+            gbps=entry.host_gbps,
+            source=f"datasheet {entry.pattern}: {entry.datasheet_source or entry.source}{default}",
         )
     else:
         host = Link(name="pcie", gbps=PCIE_GEN5_X16, source="PCIe Gen5 x16 (PCI-SIG)")
