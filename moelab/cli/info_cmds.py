@@ -2,25 +2,37 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 
+from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import names_by_run
 
 
+JSON_OUT = opt.Flag("as_json", bool, False, ("--json",), "Print the list as JSON (name, available, reason, from)")
+
+
 @user_errors
-def backends() -> None:
+@opt.command(opt.BACKEND_PATH, JSON_OUT, panels=False)
+def backends(backends: opt.BackendOptions, as_json: bool) -> None:
     """List every backend (built-in and plugins) and whether it can run here, or why not.
 
-    Example: moelab backends
+    Example: moelab backends --backend-path deepep=.ext/deepep-v1 --json
     """
     from moelab.backends import registry  # imports the backend base class, and so torch
 
+    paths = backends.paths()
     rows = []
     for name, entry in registry.entries().items():
-        reason = registry.availability(name)
+        reason = registry.availability(name, paths.get(name))
         rows.append((name, "available" if reason is None else "unavailable", reason or "", entry.origin))
+    if as_json:
+        keys = ("name", "available", "reason", "from")
+        typer.echo(json.dumps([dict(zip(keys, (n, s == "available", r or None, o))) for n, s, r, o in rows]))
+        return
     print_table(["backend", "status", "reason", "from"], rows)
 
 
