@@ -80,6 +80,7 @@ class Settings:
     wait_timeout_s: float
     iters: int
     small: bool
+    only: tuple[str, ...] = ()  # --backend: these of the available ones (empty: every one)
 
     @property
     def db(self) -> Path:
@@ -405,9 +406,10 @@ def step_backends(r: Runner) -> list[str]:
     return found
 
 
-def runnable(available: Sequence[str], cpu: bool) -> list[str]:
-    """What the runs take: every available backend, but the test-only plugins tests/plugins registers."""
-    return [b for b in available if not b.startswith("test-")]
+def runnable(available: Sequence[str], only: Sequence[str]) -> list[str]:
+    """What the runs take: every available backend (or those of --backend), but the test-only plugins
+    tests/plugins registers."""
+    return [b for b in available if not b.startswith("test-") and (not only or b in only)]
 
 
 def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
@@ -622,7 +624,7 @@ def run_all(s: Settings) -> Runner:
     else:
         r.skip("repeat-sigterm", why_single)
     wait_for_builds(r)
-    backends = runnable(step_backends(r), s.cpu)
+    backends = runnable(step_backends(r), s.only)
     a2a_run = step_a2a(r, backends) if multi else None
     if not multi:
         r.skip("a2a", why_single)
@@ -662,6 +664,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--wait-for", type=Path, default=None, metavar="FILE", help="wait for this build marker")
     p.add_argument("--wait-timeout", type=float, default=330.0, metavar="SECONDS")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per op (outcomes, not timings)")
+    p.add_argument(
+        "--backend", default="", metavar="NAME[,NAME…]", help="only these of the available backends"
+    )
     a = p.parse_args(argv)
     paths: dict[str, str] = {}
     for v in a.backend_path:
@@ -687,6 +692,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         wait_timeout_s=a.wait_timeout,
         iters=a.iters,
         small=a.small or a.cpu,
+        only=tuple(b for b in a.backend.split(",") if b),
     )
 
 
