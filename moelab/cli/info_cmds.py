@@ -10,18 +10,40 @@ from moelab.store.labels import names_by_run
 
 
 @user_errors
-def backends() -> None:
+def backends(
+    check: str | None = typer.Option(
+        None,
+        "--check",
+        metavar="NAME",
+        help="Check backend NAME against the plugin contract (moelab.plugin) before any run: one line per "
+        "problem, exit 1 when there is one",
+    ),
+) -> None:
     """List every backend (built-in and plugins) and whether it can run here, or why not.
 
-    Example: moelab backends
+    Example: moelab backends --check my-ep
     """
     from moelab.backends import registry  # imports the backend base class, and so torch
 
+    if check is not None:
+        _check(check)
+        return
     rows = []
     for name, entry in registry.entries().items():
         reason = registry.availability(name)
         rows.append((name, "available" if reason is None else "unavailable", reason or "", entry.origin))
     print_table(["backend", "status", "reason", "from"], rows)
+
+
+def _check(name: str) -> None:
+    from moelab.backends import contract
+
+    found = contract.check(name)
+    for problem in found:
+        print(f"{name}: {problem}")
+    if found:
+        raise typer.Exit(1)
+    print(f"{name}: holds the plugin contract")
 
 
 @user_errors
