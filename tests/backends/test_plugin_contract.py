@@ -193,7 +193,7 @@ def test_the_separate_plugin_is_run_verified_and_tuned_on_cpu(
         [
             "tune",
             "--cpu",
-            "-b",
+            "--backend",
             "gather-ep",
             *SMALL,
             "--intermediate",
