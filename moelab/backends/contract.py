@@ -93,8 +93,15 @@ def _computed_figures(cls: type[Registered]) -> dict[str, str | None]:
     """Definition -> text of the figures the class's library_figures computes, asked with one probe row."""
     if not isinstance(cls, LibraryFigures):
         return {}
-    row = RankRows(rank=0, recv_rows=8, recv_rows_remote=4, send_rows=8, send_rows_remote=4, rdma_pairs=8,
-                   rdma_pairs_remote=0)
+    row = RankRows(
+        rank=0,
+        recv_rows=8,
+        recv_rows_remote=4,
+        send_rows=8,
+        send_rows_remote=4,
+        rdma_pairs=8,
+        rdma_pairs_remote=0,
+    )
     rows = [row]
     out: dict[str, str | None] = {}
     for op in cls.library_ops:
