@@ -11,7 +11,8 @@ from pathlib import Path
 from moelab.store.db import connect
 
 ROOT = Path(__file__).resolve().parents[2]
-SQL_NAME = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE|VIEW)\s+([A-Za-z_]\w*)")  # SQL here is written in capitals; prose "into cases" is not SQL
+# SQL here is written in capitals; prose ("into cases", "table measured_rates") is not SQL
+SQL_NAME = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE|VIEW)\s+([A-Za-z_]\w*)")
 
 
 def _layers_below_store() -> list[str]:
