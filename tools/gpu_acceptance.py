@@ -81,6 +81,7 @@ class Settings:
     iters: int
     small: bool
     only: tuple[str, ...] = ()  # --backend: these of the available ones (empty: every one)
+    sms: str = "default"  # the a2a run's SM counts
 
     @property
     def db(self) -> Path:
@@ -425,7 +426,7 @@ def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
         "--dtype",
         "bf16,fp8",
         "--sms",
-        "default",
+        s.sms,
         "--iters",
         str(s.iters),
         "--warmup",
@@ -693,6 +694,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         iters=a.iters,
         small=a.small or a.cpu,
         only=tuple(b for b in a.backend.split(",") if b),
+        sms=a.sms,
     )
 
 
