@@ -665,6 +665,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--wait-for", type=Path, default=None, metavar="FILE", help="wait for this build marker")
     p.add_argument("--wait-timeout", type=float, default=330.0, metavar="SECONDS")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per op (outcomes, not timings)")
+    p.add_argument("--sms", default="default", metavar="N|default[,…]", help="the a2a run's SM counts")
     p.add_argument(
         "--backend", default="", metavar="NAME[,NAME…]", help="only these of the available backends"
     )
