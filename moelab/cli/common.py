@@ -8,15 +8,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from moelab.core.display import format_time_us, safe_text
 from moelab.core.errors import MoelabError
+from moelab.core.terminal import terminal_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+console = terminal_console()
 
 DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the user's data directory)"
 PEAKS_OPTION_HELP = "TOML file of link peaks adding to or replacing the built-in table"
