@@ -11,14 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections import Counter
 from collections.abc import Callable
 
 from rich import box
-from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
+from moelab.cli.fit import keep_words_whole, unbroken
 from moelab.core.display import safe_text
 from moelab.reports import compare as cmp
 from moelab.reports.compare_layout import Layout, layout, records
@@ -88,28 +87,6 @@ def _narrow(view: Layout, letters: bool) -> Table:
         if table.rows:
             table.rows[-1].end_section = True  # a rule under each (case, op, SMs)
     return table
-
-
-def keep_words_whole(table: Table) -> Table:
-    """Each wrapping column at least as wide as its longest word: rich then wraps between words and,
-    where the table is too wide, narrows the columns that can wrap without folding a word in two."""
-    for col in table.columns:
-        if not col.no_wrap:
-            words = [w for cell in [col.header, *col.cells] for w in str(cell).split()]
-            col.min_width = max((cell_len(w) for w in words), default=1)
-    return table
-
-
-def unbroken(table: Table, console: Console) -> bool:
-    """Whether `table`, printed at the console's width, keeps every word of its headers and cells whole
-    (rich folds a word that no column width can hold, and only then)."""
-    words = Counter(
-        w for col in table.columns for cell in [col.header, *col.cells] for w in str(cell).split()
-    )
-    with console.capture() as capture:
-        console.print(table)
-    printed = Counter(capture.get().split())
-    return all(printed[w] >= n for w, n in words.items())
 
 
 def fitting_table(view: Layout, console: Console) -> tuple[Table, bool]:
