@@ -21,6 +21,7 @@ from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import (
     bounds,
     compare,
+    compare_layout,
     e2e_section,
     flags,
     hardware,
@@ -166,6 +167,10 @@ def _comparisons(
     )
     for by in ("backend", "gpu"):
         table = compare.build(results, env, runs, links, by=by, processes=processes)
+        # the reference: the group that measured the most of the matched cases, so ratios have a base
+        best = max(table.groups, key=lambda g: sum(g in row.cells for row in table.rows), default=None)
+        if best is not None and best != table.reference:
+            table = compare.build(results, env, runs, links, by=by, reference=best, processes=processes)
         if len(table.groups) > 1 and table.rows:
             out.append(table)
     return out
@@ -186,6 +191,7 @@ def _env() -> jinja2.Environment:
     env.filters["num"] = format_number
     env.filters["wrapid"] = _wrap_id
     env.globals["fmtnum"] = format_number
+    env.globals["layout"] = compare_layout.layout
     return env
 
 
