@@ -90,3 +90,34 @@ def test_one_backend_says_what_to_do_next(h200: Path) -> None:
     r = CliRunner().invoke(app, ["compare", "--db", str(h200), "--run", "20261122T070936Z-78d3a8"])
     assert r.exit_code == 2
     assert "only one backend (nccl-a2a)" in r.output and "moelab run --backend nccl-a2a,mxfp8-a2a" in r.output
+
+
+RUN = ["run", "--cpu", "--backend", "nccl-a2a", "--sms", "default,16", "--experts-per-rank", "8",
+       "--tokens-per-rank", "32", "--hidden", "128", "--iters", "2", "--warmup", "0", "--no-health"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [80, 120])
+def test_run_console_breaks_no_word(tmp_path: Path, width: int) -> None:
+    """A real CPU run (2 gloo ranks; one case gloo cannot run, so a reason is printed too): every line
+    within the width, and each case id, op, status and reason word printed whole."""
+    db = tmp_path / "m.duckdb"
+    r = CliRunner().invoke(
+        app, [*RUN, "--db", str(db), "--out", str(tmp_path / "runs")], env={"COLUMNS": str(width)}
+    )
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert _too_wide(out, width) == []
+    assert re.search(r"\S…", out) is None  # nothing cut short ("dispa…"); "ranks …" says work goes on
+    import duckdb
+
+    with duckdb.connect(str(db), read_only=True) as con:
+        cases = con.execute("SELECT backend, case_id, status, coalesce(reason, '') FROM cases").fetchall()
+        ops = [o for (o,) in con.execute("SELECT DISTINCT op FROM results").fetchall()]
+    words = {w for _, _, _, reason in cases for w in reason.split()}
+    names = {b for b, *_ in cases} | {c for _, c, _, _ in cases} | {s for *_, s, _ in cases} | set(ops)
+    assert len(cases) == 2 and "unsupported" in {s for *_, s, _ in cases}
+    for name in names | words | {"indistinguishable", "fastest"} - {""}:
+        if name in ("indistinguishable", "fastest") and name not in out.replace("\n", " "):
+            continue  # a word this run's summary does not use
+        assert _whole(name, out), name
