@@ -14,7 +14,7 @@ from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
 from moelab.model.published import check_row, load_rows
@@ -304,7 +304,7 @@ MODEL_WORKLOAD_FLAGS = _group_flags(
     ("topk", int, 8, "--topk", "Experts per token"),
     ("experts_per_rank", int | None, None, "--experts-per-rank", "Experts per rank (default 2)"),
     ("experts", int | None, None, "--experts", "Total experts, instead of --experts-per-rank"),
-    ("routing", str, "uniform", "--routing", "uniform, zipf, hot or grouped"),
+    ("routing", str, "uniform", "--routing", ", ".join(ROUTING_KINDS)),
     ("seed", int, 0, "--seed", "Routing seed"),
     ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
     ("hot_experts", int, 1, "--hot-experts", "hot: how many experts are hot"),

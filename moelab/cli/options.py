@@ -24,6 +24,7 @@ import typer
 from moelab.backends import nccl_tests
 from moelab.cli.common import DB_OPTION_HELP, parse_list
 from moelab.core.errors import SpecError
+from moelab.core.workload import ROUTING_KINDS
 
 BACKENDS_PANEL, WORKLOAD_PANEL, LAUNCH_PANEL = "Backends and knobs", "Workload", "Launch"
 TIMING_PANEL, STORE_PANEL, TRACING_PANEL, HEALTH_PANEL = "Timing", "Store", "Tracing", "Health"
@@ -290,7 +291,7 @@ WORKLOAD_FLAGS = _flags(
         "Experts per rank, comma-separated",
         "N[,N…]",
     ),
-    ("routing", str | None, None, (), "Routing kind(s): uniform, zipf, hot", "KIND[,KIND…]"),
+    ("routing", str | None, None, (), f"Routing kind(s): {', '.join(ROUTING_KINDS)}", "KIND[,KIND…]"),
     ("seed", str | None, None, (), "Routing seed(s)", "N[,N…]"),
     ("dtype", str | None, None, (), "Dispatch payload(s): bf16, fp8, mxfp8", "TYPE[,TYPE…]"),
 )

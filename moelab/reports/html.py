@@ -6,6 +6,7 @@ that allows no script at all, so a hostile hostname, label or version string is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,11 +80,25 @@ class ReportData:
     def absent(self) -> list[str]:
         """What these runs hold none of, said in one line instead of one empty section each."""
         missing = [
-            (not _swept(self.results, "sms"), "an SM sweep (--sms default,8,16,24)"),
+            (
+                not _swept(self.results, "sms") and not _sms_asked([*self.results, *self.not_measured]),
+                "an SM sweep (--sms default,8,16,24)",
+            ),
             (not _swept(self.results, "tokens_per_rank"), "a token sweep (--tokens-per-rank 1024,4096)"),
             (not self.traces, "traces (--trace torch or nsys)"),
         ]
         return [text for gone, text in missing if gone]
+
+
+def _sms_asked(cases: list[dict[str, Any]]) -> bool:
+    """Whether some backend of one run was asked for two or more SM counts, measured or not (on CPU the
+    counts other than the default are unsupported: a sweep was run, there is none to suggest)."""
+    seen: dict[tuple[Any, ...], set[str]] = {}
+    for c in cases:
+        m = re.search(r"-sm(def|\d+)$", str(c.get("case_id", "")))
+        if m:
+            seen.setdefault((c.get("run_id"), c.get("backend")), set()).add(m.group(1))
+    return any(len(v) > 1 for v in seen.values())
 
 
 def _swept(results: list[dict[str, Any]], axis: str) -> bool:

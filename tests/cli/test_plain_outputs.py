@@ -1,0 +1,46 @@
+"""Outputs that read right: `runs` says how many cases were not run (unsupported) apart from failed, the
+report suggests no SM sweep right after one whose SM counts were unsupported, `--routing`'s help names
+every routing kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from moelab.cli.main import app
+from moelab.core.workload import ROUTING_KINDS
+from moelab.reports.html import ReportData
+from tests.cli.test_fits_the_terminal import h200  # noqa: F401  (the 2×H200 export, imported)
+
+
+def test_runs_counts_not_run_apart_from_failed(h200: Path) -> None:  # noqa: F811
+    r = CliRunner().invoke(app, ["runs", "--db", str(h200)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "not run" in r.stdout and "failed" in r.stdout
+    # 20261122T070330Z-80e91c: 20 ok, 8 unsupported, 8 failed, 36 cases
+    line = next(x for x in r.stdout.splitlines() if "20261122T070330Z-80e91c" in x)
+    assert [c for c in line.split() if c != "│"][-4:] == ["20", "8", "8", "36"], line
+
+
+def _data(results: list[dict], not_measured: list[dict]) -> ReportData:
+    return ReportData(
+        runs=[], environment=[], results=results, not_measured=not_measured, jobs=[], definitions=[]
+    )
+
+
+def test_no_sm_sweep_suggested_after_one() -> None:
+    ok = {"run_id": "r", "backend": "nccl-a2a", "op": "dispatch", "sms": None, "tokens_per_rank": 32}
+    measured = [{**ok, "case_id": "h128-t32-k8-e8-uniform-s0-bf16-smdef"}]
+    unsupported = [
+        {"run_id": "r", "backend": "nccl-a2a", "case_id": f"h128-t32-k8-e8-uniform-s0-bf16-sm{n}"}
+        for n in (8, 16)
+    ]
+    assert not any("SM sweep" in a for a in _data(measured, unsupported).absent)
+    assert any("SM sweep" in a for a in _data(measured, []).absent)  # control: one SM count, suggested
+
+
+def test_routing_help_names_every_kind() -> None:
+    r = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    line = next(x for x in r.stdout.splitlines() if "--routing" in x)
+    assert all(kind in line for kind in ROUTING_KINDS), line
