@@ -67,6 +67,7 @@ def first_fitting(console: Console, builders: Sequence[Callable[[], RenderableTy
     return built
 
 
+HOIST_FROM = 12  # characters: a column this wide is worth a heading of its own
 ColumnSpec = tuple[str, bool]  # header, figure (right-aligned, never wrapped)
 
 
@@ -90,14 +91,21 @@ def hoisted(
         max((cell_len(r[i]) for r in rows), default=0) if not figure else -1
         for i, (_, figure) in enumerate(columns)
     ]
-    widest = max(range(len(columns)), key=lambda i: widths[i])
+    # first a long text column whose value repeats most (a case id, a workload), else the widest
+    runs = {i: sum(1 for _ in groupby(r[i] for r in rows)) for i in range(len(columns))}
+    long = [i for i, w in enumerate(widths) if w >= HOIST_FROM]
+    widest = (
+        min(long, key=lambda i: (runs[i], -widths[i]))
+        if long
+        else max(range(len(columns)), key=lambda i: widths[i])
+    )
     # then the names that repeat most (fewest distinct values: a backend, not an op), never a mark column
     names = [
         i
         for i, (h, _) in enumerate(columns)
         if i != widest and h and widths[i] > 4 and any(ch.isalpha() for r in rows for ch in r[i])
     ]
-    names.sort(key=lambda i: (len({r[i] for r in rows}), -widths[i]))
+    names.sort(key=lambda i: (runs[i], -widths[i]))
     keys = sorted([widest, *names[: count - 1]])
     rest = [c for i, c in enumerate(columns) if i not in keys]
     parts: list[RenderableType] = [Text(title)] if title else []
