@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
 from moelab.store.export import export_runs, import_export
@@ -78,7 +78,9 @@ def export(
         ..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"
     ),
     fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
-    run: list[str] = typer.Option([], "--run", help="Run ids or labels to export (default: all)"),
+    run: list[str] = typer.Option(
+        [], "--run", help="Run ids or labels to export, repeated or comma-separated (default: all)"
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Export runs (every table, filtered by run) to Parquet, CSV or JSON files.
@@ -89,7 +91,8 @@ def export(
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
-        ids = list(dict.fromkeys(resolve_run(con, r) for r in run))
+        names = [r for item in run for r in parse_list(item, name="run") or []]
+        ids = list(dict.fromkeys(resolve_run(con, r) for r in names))
         written = export_runs(con, out, fmt, ids or None)
     for p in written:
         console.print(str(p))

@@ -44,3 +44,20 @@ def test_routing_help_names_every_kind() -> None:
     r = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
     line = next(x for x in r.stdout.splitlines() if "--routing" in x)
     assert all(kind in line for kind in ROUTING_KINDS), line
+
+
+def test_run_lists_take_commas(h200: Path, tmp_path: Path) -> None:  # noqa: F811
+    """--run a,b, as every other list flag; compare, report and db export alike."""
+    two = "20261122T070145Z-3c8758,20261122T070330Z-80e91c"
+    r = CliRunner().invoke(
+        app, ["db", "export", "--db", str(h200), "--run", two, "--out", str(tmp_path / "e")]
+    )
+    assert r.exit_code == 0, r.output
+    import json
+
+    assert json.loads((tmp_path / "e" / "manifest.json").read_text())["runs"] == two.split(",")
+    r = CliRunner().invoke(
+        app, ["report", "--db", str(h200), "--run", two, "-o", str(tmp_path / "r.md"), "--format", "md"]
+    )
+    assert r.exit_code == 0, r.output
+    assert all(run in (tmp_path / "r.md").read_text() for run in two.split(","))
