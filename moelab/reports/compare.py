@@ -139,32 +139,6 @@ class CompareTable:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
 
-    def header(self) -> list[str]:
-        cols = ["case", "op", "SMs"]
-        for g in self.groups:
-            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
-            if g != self.reference:
-                cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
-        return cols
-
-    def table_rows(self) -> list[list[Any]]:
-        out = []
-        for row in self.rows:
-            line: list[Any] = [row.label, row.op, row.sms if row.sms is not None else "default"]
-            for g in self.groups:
-                c = row.cells.get(g)
-                line += [
-                    c.median_us if c else None,
-                    c.gbps if c else None,
-                    None if c is None or c.frac_peak is None else 100 * c.frac_peak,
-                    None if c is None or c.frac_bound is None else 100 * c.frac_bound,
-                ]
-                if g != self.reference:
-                    r = self.ranking(row, g)
-                    line += [self.ratio_text(row, g), r.verdict if r else None]
-            out.append(line)
-        return out
-
 
 def _env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """(run, backend) -> the lowest rank's fingerprint."""
