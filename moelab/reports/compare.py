@@ -230,8 +230,8 @@ def build(
             f"reference {reference!r} is not among the {by} values: {', '.join(groups) or 'none'}"
         )
     matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
-    if reference is None:  # a group with no matched case is no use as a reference, nor as a column
-        groups = [g for g in groups if any(g in row.cells for row in matched)] or groups
+    # a group with no matched case is no use as a column, nor as a default reference
+    groups = [g for g in groups if g == reference or any(g in row.cells for row in matched)] or groups
     ref = reference or (groups[0] if groups else "")
     groups = [ref] + [g for g in groups if g != ref] if groups else []
     matched.sort(key=lambda row: (row.label, row.op, row.sms is not None, row.sms or 0))

@@ -61,3 +61,20 @@ def test_run_lists_take_commas(h200: Path, tmp_path: Path) -> None:  # noqa: F81
     )
     assert r.exit_code == 0, r.output
     assert all(run in (tmp_path / "r.md").read_text() for run in two.split(","))
+
+
+def test_side_by_side_reference_has_figures(h200: Path) -> None:  # noqa: F811
+    """The report's side-by-side takes as reference the group that measured the most matched cases (it
+    took the first by name, deepep, which measured none of the 2×H200 run's matched cases: every ratio —)."""
+    import duckdb
+
+    from moelab.reports.html import load
+
+    with duckdb.connect(str(h200), read_only=True) as con:
+        ids = [r for (r,) in con.execute("SELECT run_id FROM runs").fetchall()]
+        data = load(con, ids, draw=False)
+    assert data.comparisons
+    for t in data.comparisons:
+        measured = {g: sum(g in row.cells for row in t.rows) for g in t.groups}
+        assert measured[t.reference] == max(measured.values()) > 0, (t.reference, measured)
+        assert all(n > 0 for n in measured.values())  # no group without a matched case
