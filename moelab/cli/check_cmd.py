@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -25,6 +26,20 @@ def _write(path: Path, text: str, append: bool = False) -> None:
             fh.write(text)
     except OSError as exc:
         raise MoelabError(f"cannot write {path}: {exc}") from exc
+
+
+def footnoted(rows: list[list[Any]], column: int) -> tuple[list[list[Any]], list[str]]:
+    """Each distinct note once, under the table, and its number in the rows: six rows with the same cause
+    read as one cause, not six."""
+    notes: dict[str, int] = {}
+    out = []
+    for row in rows:
+        note = str(row[column] or "")
+        marked = list(row)
+        if note:
+            marked[column] = f"[{notes.setdefault(note, len(notes) + 1)}]"
+        out.append(marked)
+    return out, list(notes)
 
 
 def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[GateResult, str, str]:
@@ -99,13 +114,15 @@ def check(
     result, described, cand_id = _judge(resolve_db_path(db), baseline, run, policy)
     if matched(result) == 0 and not result.failing and not result.refused:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
+    console.print(safe_text(outputs.headline(result)))  # the verdict first
     console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
     for line in outputs.rule_lines(result):
         console.print(safe_text(line))
-    table = outputs.rows(result, include_unchanged=show_all)
+    table, notes = footnoted(outputs.rows(result, include_unchanged=show_all), outputs.COLUMNS.index("note"))
     if table:
         print_table(outputs.COLUMNS, table)
-    console.print(safe_text(outputs.headline(result)))
+    for n, note in enumerate(notes, 1):
+        console.print(safe_text(f"[{n}] {note}"))
     _write_outputs(result, summary, junit)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -84,7 +84,10 @@ def runs(
             WITH newest AS (SELECT * FROM runs ORDER BY created_at DESC, run_id DESC LIMIT ?)
             SELECT r.run_id, strftime(r.created_at, '%Y-%m-%d %H:%M:%S') AS created, r.label, r.suite, r.status,
                    array_to_string(r.backends, ','), r.device, r.world,
-                   count(c.case_id) FILTER (WHERE c.status = 'ok') AS ok_cases, count(c.case_id) AS cases
+                   count(c.case_id) FILTER (WHERE c.status = 'ok') AS ok_cases,
+                   count(c.case_id) FILTER (WHERE c.status IN ('unsupported', 'skipped')) AS not_run,
+                   count(c.case_id) FILTER (WHERE c.status NOT IN ('ok', 'unsupported', 'skipped')) AS failed,
+                   count(c.case_id) AS cases
             FROM newest r LEFT JOIN cases c USING (run_id)
             GROUP BY ALL ORDER BY created DESC, r.run_id DESC
             """,
@@ -93,6 +96,20 @@ def runs(
         names = names_by_run(con)
     rows = [(r[0], r[1], ", ".join(names.get(r[0], [])) or None, *r[3:]) for r in rows]
     print_table(
-        ["run", "created (UTC)", "label", "suite", "status", "backends", "device", "ranks", "ok", "cases"],
+        # not run: unsupported here or skipped (an SM count gloo cannot set), which is no failure
+        [
+            "run",
+            "created (UTC)",
+            "label",
+            "suite",
+            "status",
+            "backends",
+            "device",
+            "ranks",
+            "ok",
+            "not run",
+            "failed",
+            "cases",
+        ],
         rows,
     )

@@ -24,6 +24,7 @@ import typer
 from moelab.backends import nccl_tests
 from moelab.cli.common import DB_OPTION_HELP, parse_list
 from moelab.core.errors import SpecError
+from moelab.core.workload import ROUTING_KINDS
 
 BACKENDS_PANEL, WORKLOAD_PANEL, LAUNCH_PANEL = "Backends and knobs", "Workload", "Launch"
 TIMING_PANEL, STORE_PANEL, TRACING_PANEL, HEALTH_PANEL = "Timing", "Store", "Tracing", "Health"
@@ -208,7 +209,7 @@ class WorkloadOptions(Options):
     tokens_per_rank: Any = _axis("Tokens per rank, comma-separated", "N[,N…]", int, "--tokens-per-rank")
     topk: Any = _axis("Experts per token, comma-separated", "N[,N…]", int)
     experts_per_rank: Any = _axis("Experts per rank, comma-separated", "N[,N…]", int, "--experts-per-rank")
-    routing: Any = _axis("Routing kind(s): uniform, zipf, hot", "KIND[,KIND…]", str)
+    routing: Any = _axis(f"Routing kind(s): {', '.join(ROUTING_KINDS)}", "KIND[,KIND…]", str)
     seed: Any = _axis("Routing seed(s)", "N[,N…]", int)
     dtype: Any = _axis("Dispatch payload(s): bf16, fp8, mxfp8", "TYPE[,TYPE…]", str)
     sms: Any = _axis(

@@ -139,32 +139,6 @@ class CompareTable:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
 
-    def header(self) -> list[str]:
-        cols = ["case", "op", "SMs"]
-        for g in self.groups:
-            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
-            if g != self.reference:
-                cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
-        return cols
-
-    def table_rows(self) -> list[list[Any]]:
-        out = []
-        for row in self.rows:
-            line: list[Any] = [row.label, row.op, row.sms if row.sms is not None else "default"]
-            for g in self.groups:
-                c = row.cells.get(g)
-                line += [
-                    c.median_us if c else None,
-                    c.gbps if c else None,
-                    None if c is None or c.frac_peak is None else 100 * c.frac_peak,
-                    None if c is None or c.frac_bound is None else 100 * c.frac_bound,
-                ]
-                if g != self.reference:
-                    r = self.ranking(row, g)
-                    line += [self.ratio_text(row, g), r.verdict if r else None]
-            out.append(line)
-        return out
-
 
 def _env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """(run, backend) -> the lowest rank's fingerprint."""
@@ -255,8 +229,10 @@ def build(
         raise MoelabError(
             f"reference {reference!r} is not among the {by} values: {', '.join(groups) or 'none'}"
         )
+    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
+    # a group with no matched case is no use as a column, nor as a default reference
+    groups = [g for g in groups if g == reference or any(g in row.cells for row in matched)] or groups
     ref = reference or (groups[0] if groups else "")
     groups = [ref] + [g for g in groups if g != ref] if groups else []
-    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
     matched.sort(key=lambda row: (row.label, row.op, row.sms is not None, row.sms or 0))
     return CompareTable(by=by, metric=metric, groups=groups, reference=ref, rows=matched)

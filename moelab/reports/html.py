@@ -6,6 +6,7 @@ that allows no script at all, so a hostile hostname, label or version string is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import (
     bounds,
     compare,
+    compare_layout,
     e2e_section,
     flags,
     hardware,
@@ -78,11 +80,25 @@ class ReportData:
     def absent(self) -> list[str]:
         """What these runs hold none of, said in one line instead of one empty section each."""
         missing = [
-            (not _swept(self.results, "sms"), "an SM sweep (--sms default,8,16,24)"),
+            (
+                not _swept(self.results, "sms") and not _sms_asked([*self.results, *self.not_measured]),
+                "an SM sweep (--sms default,8,16,24)",
+            ),
             (not _swept(self.results, "tokens_per_rank"), "a token sweep (--tokens-per-rank 1024,4096)"),
             (not self.traces, "traces (--trace torch or nsys)"),
         ]
         return [text for gone, text in missing if gone]
+
+
+def _sms_asked(cases: list[dict[str, Any]]) -> bool:
+    """Whether some backend of one run was asked for two or more SM counts, measured or not (on CPU the
+    counts other than the default are unsupported: a sweep was run, there is none to suggest)."""
+    seen: dict[tuple[Any, ...], set[str]] = {}
+    for c in cases:
+        m = re.search(r"-sm(def|\d+)$", str(c.get("case_id", "")))
+        if m:
+            seen.setdefault((c.get("run_id"), c.get("backend")), set()).add(m.group(1))
+    return any(len(v) > 1 for v in seen.values())
 
 
 def _swept(results: list[dict[str, Any]], axis: str) -> bool:
@@ -166,6 +182,10 @@ def _comparisons(
     )
     for by in ("backend", "gpu"):
         table = compare.build(results, env, runs, links, by=by, processes=processes)
+        # the reference: the group that measured the most of the matched cases, so ratios have a base
+        best = max(table.groups, key=lambda g: sum(g in row.cells for row in table.rows), default=None)
+        if best is not None and best != table.reference:
+            table = compare.build(results, env, runs, links, by=by, reference=best, processes=processes)
         if len(table.groups) > 1 and table.rows:
             out.append(table)
     return out
@@ -186,6 +206,7 @@ def _env() -> jinja2.Environment:
     env.filters["num"] = format_number
     env.filters["wrapid"] = _wrap_id
     env.globals["fmtnum"] = format_number
+    env.globals["layout"] = compare_layout.layout
     return env
 
 

@@ -122,7 +122,6 @@ def test_the_cli_shows_intervals_and_verdicts(
         "indistinguishable",
         "not ranked: ranks disagree",
         "faster",
-        "deepep / nccl-a2a",
         "deepep vs nccl-a2a",
         "95% percentile bootstrap interval over processes",
     ):
