@@ -36,7 +36,7 @@ def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[
         cand_id = candidate_run(con, run, exclude=base.run_id if base.where == "database" else None)
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
-        cand = load_side(con, cand_id)
+        cand = load_side(con, cand_id, leave_out=(base.run_id,))
     return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id
 
 
