@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 KERNEL_BOUND, HOST_SYNC = "kernel-bound", "host-sync"
 OP_CLASS = {
@@ -68,6 +67,8 @@ class Noise:
         return math.sqrt(math.exp(self.sigma**2) - 1.0)
 
     def quantile(self, p: float) -> float:
+        from scipy import stats  # here, not at import: `moelab check --help` and friends start without scipy
+
         return float(stats.norm.ppf(p) if self.df is None else stats.t.ppf(p, self.df))
 
     @property
@@ -154,6 +155,8 @@ def judge_shift(base_log: np.ndarray, cand_log: np.ndarray, noise: Noise, thresh
     """One op: the log per-process medians of each side, held to `noise`."""
     d = float(np.mean(cand_log) - np.mean(base_log))
     se = noise.sigma * math.sqrt(1.0 / base_log.size + 1.0 / cand_log.size)
+    from scipy import stats
+
     z = abs(d) / se
     p = float(stats.norm.sf(z) if noise.df is None else stats.t.sf(z, noise.df))
     status = str(classify(np.array([d]), se, noise, threshold)[0])
