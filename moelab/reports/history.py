@@ -20,8 +20,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from moelab.core import steps as step_detect
 from moelab.core.errors import MoelabError
-from moelab.reports import steps as step_detect
 from moelab.reports import svg_chart
 from moelab.store.db import open_db
 

@@ -216,7 +216,7 @@ def render(data: ReportData, fmt: str = "html") -> str:
 
 def render_history(history: Any, fmt: str = "html") -> str:
     """The history view (reports/history.py): steps table, series table, one chart per series."""
-    from moelab.reports import steps
+    from moelab.core import steps
 
     if fmt not in ("html", "md"):
         raise MoelabError(f"unknown report format {fmt!r}: choose html or md")
