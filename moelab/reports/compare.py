@@ -26,12 +26,14 @@ from moelab.core.errors import MoelabError
 from moelab.core.intervals import Interval
 from moelab.reports.analysis import fraction_of_peak
 from moelab.reports.hardware import JobLinks
+from moelab.reports.summary import LEGEND, marks
 
 ProcessMedians = dict[tuple[str, str, str, str], tuple[list[float], list[float]]]
 INTERVAL_NOTE = (
     "ratios: GB/s over the reference's, with a 99% interval over processes (t on log per-process medians) "
     "where both ran each job more than once (moelab run --repeat 3); X vs ref: in time, a winner only where "
-    "the interval excludes 1 and the slowest and the fastest rank agree, 'no interval' is never one"
+    "the interval excludes 1 and the slowest and the fastest rank agree, 'no interval' is never one; marks: "
+    + LEGEND
 )
 
 BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
@@ -58,6 +60,7 @@ class Cell:
     frac_bound: float | None = (
         None  # moelab model's bound time over the measured time (moelab.reports.bounds)
     )
+    marks: str = ""  # unstable, suspect, contended (reports.summary.marks)
     slowest: tuple[float, ...] = ()  # per start of the job: the median of the slowest rank's times
     fastest: tuple[float, ...] = ()  # ... and of the fastest rank's
 
@@ -140,13 +143,17 @@ class CompareTable:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
 
+    def marks_text(self, row: CompareRow) -> str:
+        """Each group's marks on this row (summary.LEGEND), e.g. `deepep ~; nccl-a2a !#`."""
+        return "; ".join(f"{g} {c.marks}" for g in self.groups if (c := row.cells.get(g)) and c.marks)
+
     def header(self) -> list[str]:
         cols = ["case", "op", "SMs"]
         for g in self.groups:
             cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
             if g != self.reference:
                 cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
-        return cols
+        return cols + ["marks"]
 
     def table_rows(self) -> list[list[Any]]:
         out = []
@@ -163,6 +170,7 @@ class CompareTable:
                 if g != self.reference:
                     r = self.ranking(row, g)
                     line += [self.ratio_text(row, g), r.verdict if r else None]
+            line.append(self.marks_text(row))
             out.append(line)
         return out
 
@@ -248,6 +256,7 @@ def build(
             frac_peak=frac,
             gpu_name=gpu,
             frac_bound=r.get("frac_bound"),
+            marks=marks(r),
             slowest=tuple(float(x) for x in slowest if x is not None),
             fastest=tuple(float(x) for x in fastest if x is not None),
         )

@@ -21,10 +21,11 @@ from moelab.reports.sections import ONE_RANK_NOTE, series_name, workload_text
 
 ProcessMedians = Mapping[tuple[str, str, str, str], tuple[list[float], list[float]]]
 
-UNSTABLE_MARK, SUSPECT_MARK = "~", "!"
+UNSTABLE_MARK, SUSPECT_MARK, CONTENDED_MARK = "~", "!", "#"
 LEGEND = (
     f"{UNSTABLE_MARK} unstable median (noise above target, more than one mode, ranks differ or moved between "
-    f"runs); {SUSPECT_MARK} suspect case (machine shared, health worsened or spread too wide)"
+    f"runs); {SUSPECT_MARK} suspect case (machine shared, health worsened or spread too wide); "
+    f"{CONTENDED_MARK} contended (measured while it ran: host load, other runs, health)"
 )
 VERDICT_ORDER = (
     "broken",
@@ -145,7 +146,12 @@ class SummaryRow:
 
 
 def marks(r: Mapping[str, Any]) -> str:
-    return (UNSTABLE_MARK if r.get("stability") else "") + (SUSPECT_MARK if r.get("suspect") else "")
+    """The marks of one result row, in every table that shows it (run, report, compare)."""
+    return (
+        (UNSTABLE_MARK if r.get("stability") else "")
+        + (SUSPECT_MARK if r.get("suspect") else "")
+        + (CONTENDED_MARK if r.get("contended") else "")
+    )
 
 
 def group_workload(r: Mapping[str, Any]) -> str:

@@ -112,3 +112,26 @@ def test_run_report_and_compare_agree(
         + console.count("hybrid-ep, deepep: indistinguishable")
         == 3
     )
+
+
+def test_compare_carries_the_marks(tmp_path: Path) -> None:
+    """Issue 38: compare's table carries unstable, suspect and contended like run's and the report's."""
+    from moelab.cli.common import console as rich_console
+
+    db = tmp_path / "m.duckdb"
+    busy = "host load 8.0 on 2 cores (7.0 beyond this run's 2 ranks)"
+    common = dict(backends=(SAME_A,), tokens=(256,), iters=20, noise=0.01)
+    build_db(db, tmp_path / "runs", [
+        RunModel(run_id="quiet", created_at="2026-11-20T07:00:00+00:00", **common),  # type: ignore[arg-type]
+        RunModel(run_id="busy", created_at="2026-11-21T07:00:00+00:00", contended=busy, seed=3, **common),  # type: ignore[arg-type]
+    ])  # fmt: skip
+    old = rich_console.width
+    rich_console.width = 1000
+    try:
+        r = CliRunner().invoke(
+            app, ["compare", "--db", str(db), "--by", "run", "--run", "quiet", "--run", "busy"]
+        )
+    finally:
+        rich_console.width = old
+    assert r.exit_code == 0, r.output
+    assert "busy !#" in r.output and "# contended (measured while it ran" in r.output
