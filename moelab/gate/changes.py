@@ -68,11 +68,10 @@ def _bad(points: Sequence[SeriesPoint]) -> list[str]:
 def find_changes(points: Sequence[SeriesPoint], min_effect: float = step_detect.MIN_EFFECT) -> HistoryChanges:
     """Steps of every series in `points` (oldest first within each series, as noise_history.series gives)."""
     out = HistoryChanges()
-    runs_on: dict[str, list[str]] = defaultdict(list)  # hardware -> its runs, oldest first
+    runs_on: dict[str, set[tuple[object, str]]] = defaultdict(set)  # hardware -> (created, run) of its runs
     for p in points:
-        if p.run_id not in runs_on[p.hardware]:
-            runs_on[p.hardware].append(p.run_id)
-    order = {hw: {r: i for i, r in enumerate(sorted(set(ids), key=ids.index))} for hw, ids in runs_on.items()}
+        runs_on[p.hardware].add((p.created_at, p.run_id))
+    order = {hw: {r: i for i, (_t, r) in enumerate(sorted(runs))} for hw, runs in runs_on.items()}
     by_series: dict[tuple[str, str, str], list[SeriesPoint]] = defaultdict(list)
     for p in points:
         by_series[(p.backend, p.case_id, p.op)].append(p)

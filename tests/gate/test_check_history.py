@@ -101,3 +101,20 @@ def _series(db: Path) -> list:  # type: ignore[type-arg]
         return series(con)
     finally:
         con.close()
+
+
+def test_gaps_are_named_in_one_line(tmp_path: Path) -> None:
+    db = _store(tmp_path / "gaps.duckdb")
+    con = duckdb.connect(str(db))
+    try:
+        con.execute(
+            "DELETE FROM results WHERE case_id = 'deepep-sm24' AND op = 'combine' AND run_id BETWEEN 'r000050' AND 'r000059'"
+        )
+    finally:
+        con.close()
+    code, out = _history(db)
+    assert code == 0, out
+    (gap,) = [ln for ln in out.splitlines() if "gaps" in ln]
+    assert (
+        "deepep deepep-sm24 combine: 10 runs on this hardware" in gap and "the 190 runs that have it" in gap
+    )
