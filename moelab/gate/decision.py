@@ -157,11 +157,12 @@ def judge_processes(
     noise = noise_model.estimate(op, [np.log(np.asarray(h)) for h in history], base_log, cand_log)
     shift = noise_model.judge_shift(base_log, cand_log, noise, policy.threshold)
     ci = ratio_interval(base, cand) if base.size > 1 and cand.size > 1 else None
-    note = ""
+    held_to = f"CV {100 * noise.cv:.2g}% between processes, {noise.source}"
+    note = f"noise: {held_to}"
     if shift.status == noise_model.UNDERPOWERED:
         note = (
-            f"cannot judge: {100 * shift.change:+.1f}% is within this op's noise (CV {100 * noise.cv:.2g}% "
-            f"between processes, {noise.source}); use --repeat {noise.repeats_needed(policy.threshold)}"
+            f"cannot judge: {100 * shift.change:+.1f}% is within this op's noise ({held_to}); "
+            f"use --repeat {noise.repeats_needed(policy.threshold)}"
         )
     return Verdict(
         case=case,
