@@ -64,6 +64,12 @@ def test_a_step_at_a_software_change_names_it(tmp_path: Path) -> None:
     )  # the driver changes at 100
     changes = find_changes(_series(db)).changes
     assert changes and all("driver 580.65.06 -> 590.10.01" in c.changed for c in changes)
+    # the report's history section names it too
+    out = tmp_path / "h.md"
+    r = CliRunner().invoke(app, ["report", "--history", "--format", "md", "--db", str(db), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    steps = out.read_text().split("**Detected steps**")[1].split("\n\n**")[0]
+    assert steps.count("driver 580.65.06 → 590.10.01") == 2  # nccl-a2a combine, both SM settings
 
 
 def test_mixed_hardware_is_split_and_nan_refused(tmp_path: Path) -> None:
