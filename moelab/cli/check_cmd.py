@@ -1,5 +1,6 @@
 """`moelab check`: the CI regression gate (exit 0 pass, 1 regression, 2 usage error, 3 cannot judge: invalid
-samples or a hardware/software difference, 4 contended: a run flagged suspect)."""
+samples, an op whose noise hides a threshold-sized change, or a hardware/software difference, 4 contended:
+a case found contended while it ran), and `--history`: where each case's median stepped over the store."""
 
 from __future__ import annotations
 
@@ -120,11 +121,14 @@ def check(
 ) -> None:
     """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
 
-    Exit 0 pass, 1 regression, 2 bad input, 3 cannot judge (samples NULL/NaN/zero/missing, or a
-    hardware/software difference), 4 contended (a case either run marks suspect). With repeats on both
-    runs (moelab run --repeat N) the test is on the per-process medians; without, on iterations.
+    Exit 0 pass, 1 regression, 2 bad input, 3 cannot judge (samples NULL/NaN/zero/missing, an op whose
+    noise hides a change of the threshold's size: "use --repeat N", or a hardware/software difference),
+    4 contended (host load, other runs or health measured while a case ran). Each op's per-process
+    medians are held to its noise, learned from earlier runs on the same hardware and software (else a
+    prior per op class).
 
-    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL)
+    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL);
+    moelab check --history
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")

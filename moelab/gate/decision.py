@@ -85,7 +85,7 @@ class Verdict:
     rule: str | None = None  # NOISE_RULE where an op was tested
     noise_cv: float | None = None  # the op's CV between processes the test used
     noise_source: str = ""  # learned from history, or the op class's prior
-    ratio_low: float | None = None  # bootstrap interval of cand/base over processes (processes rule)
+    ratio_low: float | None = None  # bootstrap interval of cand/base over processes (both runs with repeats)
     ratio_high: float | None = None
     note: str = ""
 
