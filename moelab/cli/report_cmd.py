@@ -184,7 +184,7 @@ def _baseline(path: Path, run: list[str], baseline: str) -> Baseline:
         )
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run and the baseline are the same run ({cand_id})")
-        cand = load_side(con, cand_id)
+        cand = load_side(con, cand_id, leave_out=(base.run_id,))  # as `moelab check` reads it
     result = decide(base, cand, Policy(), described)
     verdicts = {(cand_id, *key): status for key, status in verdicts_by_case(result, cand).items()}
     return Baseline(described=described, run_id=cand_id, verdicts=verdicts)

@@ -397,7 +397,7 @@ def print_run_summary(db_path: Path, run_id: str) -> tuple[int, RunView]:
 def print_answer(view: RunView) -> None:
     """The run's summary, last: per op, payload and workload the backends fastest first with the interval
     that separates them (or says they cannot be told apart), % of the measured peak and of the bound."""
-    from moelab.reports.summary import UNSTABLE_MARK
+    from moelab.reports.summary import CONTENDED_MARK, SUSPECT_MARK, UNSTABLE_MARK
 
     rows = []
     for s in view.summary_rows:
@@ -424,7 +424,7 @@ def print_answer(view: RunView) -> None:
         print_table(
             ["op", "payload", "workload", "answer", "fastest first", "% measured", "% bound", "flagged"],
             rows,
-            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, ! suspect",
+            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, {SUSPECT_MARK} suspect, {CONTENDED_MARK} contended",
         )
     for note in view.notes:
         console.print(note)

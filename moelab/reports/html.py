@@ -151,7 +151,9 @@ def load(
     data.e2e = e2e_section.build(e2e_section.e2e_rows(con), draw)
     several = len(run_ids) > 1
     data.flag_groups = flags.group_flags(results, data.bad_jobs, data.not_measured, data.health, several)
-    data.summary_rows = summary.build(results, data.knees, baseline.verdicts if baseline else None)
+    data.summary_rows = summary.build(
+        results, data.knees, baseline.verdicts if baseline else None, query.process_medians(con)
+    )
     data.baseline = baseline.described if baseline else None
     data.notes = summary.notes(data.summary_rows) + [
         n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))
@@ -237,7 +239,7 @@ def render(data: ReportData, fmt: str = "html") -> str:
 
 def render_history(history: Any, fmt: str = "html") -> str:
     """The history view (reports/history.py): steps table, series table, one chart per series."""
-    from moelab.reports import steps
+    from moelab.core import steps
 
     if fmt not in ("html", "md"):
         raise MoelabError(f"unknown report format {fmt!r}: choose html or md")
