@@ -14,13 +14,15 @@ from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
 from moelab.model.published import TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
+from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK
 
+DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
 
@@ -231,8 +233,10 @@ class TopologyOptions(opt.Options):
             measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
             measured_source=f"measured link capacity of run {facts.run_id}" if facts else "",
         )
-        if facts and facts.measured_intra_gbps is None:
-            console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")
+        if facts and facts.measured_intra_gbps is None:  # a note, on stderr: --json's stdout stays JSON
+            print(
+                f"run {facts.run_id} stored no measured peaks: link figures from the table", file=sys.stderr
+            )
         return resolve(req, load_peaks(self.peaks))
 
 
@@ -268,6 +272,14 @@ class ModelWorkloadOptions(opt.Options):
             if experts < 1 or experts % world:
                 raise SpecError(f"--experts {experts} does not divide over {world} ranks")
             epr = experts // world
+        if epr is None and DEFAULT_EXPERTS_PER_RANK * world < self.topk:
+            # moelab run's rule for the same case (a 2-rank run, --from-run): the nearest variant
+            epr = max(NEAREST_EXPERTS_PER_RANK, -(-self.topk // world))
+            print(
+                f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {self.topk}: using the "
+                f"nearest variant, {epr} experts/rank, as moelab run does; set --experts-per-rank to choose",
+                file=sys.stderr,
+            )
         routing = RoutingSpec(
             kind=self.routing,
             seed=self.seed,
@@ -281,7 +293,7 @@ class ModelWorkloadOptions(opt.Options):
             hidden=self.hidden,
             tokens_per_rank=self.tokens_per_rank,
             topk=self.topk,
-            experts_per_rank=epr or 2,
+            experts_per_rank=epr or DEFAULT_EXPERTS_PER_RANK,
             routing=routing,
             dtype=self.dtype,
         )
@@ -340,7 +352,7 @@ MODEL_WORKLOAD_FLAGS = _group_flags(
     ("topk", int, 8, "--topk", "Experts per token"),
     ("experts_per_rank", int | None, None, "--experts-per-rank", "Experts per rank (default 2)"),
     ("experts", int | None, None, "--experts", "Total experts, instead of --experts-per-rank"),
-    ("routing", str, "uniform", "--routing", "uniform, zipf, hot or grouped"),
+    ("routing", str, "uniform", "--routing", ", ".join(ROUTING_KINDS)),
     ("seed", int, 0, "--seed", "Routing seed"),
     ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
     ("hot_experts", int, 1, "--hot-experts", "hot: how many experts are hot"),
