@@ -5,7 +5,10 @@ the backend's knobs (moelab.core.e2e_spec: as asked, then resolved for the case)
 check are in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
 
 Settings: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
-experts, moelab.measure.e2e.overlap) or "chunked" (the same pipeline over `chunks` token chunks, default 4);
+experts, moelab.measure.e2e.overlap), "chunked" (the same pipeline over `chunks` token chunks, default 4)
+or "expert" (expert-chunked: `chunks` groups of experts, moelab.measure.e2e.schedules); `comm` where the
+overlapped schedules' communication runs: "shared" (default), "partition", "zero-sm" or "hook" (a schedule
+the backend cannot run is unsupported, with the reason, before any kernel runs);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
 forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
 (time the layer alone: `moelab tune`'s early rounds).
@@ -15,7 +18,8 @@ whole batch):
 - layer: dispatch → expert compute → combine in the case's mode (forward, no autograd);
 - layer_serial (tbo, chunked): the serial layer, the baseline the overlap must beat;
 - compute_only: the expert compute alone on already-dispatched rows (grouping, GEMMs, weighting);
-- compute_only_split (tbo, chunked): the same, micro-batch by micro-batch as the overlapped layer does it;
+- compute_only_split (overlapped modes): the same, micro-batch by micro-batch (expert group by group) as
+  the overlapped layer does it;
 - gemm: the grouped GEMMs and activation alone, on already-grouped rows;
 - gemm_mb: the GEMMs of the first micro-batch alone (half the tokens), on the compute stream;
 - gemm_mb_under_comm: the same GEMMs, timed on the compute stream while the whole batch's dispatch and
@@ -36,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.capabilities import ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
 from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.errors import SpecError
@@ -49,8 +54,9 @@ from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
-from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
 from moelab.measure.e2e.roofline import run_rates
+from moelab.measure.e2e.schedules import schedule_reason, sms_taken_from_gemms
 from moelab.measure.timing import Clock
 
 
@@ -76,8 +82,18 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     if isinstance(prepared, str):
         return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
-    inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
-    e2e_record = settings.to_record(gemm) | {"permute": inputs.permute, "schedule": inputs.schedule()}
+    zero_sm = (
+        backend.zero_sm_setting() if isinstance(backend, ZeroSmComm) and settings.comm == "zero-sm" else None
+    )
+    inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx, case.sms)
+    e2e_record = settings.to_record(gemm) | {
+        "permute": inputs.permute,
+        "schedule_detail": inputs.schedule(),
+        "gemm_sms": inputs.gemm_sms_note(),
+        "sms_taken_from_gemms": sms_taken_from_gemms(settings, case.sms),
+    }
+    if zero_sm is not None:
+        e2e_record["zero_sm"] = zero_sm
     backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
@@ -121,7 +137,7 @@ def prepare_case(
     reason = carveout_reason(settings.carveout, ctx.device)
     if reason:
         return reason
-    reason = backend.unsupported_reason(cfg)
+    reason = schedule_reason(backend, settings, ctx.comm_backend) or backend.unsupported_reason(cfg)
     if reason:
         return reason
     backend.prepare(cfg)
@@ -139,10 +155,12 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         full = layer.dispatch(x, idx, w)
         expert_out = layer.experts(full)
         g = full.grouped
-        split = [
-            layer.dispatch(x[a:b], idx[a:b], w[a:b])
-            for a, b in chunk_bounds(wl.tokens_per_rank, settings.chunks)
-        ]
+        parts = (
+            expert_parts(x, idx, w, wl.experts_per_rank, settings.chunks)
+            if settings.mode == "expert"
+            else token_parts(x, idx, w, settings.chunks)
+        )
+        split = [layer.dispatch(p.x, p.topk_idx, p.topk_weights) for p in parts]
         ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
 
@@ -299,6 +317,7 @@ def build_record(
         rows_per_rank=[r.recv_rows for r in rows],
         rates=rates,
         no_rates_reason=no_rates,
+        sms_taken=sms_taken_from_gemms(settings, case.sms),
     )
     return CaseRecord(
         case=case,

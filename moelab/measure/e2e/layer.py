@@ -33,13 +33,14 @@ layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.la
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from moelab.backends.base import Backend, Dispatched
-from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason
+from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason, RecvHook
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 from moelab.measure.e2e.activation import swiglu
@@ -281,6 +282,32 @@ class _DispatchFn(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
+class _HookedDispatchFn(torch.autograd.Function):
+    """recv_x = the receive hook of a dispatch of x already sent; backward as _DispatchFn's."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, hook: Callable[[], Dispatched], backend: Backend, out: list[Dispatched]
+    ) -> torch.Tensor:  # type: ignore[override]
+        d = hook()
+        out.append(d)
+        ctx.backend, ctx.handle = backend, d.handle
+        return received_payload(d)
+
+    @staticmethod
+    def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_x = ctx.backend.combine(grad_recv.to(torch.bfloat16).contiguous(), ctx.handle)
+        return grad_x, None, None, None
+
+
+@dataclass(slots=True)
+class Sent:
+    """A dispatch whose send is launched and whose receive is a hook (RecvHook)."""
+
+    x: torch.Tensor
+    hook: Callable[[], Dispatched]
+
+
 class _CombineFn(torch.autograd.Function):
     """out = combine(expert_out); backward: the output gradient dispatched along the same handle."""
 
@@ -332,10 +359,29 @@ class MoELayer:
         else:
             d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
             recv_x = received_payload(d)
+        return self._grouped(recv_x, d)
+
+    def _grouped(self, recv_x: torch.Tensor, d: Dispatched) -> Received:
         grouped = group_by_expert(
             recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute
         )
         return Received(grouped=grouped, handle=d.handle)
+
+    def send(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Sent:
+        """The first half of a hooked dispatch (the backend has RecvHook): the send, launched now."""
+        assert isinstance(self.backend, RecvHook)
+        return Sent(x=x, hook=self.backend.dispatch_hooked(x, topk_idx, topk_weights))
+
+    def receive(self, sent: Sent) -> Received:
+        """The second half: the receive hook, then the grouping, as dispatch does."""
+        if torch.is_grad_enabled() and sent.x.requires_grad:
+            got: list[Dispatched] = []
+            recv_x = _HookedDispatchFn.apply(sent.x, sent.hook, self.backend, got)
+            d = got[0]
+        else:
+            d = sent.hook()
+            recv_x = received_payload(d)
+        return self._grouped(recv_x, d)
 
     def experts(self, received: Received) -> torch.Tensor:
         """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""

@@ -33,6 +33,7 @@ class MetricInputs:
     rows_per_rank: Sequence[int] = ()
     rates: DeviceRates | None = None
     half_spread: Mapping[str, float] = field(default_factory=dict)  # op -> (p90 - p10) / 2, µs
+    sms_taken: int | None = None  # SMs the schedule takes from the GEMMs (schedules.sms_taken_from_gemms)
 
     @property
     def layer(self) -> float:
@@ -252,6 +253,14 @@ LAYER_CHECK = (
 )
 OVERLAP = (
     MetricDef(
+        name="sms_taken_from_gemms",
+        unit="SMs",
+        value=lambda m: m.sms_taken,
+        definition="SMs the {schedule} schedule takes from the expert GEMMs while communication runs "
+        "beside them: the carve-out or partition; 0 where the communication holds none; none where not fixed "
+        "(shared SMs at the library's default)",
+    ),
+    MetricDef(
         name="speedup_vs_serial",
         unit="ratio",
         value=_ratio_of("layer_serial", "layer"),
@@ -355,6 +364,7 @@ def e2e_metrics(
     rows_per_rank: Sequence[int] = (),
     rates: DeviceRates | None = None,
     no_rates_reason: str = "no measured GPU rates",
+    sms_taken: int | None = None,
 ) -> list[dict[str, Any]]:
     """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration);
     the roofline's from `rates` and each rank's received rows, or None with `no_rates_reason`."""
@@ -371,10 +381,13 @@ def e2e_metrics(
         rows_per_rank=rows_per_rank,
         rates=usable,
         half_spread=half_spread,
+        sms_taken=sms_taken,
     )
     out = []
     for d in metric_defs(settings):
-        definition = d.definition.format(mode=settings.mode, chunks=settings.chunks)
+        definition = d.definition.format(
+            mode=settings.mode, chunks=settings.chunks, schedule=settings.schedule
+        )
         if d.needs_rates and usable is None:
             out.append(metric(d.name, None, d.unit, f"{definition}; not formed: {no_rates_reason}"))
         else:

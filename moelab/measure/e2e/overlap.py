@@ -37,10 +37,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from moelab.measure.e2e.layer import MoELayer, Received
+from moelab.measure.e2e.layer import MoELayer, Received, Sent
+from moelab.measure.e2e.schedules import expert_group_routing
 
 TBO_MICRO_BATCHES = 2
 
@@ -52,13 +55,46 @@ def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
-class Streams:
-    """A communication and a compute stream on CUDA; no-ops elsewhere."""
+def green_contexts_available() -> bool:
+    """torch exposes CUDA green contexts (SM partitions with a stream each) in this build."""
+    try:
+        from torch.cuda import green_contexts
+    except ImportError:
+        return False
+    return bool(getattr(green_contexts, "SUPPORTED", False))
 
-    def __init__(self, device: torch.device) -> None:
+
+class Streams:
+    """A communication and a compute stream on CUDA; no-ops elsewhere.
+
+    With `comm_sms` (the `partition` schedule) and green contexts in torch, each stream belongs to its own
+    green context: the communication's holds `comm_sms` SMs, the compute's the rest, so the GEMMs' SM count
+    is fixed whatever the communication kernels ask for (`gemm_sms`). Without green contexts the partition
+    is the backend's SM control plus the GEMM carve-out, and `gemm_sms` stays None here."""
+
+    def __init__(self, device: torch.device, comm_sms: int | None = None) -> None:
         self.cuda = device.type == "cuda"
-        self.comm = torch.cuda.Stream(device) if self.cuda else None
-        self.compute = torch.cuda.Stream(device) if self.cuda else None
+        self.gemm_sms: int | None = None
+        self.comm: torch.cuda.Stream | None = None
+        self.compute: torch.cuda.Stream | None = None
+        self._contexts: tuple[Any, ...] = ()  # the green contexts, kept alive while their streams are
+        if self.cuda and comm_sms and green_contexts_available():
+            from torch.cuda.green_contexts import GreenContext
+
+            total = torch.cuda.get_device_properties(device).multi_processor_count
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            comm_ctx: Any = GreenContext.create(num_sms=comm_sms, device_id=index)
+            compute_ctx: Any = GreenContext.create(num_sms=total - comm_sms, device_id=index)
+            self._contexts = (comm_ctx, compute_ctx)
+            self.comm, self.compute = comm_ctx.Stream(), compute_ctx.Stream()
+            self.gemm_sms = total - comm_sms
+        elif self.cuda:
+            self.comm = torch.cuda.Stream(device)
+            self.compute = torch.cuda.Stream(device)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.gemm_sms is not None
 
     @contextlib.contextmanager
     def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
@@ -99,6 +135,39 @@ class Streams:
             current.wait_stream(self.compute)
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One stage of a pipelined layer: the rows it dispatches and their (possibly masked) routing."""
+
+    x: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+def token_parts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, n: int) -> list[Part]:
+    """`n` token micro-batches (tbo, chunked): their outputs concatenate to the layer's."""
+    return [Part(x[a:b], topk_idx[a:b], topk_weights[a:b]) for a, b in chunk_bounds(x.shape[0], n)]
+
+
+def expert_parts(
+    x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, experts_per_rank: int, n: int
+) -> list[Part]:
+    """`n` expert groups (mode expert): every token, routed to one group of experts each; their outputs
+    sum to the layer's."""
+    return [Part(x, i, w) for i, w in expert_group_routing(topk_idx, topk_weights, experts_per_rank, n)]
+
+
+def join(outs: list[torch.Tensor], summed: bool) -> torch.Tensor:
+    if len(outs) == 1:
+        return outs[0]
+    if not summed:
+        return torch.cat(outs)
+    total = outs[0]
+    for o in outs[1:]:
+        total = total + o  # not in place: each is a combine's output that autograd may hold
+    return total
+
+
 def forward_pipelined(
     layer: MoELayer,
     x: torch.Tensor,
@@ -108,19 +177,36 @@ def forward_pipelined(
     streams: Streams,
 ) -> torch.Tensor:
     """The layer over `micro_batches` token ranges, communication of one overlapping compute of another."""
-    bounds = chunk_bounds(x.shape[0], micro_batches)
-    n = len(bounds)
+    return join(run_pipeline(layer, token_parts(x, topk_idx, topk_weights, micro_batches), streams), False)
+
+
+def forward_expert_pipelined(
+    layer: MoELayer,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    groups: int,
+    streams: Streams,
+) -> torch.Tensor:
+    """The layer over `groups` expert groups: group g+1's dispatch and g-1's combine under g's GEMMs."""
+    parts = expert_parts(x, topk_idx, topk_weights, layer.experts_per_rank, groups)
+    return join(run_pipeline(layer, parts, streams), True)
+
+
+def run_pipeline(layer: MoELayer, parts: list[Part], streams: Streams) -> list[torch.Tensor]:
+    """Each part's combined output, in order, communication on the comm stream beside the compute."""
+    n = len(parts)
     received: list[Received | None] = [None] * n
     dispatched: list[torch.cuda.Event | None] = [None] * n
     outs: list[torch.Tensor] = []
     streams.begin()
     with streams.on(streams.comm):  # every host sync of the layouts before the first payload
-        layouts = [layer.layout(topk_idx[a:b], topk_weights[a:b]) for a, b in bounds]
+        layouts = [layer.layout(p.topk_idx, p.topk_weights) for p in parts]
 
     def dispatch(i: int) -> None:
-        a, b = bounds[i]
+        p = parts[i]
         with streams.on(streams.comm):
-            received[i] = layer.dispatch(x[a:b], topk_idx[a:b], topk_weights[a:b], layout=layouts[i])
+            received[i] = layer.dispatch(p.x, p.topk_idx, p.topk_weights, layout=layouts[i])
             dispatched[i] = streams.record(streams.comm)
 
     dispatch(0)
@@ -144,7 +230,33 @@ def forward_pipelined(
     current = torch.cuda.current_stream() if streams.cuda else None
     for o in outs:
         streams.hand_over(o, current)
-    return torch.cat(outs) if n > 1 else outs[0]
+    return outs
+
+
+def forward_hooked(
+    layer: MoELayer,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    micro_batches: int,
+    streams: Streams,
+) -> torch.Tensor:
+    """Token micro-batches on one stream with the receive deferred (`comm = hook`): the send of i+1 is
+    launched before i's expert GEMMs and its receive hook called after them, so between the two no
+    dispatch kernel holds an SM (DeepEP's low-latency overlap, its tests' `return_recv_hook=True`)."""
+    parts = token_parts(x, topk_idx, topk_weights, micro_batches)
+    hooks: list[Sent | None] = [None] * len(parts)
+    outs: list[torch.Tensor] = []
+    hooks[0] = layer.send(parts[0].x, parts[0].topk_idx, parts[0].topk_weights)
+    for i in range(len(parts)):
+        hook = hooks[i]
+        assert hook is not None
+        r = layer.receive(hook)
+        if i + 1 < len(parts):
+            p = parts[i + 1]
+            hooks[i + 1] = layer.send(p.x, p.topk_idx, p.topk_weights)
+        outs.append(layer.combine(layer.experts(r), r))
+    return join(outs, False)
 
 
 def compute_chunked(layer: MoELayer, received: list[Received]) -> list[torch.Tensor]:
