@@ -118,6 +118,17 @@ class E2ESpec:
         if self.comm is not None:
             _one_of("comm", self.comm, COMMS)
 
+    def combination_reason(self, sms: int | None) -> str | None:
+        """Why these knobs, each valid, make no schedule together at `sms` (the product of a suite's axes:
+        serial beside a `comm`, a partition at the library's default SMs): the suite loader skips such a
+        case with this reason rather than refusing the suite."""
+        comm = self.comm or "shared"
+        if comm != "shared" and (self.mode or "serial") not in OVERLAPPED:
+            return f"e2e comm = {comm} needs an overlapped mode: serial runs nothing beside its communication"
+        if comm == "partition" and sms is None:
+            return "e2e comm = partition needs sms = N (the communication's share); the case has the default"
+        return None
+
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> E2ESpec:
         """The e2e knobs among `knobs` (the others are the backend's)."""

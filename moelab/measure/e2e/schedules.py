@@ -62,7 +62,7 @@ def sms_taken_from_gemms(settings: E2ESettings, comm_sms: int | None) -> int | N
         return comm_sms
     if settings.comm in ("zero-sm", "hook"):
         return settings.carveout
-    return settings.carveout if settings.carveout or comm_sms is None else None
+    return settings.carveout or None  # shared: the carve-out fixes it; without one, whatever comm occupies
 
 
 def expert_group_bounds(experts_per_rank: int, groups: int) -> list[tuple[int, int]]:
