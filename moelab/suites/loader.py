@@ -15,7 +15,6 @@ case with its `backend` and the values that differ from the base (a workload fie
 
 from __future__ import annotations
 
-
 import itertools
 import math
 import sys
