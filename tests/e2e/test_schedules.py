@@ -202,3 +202,15 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     assert by[(expert, "speedup_vs_serial")] > 0 and by[(expert, "speedup_vs_serial_fwd_bwd")] > 0
     assert by[(expert, "grad_x_rel_err")] < 0.05 and by[(expert, "grad_w_rel_err")] < 0.05
     assert (expert, "sms_taken_from_gemms") in by
+    # the report's layer section names each backend's best overlapped schedule with its speedup and interval
+    md = tmp_path / "report.md"
+    shown = CliRunner().invoke(app, ["report", "--run", "sched", "--format", "md", "-o", str(md)])
+    assert shown.exit_code == 0, shown.output
+    text = md.read_text()
+    assert "Best overlapped schedule per backend" in text
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("Best overlapped schedule per backend"))
+    line = lines[at + 4]  # the sentence, a blank line, the header, its rule, then nccl-a2a's row
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[1] in ("tbo", "expert/4") and cells[5].startswith("[") and cells[7].startswith("[")
+    assert cells[9] == "2"  # tbo and expert/4 were compared
