@@ -4,13 +4,15 @@ An e2e case (CaseSpec.kind "e2e", from a suite's `bench = "e2e"`) carries its la
 the backend's knobs (moelab.core.e2e_spec: as asked, then resolved for the case); the layer's inputs and
 check are in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
 
-Settings: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
+Settings (`gemm` "auto" on a GPU picks the fastest expert-GEMM implementation on the case's rows,
+moelab.measure.e2e.gemm_choice, stored with the kernels that ran): `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
 experts, moelab.measure.e2e.overlap), "chunked" (the same pipeline over `chunks` token chunks, default 4)
 or "expert" (expert-chunked: `chunks` groups of experts, moelab.measure.e2e.schedules); `comm` where the
 overlapped schedules' communication runs: "shared" (default), "partition", "zero-sm" or "hook" (a schedule
 the backend cannot run is unsupported, with the reason, before any kernel runs);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
-forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
+forward+backward); `gemm` "auto" (default), "grouped", "padded" (one batched matmul over the experts
+padded to the largest group) or "loop"; `profile` "full" (default) or "layer"
 (time the layer alone: `moelab tune`'s early rounds).
 
 Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split` and `gemm_mb*` on the
@@ -32,6 +34,7 @@ whole batch):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +55,7 @@ from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
+from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
@@ -86,12 +90,17 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
         backend.zero_sm_setting() if isinstance(backend, ZeroSmComm) and settings.comm == "zero-sm" else None
     )
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx, case.sms)
-    e2e_record = settings.to_record(gemm) | {
-        "permute": inputs.permute,
-        "schedule_detail": inputs.schedule(),
-        "gemm_sms": inputs.gemm_sms_note(),
-        "sms_taken_from_gemms": sms_taken_from_gemms(settings, case.sms),
-    }
+    inputs, gemm_record = settle_gemm(inputs, ctx)
+    e2e_record = (
+        settings.to_record(inputs.gemm)
+        | gemm_record
+        | {
+            "permute": inputs.permute,
+            "schedule_detail": inputs.schedule(),
+            "gemm_sms": inputs.gemm_sms_note(),
+            "sms_taken_from_gemms": sms_taken_from_gemms(settings, case.sms),
+        }
+    )
     if zero_sm is not None:
         e2e_record["zero_sm"] = zero_sm
     backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
@@ -113,6 +122,24 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     samples, pairs = gather_samples(ctx, local, calls.pairs)
     measured = Measured(samples=samples, pairs=pairs, check=check, traces=traces)
     return build_record(cc, case, cfg, settings, inputs, measured, backend_record)
+
+
+def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, dict[str, Any]]:
+    """The expert-GEMM implementation the case runs (auto on a GPU with the grouped kernel: the fastest of
+    the candidates on the case's rows, moelab.measure.e2e.gemm_choice) and, on CUDA, the kernels it
+    launched, for the record. One untimed dispatch of the whole batch, on every rank."""
+    if not inputs.x.is_cuda:
+        return inputs, {}
+    with torch.no_grad():
+        grouped = inputs.layer.dispatch(inputs.x, inputs.topk_idx, inputs.topk_weights).grouped
+    record: dict[str, Any] = {}
+    if inputs.settings.gemm == "auto" and inputs.gemm == "grouped":
+        choice = choose_gemm(inputs.layer, grouped, ctx.group, ctx.world)
+        inputs.layer.gemm = choice.impl
+        inputs = dataclasses.replace(inputs, gemm=choice.impl)
+        record["gemm_trials_us"] = {k: round(v, 2) for k, v in choice.trials_us.items()}
+    record["gemm_kernels"] = gemm_kernels(lambda: inputs.layer.ffn(grouped))
+    return inputs, record
 
 
 def check_result(check: Mapping[str, Any]) -> CheckResult:
