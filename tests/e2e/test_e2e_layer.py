@@ -473,6 +473,7 @@ COMM_METRICS = ["comm_us", "exposed_comm_us", "exposed_comm_share", "overlap_eff
 SPLIT = [
     "sms_taken_from_gemms",
     "speedup_vs_serial",
+    "serial_exposed_comm_share",
     "split_overhead_us",
     "split_overhead_share",
     "schedule_overhead_us",

@@ -267,6 +267,13 @@ OVERLAP = (
         definition="serial layer time / {mode} layer time (> 1: the overlap pays off)",
     ),
     MetricDef(
+        name="serial_exposed_comm_share",
+        unit="ratio",
+        value=lambda m: _share(m.med["layer_serial"] - m.med["compute_only"], m.med["layer_serial"]),
+        definition="(serial layer - compute_only time) / serial layer, timed in this case: the share of the "
+        "serial layer an overlap could hide (issue 37: where >= 10%, the best schedule should gain half of it)",
+    ),
+    MetricDef(
         name="split_overhead_us",
         unit="us",
         value=lambda m: m.med["compute_only_split"] - m.med["compute_only"],
