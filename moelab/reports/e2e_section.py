@@ -33,6 +33,7 @@ METRICS = (
     "speedup_vs_serial_fwd_bwd",
     "sms_taken_from_gemms",
     "exposed_comm_share",
+    "serial_exposed_comm_share",
 )
 SPEEDUPS = {"fwd": ("layer_serial", "layer"), "fwd_bwd": ("layer_fwd_bwd_serial", "layer_fwd_bwd")}
 
@@ -209,7 +210,11 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_ci": _ci_text(top.get("speedup_ci")),
                 "speedup_fwd_bwd": top.get("speedup_vs_serial_fwd_bwd"),
                 "speedup_fwd_bwd_ci": _ci_text(top.get("speedup_fwd_bwd_ci")),
-                "serial_exposed_share": serial[0].get("exposed_comm_share") if serial else None,
+                "serial_exposed_share": (
+                    top.get("serial_exposed_comm_share")
+                    if top.get("serial_exposed_comm_share") is not None
+                    else (serial[0].get("exposed_comm_share") if serial else None)
+                ),
                 "schedules_tried": len(rows),
             }
         )
