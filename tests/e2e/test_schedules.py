@@ -214,3 +214,22 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     cells = [c.strip() for c in line.split("|")[1:-1]]
     assert cells[1] in ("tbo", "expert/4") and cells[5].startswith("[") and cells[7].startswith("[")
     assert cells[9] == "2"  # tbo and expert/4 were compared
+
+
+@pytest.mark.slow  # real gloo ranks, several rounds
+def test_moelab_tune_searches_the_schedules_asked(tmp_path: Path) -> None:
+    """`moelab tune --schedules serial,expert`: every trial is one of those schedules, and the expert
+    trials ran (ok) rather than being refused."""
+    db = tmp_path / "t.duckdb"
+    result = CliRunner().invoke(
+        app,
+        ["tune", "--cpu", "--backend", "nccl-a2a", "--hidden", "64", "--intermediate", "16",
+         "--tokens-per-rank", "32", "--topk", "2", "--experts-per-rank", "4", "--iters", "3",
+         "--schedules", "serial,expert", "--db", str(db), "--out", str(tmp_path / "runs")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        trials = con.execute("SELECT case_id, status FROM cases").fetchall()
+    modes = {("mode=expert" in c, s) for c, s in trials}
+    assert (True, "ok") in modes and (False, "ok") in modes
+    assert not any("mode=tbo" in c for c, _ in trials)
