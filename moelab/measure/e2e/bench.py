@@ -60,7 +60,7 @@ from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backwar
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
 from moelab.measure.e2e.roofline import run_rates
-from moelab.measure.e2e.schedules import schedule_reason, sms_taken_from_gemms
+from moelab.measure.e2e.schedules import schedule_reason
 from moelab.measure.timing import Clock
 
 
@@ -98,7 +98,7 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
             "permute": inputs.permute,
             "schedule_detail": inputs.schedule(),
             "gemm_sms": inputs.gemm_sms_note(),
-            "sms_taken_from_gemms": sms_taken_from_gemms(settings, case.sms),
+            "sms_taken_from_gemms": inputs.sms_taken(case.sms),
         }
     )
     if zero_sm is not None:
@@ -344,7 +344,7 @@ def build_record(
         rows_per_rank=[r.recv_rows for r in rows],
         rates=rates,
         no_rates_reason=no_rates,
-        sms_taken=sms_taken_from_gemms(settings, case.sms),
+        sms_taken=inputs.sms_taken(case.sms),
     )
     return CaseRecord(
         case=case,

@@ -20,6 +20,7 @@ from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, loca
 from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.permute import resolve_permute
 from moelab.measure.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
+from moelab.measure.e2e.schedules import sms_taken_from_gemms
 from moelab.measure.reference import relative_error
 
 ERRORS = ("layer_err", "grad_x_err", "grad_w_err")
@@ -64,6 +65,14 @@ class LayerInputs:
             return contextlib.nullcontext()
         return gemm_carveout(self.settings.carveout, self.x.device)
 
+    def sms_taken(self, comm_sms: int | None) -> int | None:
+        """The SMs the schedule takes from the GEMMs: the green partition's as made, else as the settings
+        fix them (moelab.measure.e2e.schedules.sms_taken_from_gemms)."""
+        if self.streams.partitioned and self.streams.gemm_sms is not None:
+            total = torch.cuda.get_device_properties(self.x.device).multi_processor_count
+            return total - self.streams.gemm_sms
+        return sms_taken_from_gemms(self.settings, comm_sms)
+
     def gemm_sms_note(self) -> str:
         """How the GEMMs' SMs are bounded while communication runs beside them (for the record)."""
         s = self.settings
@@ -72,7 +81,8 @@ class LayerInputs:
         if self.streams.partitioned:
             return f"{self.streams.gemm_sms} (CUDA green context; the communication's holds the rest)"
         if s.carveout:
-            return f"all but {s.carveout} (torch GEMM SM carve-out)"
+            why = f"; {self.streams.partition_note}" if self.streams.partition_note else ""
+            return f"all but {s.carveout} (torch GEMM SM carve-out{why})"
         if s.comm in ("zero-sm", "hook"):
             return "all (the communication holds no SM while they run)"
         return "all, shared with whatever the communication kernels occupy"

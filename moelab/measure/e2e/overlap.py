@@ -55,6 +55,9 @@ def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
+GREEN_SM_STEP = 8  # SMs per green-context partition step on SM90 (cuDevSmResourceSplitByCount's granularity)
+
+
 def green_contexts_available() -> bool:
     """torch exposes CUDA green contexts (SM partitions with a stream each) in this build."""
     try:
@@ -78,19 +81,38 @@ class Streams:
         self.comm: torch.cuda.Stream | None = None
         self.compute: torch.cuda.Stream | None = None
         self._contexts: tuple[Any, ...] = ()  # the green contexts, kept alive while their streams are
-        if self.cuda and comm_sms and green_contexts_available():
-            from torch.cuda.green_contexts import GreenContext
-
-            total = torch.cuda.get_device_properties(device).multi_processor_count
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            comm_ctx: Any = GreenContext.create(num_sms=comm_sms, device_id=index)
-            compute_ctx: Any = GreenContext.create(num_sms=total - comm_sms, device_id=index)
-            self._contexts = (comm_ctx, compute_ctx)
-            self.comm, self.compute = comm_ctx.Stream(), compute_ctx.Stream()
-            self.gemm_sms = total - comm_sms
-        elif self.cuda:
+        self.partition_note = ""  # why the partition is not on green contexts, where asked and not
+        if self.cuda and comm_sms:
+            self._green(device, comm_sms)
+        if self.cuda and self.comm is None:
             self.comm = torch.cuda.Stream(device)
             self.compute = torch.cuda.Stream(device)
+
+    def _green(self, device: torch.device, comm_sms: int) -> None:
+        """The two streams on green contexts of `comm_sms` SMs and the rest, each a multiple of the SM
+        granularity a partition takes on Hopper (8); the note says why not where torch or the driver
+        cannot (the partition is then the backend's SM control and the GEMM carve-out)."""
+        if not green_contexts_available():
+            self.partition_note = f"torch {torch.__version__} has no CUDA green contexts"
+            return
+        from torch.cuda.green_contexts import GreenContext
+
+        total = torch.cuda.get_device_properties(device).multi_processor_count
+        comm = -(-comm_sms // GREEN_SM_STEP) * GREEN_SM_STEP
+        gemm = (total - comm) // GREEN_SM_STEP * GREEN_SM_STEP
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            comm_ctx: Any = GreenContext.create(num_sms=comm, device_id=index)
+            compute_ctx: Any = GreenContext.create(num_sms=gemm, device_id=index)
+            streams = comm_ctx.Stream(), compute_ctx.Stream()
+        except Exception as exc:  # the driver refuses the split: say so, fall back to the carve-out
+            self.partition_note = (
+                f"green contexts of {comm} + {gemm} SMs refused: {str(exc).splitlines()[0][:200]}"
+            )
+            return
+        self._contexts = (comm_ctx, compute_ctx)
+        self.comm, self.compute = streams
+        self.gemm_sms = gemm
 
     @property
     def partitioned(self) -> bool:
