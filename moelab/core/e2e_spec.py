@@ -20,8 +20,10 @@ from moelab.core.workload import Workload
 BENCH_KNOB = "bench"  # the suite axis that makes a case an e2e case
 BENCH_E2E = "e2e"
 E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout", "comm")
-MODES = ("serial", "tbo", "chunked", "expert")
-OVERLAPPED = ("tbo", "chunked", "expert")
+MODES = ("serial", "tbo", "chunked", "expert", "auto")
+# auto: each rank times serial and the overlapped candidates (moelab.measure.e2e.auto_schedule) on the
+# case's own rows before the check and runs the fastest, so the layer is never slower than serial
+OVERLAPPED = ("tbo", "chunked", "expert", "auto")
 # Where the overlapped schedules' communication runs (moelab.measure.e2e.schedules says what each needs):
 # shared: beside the GEMMs on whatever SMs its kernels take; partition: on a fixed SM partition (the
 # backend's SM count, the GEMMs held to the rest); zero-sm: on no SM (NCCL's zero-CTA copy-engine path);
@@ -61,13 +63,20 @@ class E2ESettings:
     profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
     carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.measure.e2e.carveout)
     comm: str = "shared"  # where the communication runs (COMMS)
+    asked_mode: str = ""  # "auto" once auto_schedule chose `mode` for it
 
     @property
     def schedule(self) -> str:
         """The schedule's name as reports show it: the mode, its chunks where it has a choice, and where the
-        communication runs when not shared (`tbo`, `chunked/4`, `expert/4+partition`)."""
+        communication runs when not shared (`tbo`, `chunked/4`, `expert/4+partition`, `auto:tbo`)."""
         name = f"{self.mode}/{self.chunks}" if self.mode in ("chunked", "expert") else self.mode
-        return name if self.comm == "shared" else f"{name}+{self.comm}"
+        name = name if self.comm == "shared" or self.mode == "serial" else f"{name}+{self.comm}"
+        return f"auto:{name}" if self.asked_mode == "auto" else name
+
+    @property
+    def compares_serial(self) -> bool:
+        """The case times the serial layer beside its own (an overlapped mode, or auto whatever it chose)."""
+        return self.mode in OVERLAPPED or self.asked_mode == "auto"
 
     def to_record(self, gemm: str) -> dict[str, Any]:
         """The settings as the backend record's `e2e` entry, with the GEMM implementation `auto` chose."""
@@ -81,7 +90,7 @@ class E2ESettings:
             "carveout": self.carveout,
             "comm": self.comm,
             "schedule": self.schedule,
-        }
+        } | ({"asked_mode": self.asked_mode} if self.asked_mode else {})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,7 +152,9 @@ class E2ESpec:
         default) holds that many SMs back from the GEMMs of an overlapped layer (none at the library's
         default SMs)."""
         mode = self.mode or "serial"
-        default_chunks = {"chunked": DEFAULT_CHUNKS, "expert": DEFAULT_CHUNKS, "tbo": 2}.get(mode, 1)
+        default_chunks = {"chunked": DEFAULT_CHUNKS, "expert": DEFAULT_CHUNKS, "tbo": 2}.get(
+            mode, 1
+        )  # auto: 1
         chunks = self.chunks if self.chunks is not None else default_chunks
         if mode not in ("chunked", "expert") and chunks != default_chunks:
             raise SpecError(

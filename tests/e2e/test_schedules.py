@@ -3,6 +3,7 @@ any kernel runs, with the reason), the expert groups, and a real `moelab run` of
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ dtype = "bf16"
 
 [backend.nccl-a2a.axes]
 bench = ["e2e"]
-mode = ["serial", "tbo", "expert"]
+mode = ["serial", "tbo", "expert", "auto"]
 comm = ["shared", "hook", "zero-sm"]
 backward = [true]
 intermediate = [16]
@@ -169,7 +170,7 @@ def test_list_cases_marks_schedules_the_backend_cannot_run(tmp_path: Path) -> No
     result = CliRunner().invoke(app, ["run", "--cpu", "--list-cases", "--suite", _suite(tmp_path)])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "9 cases (3 to run, 6 not)" in out
+    assert "12 cases (4 to run, 8 not)" in out
     assert "capability RecvHook); nccl-a2a has none" in out
     assert "needs NCCL's zero-CTA policy; gloo has none" in out
 
@@ -184,6 +185,9 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     assert result.exit_code == 0, result.output
     with duckdb.connect(str(db_path), read_only=True) as con:
         rows = con.execute("SELECT case_id, status, reason FROM cases WHERE run_id = 'sched'").fetchall()
+        records = dict(
+            con.execute("SELECT case_id, backend_record FROM cases WHERE run_id = 'sched'").fetchall()
+        )
         metrics = con.execute(
             "SELECT case_id, name, value FROM case_metrics WHERE run_id = 'sched' AND name IN "
             "('speedup_vs_serial', 'speedup_vs_serial_fwd_bwd', 'grad_x_rel_err', 'grad_w_rel_err', "
@@ -191,9 +195,9 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
         ).fetchall()
     status = {c: (s, r) for c, s, r in rows}
     ok = {c for c, (s, _) in status.items() if s == "ok"}
-    assert len(ok) == 3 and any("mode=expert" in c for c in ok), status  # serial, tbo, expert (shared)
+    assert len(ok) == 4 and any("mode=expert" in c for c in ok), status  # serial, tbo, expert, auto (shared)
     refused = {c: r for c, (s, r) in status.items() if s == "unsupported"}
-    assert len(refused) == 4 and all(("comm=hook" in c or "comm=zero-sm" in c) for c in refused), status
+    assert len(refused) == 6 and all(("comm=hook" in c or "comm=zero-sm" in c) for c in refused), status
     assert all(("RecvHook" in r) or ("zero-CTA" in r) for r in refused.values())
     skipped = {c: r for c, (s, r) in status.items() if s == "skipped"}  # serial x comm: no schedule
     assert len(skipped) == 2 and all("needs an overlapped mode" in r for r in skipped.values()), status
@@ -202,6 +206,12 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     assert by[(expert, "speedup_vs_serial")] > 0 and by[(expert, "speedup_vs_serial_fwd_bwd")] > 0
     assert by[(expert, "grad_x_rel_err")] < 0.05 and by[(expert, "grad_w_rel_err")] < 0.05
     assert (expert, "sms_taken_from_gemms") in by
+    # auto timed serial, tbo and the expert groups on the case's rows and ran the best; serial compared too
+    auto = next(c for c in ok if "mode=auto" in c)
+    e2e = json.loads(records[auto])["e2e"]
+    assert e2e["asked_mode"] == "auto" and e2e["schedule"].startswith("auto:")
+    assert set(e2e["auto_trials_us"]) == {"auto:serial", "auto:tbo", "auto:expert/2", "auto:expert/4"}
+    assert by[(auto, "speedup_vs_serial")] > 0 and by[(auto, "grad_x_rel_err")] < 0.05
     # the report's layer section names each backend's best overlapped schedule with its speedup and interval
     md = tmp_path / "report.md"
     shown = CliRunner().invoke(app, ["report", "--run", "sched", "--format", "md", "-o", str(md)])
@@ -212,8 +222,9 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     at = next(i for i, x in enumerate(lines) if x.startswith("Best overlapped schedule per backend"))
     line = lines[at + 4]  # the sentence, a blank line, the header, its rule, then nccl-a2a's row
     cells = [c.strip() for c in line.split("|")[1:-1]]
-    assert cells[1] in ("tbo", "expert/4") and cells[5].startswith("[") and cells[7].startswith("[")
-    assert cells[9] == "2"  # tbo and expert/4 were compared
+    assert cells[1] in ("tbo", "expert/4") or cells[1].startswith("auto:")
+    assert cells[5].startswith("[") and cells[7].startswith("[")
+    assert cells[9] == "3"  # tbo, expert/4 and auto were compared
 
 
 @pytest.mark.slow  # real gloo ranks, several rounds

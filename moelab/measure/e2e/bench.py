@@ -45,13 +45,14 @@ import torch.distributed as dist
 from moelab.backends.base import Backend, BackendContext, CaseConfig
 from moelab.backends.capabilities import ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
-from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
+from moelab.core.e2e_spec import E2ESettings
 from moelab.core.errors import SpecError
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
 from moelab.core.spec import CaseSpec, TimingSpec
 from moelab.core.workload import Workload
 from moelab.measure.case_context import CaseContext
+from moelab.measure.e2e.auto_schedule import choose_schedule
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
@@ -91,6 +92,10 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     )
     inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx, case.sms)
     inputs, gemm_record = settle_gemm(inputs, ctx)
+    if settings.mode == "auto":  # the schedule, chosen on the case's rows (moelab.measure.e2e.auto_schedule)
+        inputs, auto_record = choose_schedule(inputs, backend, ctx, case.workload)
+        gemm_record |= auto_record
+        settings = inputs.settings
     e2e_record = (
         settings.to_record(inputs.gemm)
         | gemm_record
@@ -209,7 +214,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         "dispatch": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, full.handle),
     }
-    if settings.mode in OVERLAPPED:
+    if settings.compares_serial:
         forward["layer_serial"] = lambda: inputs.serial_forward(x)
         forward["compute_only_split"] = lambda: compute_chunked(layer, split)
     if settings.profile == "layer":
@@ -236,7 +241,7 @@ def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Cal
             fwd(x.detach().requires_grad_(True)).backward(gout)
 
     calls: dict[str, Callable[[], object]] = {"layer_fwd_bwd": lambda: fwd_bwd(inputs.forward, True)}
-    if settings.mode in OVERLAPPED and settings.profile == "full":
+    if settings.compares_serial and settings.profile == "full":
         calls["layer_fwd_bwd_serial"] = lambda: fwd_bwd(inputs.serial_forward, False)
     return calls
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
+from moelab.core.e2e_spec import E2ESettings
 from moelab.core.stats import summarize
 from moelab.core.workload import Workload
 from moelab.measure.e2e.roofline import DeviceRates, LayerWork, busiest
@@ -347,7 +347,7 @@ OVERLAP_BACKWARD = (
 
 def metric_defs(settings: E2ESettings) -> tuple[MetricDef, ...]:
     """The metrics a case with these settings gets, in the order they are stored."""
-    overlapped = settings.mode in OVERLAPPED
+    overlapped = settings.compares_serial
     if settings.profile == "layer":  # the other ops were not timed
         return LAYER + LAYER_CHECK + (BACKWARD if settings.backward else ())
     out = LAYER + COMM + LAYER_CHECK + (OVERLAP if overlapped else ())
