@@ -112,6 +112,33 @@ def test_zero_sm_on_this_torch_says_why_not_or_runs() -> None:
         assert got is not None and "built without NCCL" in got
 
 
+def test_auto_candidates_are_what_the_backend_can_run() -> None:
+    from moelab.measure.e2e.auto_schedule import candidates
+
+    def names(cls: type, comm: str = "shared") -> list[str]:
+        return [c.schedule for c in candidates(_resolve(16, mode="auto", comm=comm), cls, "nccl", 6)]  # type: ignore[arg-type]
+
+    assert names(NcclA2ABackend) == ["auto:serial", "auto:tbo", "auto:expert/2", "auto:expert/4"]
+    assert names(HybridEPBackend) == ["auto:serial", "auto:tbo"]  # no masked routing: no expert groups
+    assert names(DeepEPLowLatencyBackend, "hook") == ["auto:serial", "auto:tbo+hook"]
+    assert all(c.carveout == 0 for c in candidates(_resolve(16, mode="auto"), NcclA2ABackend, "nccl", 6)[:1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("times", "chosen"),
+    [
+        ([(100.0, 300.0), (90.0, 310.0), (95.0, 290.0)], 2),  # tbo wins forward but loses fwd+bwd: expert
+        ([(100.0, 300.0), (101.0, 320.0), (120.0, 299.0)], 0),  # nothing pays both ways: serial
+        ([(100.0, None), (80.0, None)], 1),  # forward only
+        ([(100.0, 300.0), (100.0, 300.0)], 0),  # a tie keeps serial
+    ],
+)
+def test_auto_picks_the_best_worse_speedup(times: list[tuple[float, float | None]], chosen: int) -> None:
+    from moelab.measure.e2e.auto_schedule import pick
+
+    assert pick(times) == chosen
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     tokens=st.integers(1, 12),

@@ -71,6 +71,21 @@ def _time_us(fn: Callable[[], object], cuda: bool) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def pick(times_us: list[tuple[float, float | None]]) -> int:
+    """The candidate (index; 0 is serial) whose worse speedup over serial, forward or forward+backward, is
+    the best; ties go to the earlier (serial first)."""
+    serial_f, serial_b = times_us[0]
+
+    def worse_speedup(i: int) -> float:
+        f, b = times_us[i]
+        ups = [serial_f / f]
+        if b is not None and serial_b is not None:
+            ups.append(serial_b / b)
+        return min(ups)
+
+    return max(range(len(times_us)), key=worse_speedup)
+
+
 def choose_schedule(
     inputs: LayerInputs, backend: Backend, ctx: BackendContext, wl: Workload
 ) -> tuple[LayerInputs, dict[str, Any]]:
@@ -104,16 +119,7 @@ def choose_schedule(
         (max(g[i][0] for g in gathered), None if mine[i][1] is None else max(g[i][1] for g in gathered))
         for i in range(len(cands))
     ]
-    serial_f, serial_b = slowest[0]
-
-    def worse_speedup(i: int) -> float:
-        f, b = slowest[i]
-        ups = [serial_f / f]
-        if b is not None and serial_b is not None:
-            ups.append(serial_b / b)
-        return min(ups)
-
-    best = max(range(len(cands)), key=worse_speedup)
+    best = pick(slowest)
     trials = {
         c.schedule: {"fwd": round(f, 1)} | ({"fwd_bwd": round(b, 1)} if b is not None else {})
         for c, (f, b) in zip(cands, slowest, strict=True)
