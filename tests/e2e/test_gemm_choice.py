@@ -3,6 +3,12 @@ included), and the record of which implementation and kernels ran."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -65,3 +71,26 @@ def test_gemm_knob_takes_padded_and_refuses_the_unknown() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
 def test_no_gpu_kernels_off_cuda() -> None:
     assert gemm_kernels(lambda: None) == []
+
+
+@pytest.mark.slow
+def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> None:
+    """benchmarks/grouped_gemm_gpu.py --tiny: every variant timed or said unavailable, each bf16 variant
+    agreeing with the loop, rows written to --json."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gg.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/grouped_gemm_gpu.py", "--tiny", "--json", str(out)],
+        cwd=root,
+        env=os.environ | {"PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    variants = {r["variant"] for r in rows}
+    assert variants == {"loop", "grouped", "padded", "fp8-grouped"}
+    assert all("WRONG" not in r["note"] for r in rows)
+    assert all(r["us"] is not None for r in rows if r["variant"] in ("loop", "padded"))
+    assert "kernel / note" in done.stdout
