@@ -1,6 +1,9 @@
-"""Overlap of communication and expert compute: two micro-batches (TBO) or N token chunks.
+"""Overlap of communication and expert compute: two micro-batches (TBO), N token chunks, N expert groups
+(mode expert: `expert_parts`, every token routed to one group of experts at a time, the outputs summed),
+or token micro-batches on one stream with the receive deferred to a hook (`forward_hooked`, comm = hook).
 
-The rank's tokens are split into micro-batches (contiguous token ranges). Dispatch and combine run on a
+The rank's tokens are split into micro-batches (contiguous token ranges; or, for expert groups, parts
+that each carry every token with a masked routing). Dispatch and combine run on a
 communication stream, the expert compute on a compute stream, ordered by events:
 
     comm:     L0 L1 | D0 D1 C0 D2 C1 ... D(n-1) C(n-2) C(n-1)
