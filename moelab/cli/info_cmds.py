@@ -2,26 +2,67 @@
 
 from __future__ import annotations
 
+import json
+
 import typer
 
+from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import names_by_run
 
+CHECK = opt.Flag(
+    "check",
+    str | None,
+    None,
+    ("--check",),
+    "Check backend NAME against the plugin contract (moelab.plugin) before any run: one line per problem, "
+    "exit 1 when there is one",
+    metavar="NAME",
+)
+JSON_OUT = opt.Flag(
+    "as_json", bool, False, ("--json",), "Print the list as JSON (name, available, reason, from)"
+)
+
 
 @user_errors
-def backends() -> None:
-    """List every backend (built-in and plugins) and whether it can run here, or why not.
+@opt.command(CHECK, opt.BackendOptions.flag("backend_path"), JSON_OUT, panels=False)
+def backends(backends: opt.BackendOptions, check: str | None, as_json: bool) -> None:
+    """List every backend (built-in and plugins) and whether it can run here (with a library built outside
+    the environment: --backend-path), or why not.
 
-    Example: moelab backends
+    Example: moelab backends --check my-ep; moelab backends --backend-path deepep=ext/deepep-v1 --json
     """
     from moelab.backends import registry  # imports the backend base class, and so torch
 
+    if check is not None:
+        _check(check)
+        return
+    paths = backends.paths()
     rows = []
     for name, entry in registry.entries().items():
-        reason = registry.availability(name)
+        reason = registry.availability(name, paths.get(name))
         rows.append((name, "available" if reason is None else "unavailable", reason or "", entry.origin))
+    if as_json:
+        keys = ("name", "available", "reason", "from")
+        typer.echo(
+            json.dumps(
+                [dict(zip(keys, (n, s == "available", r or None, o), strict=True)) for n, s, r, o in rows]
+            )
+        )
+        return
     print_table(["backend", "status", "reason", "from"], rows)
+
+
+def _check(name: str) -> None:
+    from moelab.backends import contract
+
+    found = contract.check(name)
+    for problem in found:
+        print(f"{name}: {problem}")
+    if found:
+        raise typer.Exit(1)
+    print(f"{name}: holds the plugin contract")
 
 
 @user_errors

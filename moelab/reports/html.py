@@ -16,7 +16,6 @@ import markupsafe
 
 from moelab.core.display import format_number, format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError
-from moelab.health.drift import not_judged
 from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import (
     bounds,
@@ -31,6 +30,7 @@ from moelab.reports import (
 )
 from moelab.store.db import open_db
 from moelab.store.labels import resolve_run
+from moelab.store.run_history import not_judged
 
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 

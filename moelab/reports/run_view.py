@@ -9,9 +9,9 @@ from typing import Any
 
 import duckdb
 
-from moelab.health.drift import not_judged
 from moelab.model.links import PeakTable
 from moelab.reports import bounds, flags, hardware, query, sections, summary
+from moelab.store.run_history import not_judged
 
 
 @dataclass(kw_only=True, slots=True)
