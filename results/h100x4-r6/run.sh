@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD
 M="python3 -m moelab.cli.main"
 R=/tmp/r6; mkdir -p "$R"
 DB="--db $R/moelab.duckdb --out $R/runs"
-LIBS="--backend-path deepep=.ext/deepep-v1"
+LIBS="--backend-path deepep=${DEEPEP:-.ext/deepep-v1}"  # DEEPEP: a DeepEP v1.2.1 build elsewhere
 S=results/h100x4-r6/schedules.toml
 nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 python3 -c "import torch, torch.distributed as d, torch.cuda.green_contexts as g; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'green contexts', g.SUPPORTED, 'cta_policy', hasattr(d.ProcessGroupNCCL.Options().config, 'cta_policy'))" >> "$R/gpu.txt" 2>&1
