@@ -110,10 +110,10 @@ def compare(
 def _next_step(by: str, groups: list[str]) -> str:
     """What to do about it: measure a second backend, or name the runs to set side by side."""
     if by == "backend":
-        other = "mxfp8-a2a" if groups and groups[0].startswith("nccl-a2a") else "nccl-a2a"
+        this = groups[0].split()[0] if groups else "NAME"
         return (
-            f"measure a second backend (moelab run --backend {groups[0].split()[0] if groups else 'nccl-a2a'},{other}) "
-            "or name runs of other backends (--run ID,ID)"
+            f"measure a second backend (moelab run --backend {this},OTHER; `moelab backends` lists what runs "
+            "here) or name runs of other backends (--run ID,ID)"
         )
     return f"name runs that differ in {by} (--run ID,ID), or compare --by backend"
 
