@@ -14,6 +14,7 @@ from moelab.reports import bounds, compare_select, hardware, query
 from moelab.reports import compare as cmp
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import resolve_run
+from moelab.store.starts import missing_starts, partial_notes
 
 
 def _some(ids: list[str], shown: int = 5) -> str:
@@ -75,6 +76,8 @@ def compare(
         table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
     )
     console.print(cmp.INTERVAL_NOTE)
+    for note in table.notes:
+        console.print(note, markup=False, highlight=False)
     if len(rows) > max_rows:
         console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
     if paged is not None and paged.note:
@@ -126,6 +129,7 @@ def _build_table(
             reference=reference,
             processes=query.process_medians(con),
         )
+        table.notes = partial_notes(missing_starts(con, ids))
     return table, paged, ids
 
 
