@@ -277,10 +277,12 @@ def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
         + [(f"op:{o.name}", o.text) for o in OPS.values()]
         + list(FORMAT_DEFINITIONS.items())
     )
+    # only the texts that changed: a store already up to date is opened without a write (DuckDB 1.x
+    # writes its WAL for an INSERT OR REPLACE of identical rows, so a full disk failed every open)
     con.execute(
         "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
         + ", ".join(["(?, ?)"] * len(texts))
-        + ")",
+        + ") EXCEPT SELECT name, text FROM definitions",
         [v for pair in texts for v in pair],
     )
     return current_version(con)
