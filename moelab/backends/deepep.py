@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends import deepep_common as common
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement, SourceBuild
 from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
@@ -266,6 +266,7 @@ class DeepEPTuning(TuneSpace):
 class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
     name = "deepep"
     dispatch_family = "hierarchical"
+    source_build: ClassVar[SourceBuild | None] = common.SOURCE_BUILD
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"

@@ -69,6 +69,7 @@ def slot_sources(
 class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
     name = "deepep-ll"
     dispatch_family = "low_latency"
+    source_build = common.SOURCE_BUILD
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = None

@@ -145,6 +145,7 @@ def local_topk(
 class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, LibraryFigures):
     name = "hybrid-ep"
     dispatch_family = "hierarchical"
+    source_build = common.SOURCE_BUILD
     description = (
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
     )

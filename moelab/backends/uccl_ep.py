@@ -79,6 +79,7 @@ class UcclEPBackend(DeepEPBackend):
     description = "UCCL-EP (uccl.ep) through its DeepEP-compatible deep_ep wrapper, normal kernels"
     library_test = None  # DeepEP's tests run DeepEP itself, not the wrapper
     tuning = None  # not among the backends `moelab tune` searches by default
+    source_build = None  # the wrapper is Python; uccl itself is installed, not given as a tree
 
     @classmethod
     def availability(cls) -> str | None:
