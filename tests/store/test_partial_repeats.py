@@ -5,15 +5,14 @@ runner leaves them after SIGTERM (the real stop on gloo ranks: tests/launch/test
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from moelab.cli.main import app
 from moelab.job.rundir import JobFiles, RunDir
-from tests.hostile.world import REPO, rows_of
+from tests.hostile.world import Outcome, rows_of
 from tests.synthetic_runs import BackendModel, RunModel, write_run
 
 TWO = (BackendModel(name="nccl-a2a"), BackendModel(name="mxfp8-a2a", alpha_us=30.0))
@@ -21,17 +20,10 @@ STARTS = 3
 TOKENS = (256, 512)
 
 
-def moelab(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("MOELAB_DB", None)
-    return subprocess.run(
-        [sys.executable, "-m", "moelab.cli.main", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+def moelab(*argv: str) -> Outcome:
+    """The command as typed (in this process: each subprocess would import torch again)."""
+    result = CliRunner().invoke(app, list(argv))
+    return Outcome(result.exit_code, result.stdout, result.stderr)
 
 
 def stop_in_last_start(run_dir: Path, backend: str, kept_cases: int, began: bool = True) -> None:
@@ -66,8 +58,8 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     stop_in_last_start(run_dir, "mxfp8-a2a", kept_cases=0, began=False)  # the start that never began
     RunDir(run_dir).set_status("interrupted", signal="SIGTERM")
     db = root / "m.duckdb"
-    stored = moelab("ingest", str(run_dir), "--db", str(db), cwd=root)
-    assert stored.returncode == 0, stored.stderr
+    stored = moelab("ingest", str(run_dir), "--db", str(db))
+    assert stored.code == 0, stored.stderr
     return db, root
 
 
@@ -99,12 +91,12 @@ PARTIAL = (
 def test_report_and_compare_say_which_starts_are_missing(stopped: tuple[Path, Path]) -> None:
     db, root = stopped
     md = root / "r.md"
-    report = moelab("report", "--run", "stopped", "--format", "md", "-o", str(md), "--db", str(db), cwd=root)
-    assert report.returncode == 0, report.stderr
+    report = moelab("report", "--run", "stopped", "--format", "md", "-o", str(md), "--db", str(db))
+    assert report.code == 0, report.stderr
     assert PARTIAL in md.read_text()
     page = root / "c.html"
-    compare = moelab("compare", "--run", "stopped", "--html", str(page), "--db", str(db), cwd=root)
-    assert compare.returncode == 0, compare.stderr
+    compare = moelab("compare", "--run", "stopped", "--html", str(page), "--db", str(db))
+    assert compare.code == 0, compare.stderr
     assert PARTIAL in " ".join(compare.stdout.split())
     assert PARTIAL in page.read_text()
 
@@ -112,6 +104,6 @@ def test_report_and_compare_say_which_starts_are_missing(stopped: tuple[Path, Pa
 def test_a_complete_repeated_run_says_nothing_of_missing_starts(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "runs", RunModel(run_id="whole", backends=TWO, repeats=2, iters=8))
     db = tmp_path / "m.duckdb"
-    assert moelab("ingest", str(run_dir), "--db", str(db), cwd=tmp_path).returncode == 0
-    compare = moelab("compare", "--run", "whole", "--db", str(db), cwd=tmp_path)
-    assert compare.returncode == 0 and "partial" not in compare.stdout, compare.stderr
+    assert moelab("ingest", str(run_dir), "--db", str(db)).code == 0
+    compare = moelab("compare", "--run", "whole", "--db", str(db))
+    assert compare.code == 0 and "partial" not in compare.stdout, compare.stderr
