@@ -14,13 +14,15 @@ from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
 from moelab.model.published import check_row, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
+from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK
 
+DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
 
@@ -226,6 +228,10 @@ class TopologyOptions(opt.Options):
             measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
             measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
         )
+        if facts and facts.measured_intra_gbps is None:  # a note, on stderr: --json's stdout stays JSON
+            print(
+                f"run {facts.run_id} stored no measured peaks: link figures from the table", file=sys.stderr
+            )
         return resolve(req, load_peaks(self.peaks))
 
 
@@ -265,6 +271,15 @@ class ModelWorkloadOptions(opt.Options):
             if experts < 1 or experts % world:
                 raise SpecError(f"--experts {experts} does not divide over {world} ranks")
             epr = experts // world
+        topk = self.topk or base.topk
+        if epr is None and stored is None and DEFAULT_EXPERTS_PER_RANK * world < topk:
+            # moelab run's rule for the same case (a 2-rank topology): the nearest variant
+            epr = max(NEAREST_EXPERTS_PER_RANK, -(-topk // world))
+            print(
+                f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {topk}: using the "
+                f"nearest variant, {epr} experts/rank, as moelab run does; set --experts-per-rank to choose",
+                file=sys.stderr,
+            )
         routing = base.routing
         if self.routing is not None or stored is None:
             routing = RoutingSpec(
@@ -279,7 +294,7 @@ class ModelWorkloadOptions(opt.Options):
         wl = Workload(
             hidden=self.hidden or base.hidden,
             tokens_per_rank=self.tokens_per_rank or base.tokens_per_rank,
-            topk=self.topk or base.topk,
+            topk=topk,
             experts_per_rank=epr or base.experts_per_rank,
             routing=routing,
             dtype=self.dtype or base.dtype,
@@ -356,7 +371,7 @@ MODEL_WORKLOAD_FLAGS = _group_flags(
         str | None,
         None,
         "--routing",
-        "uniform, zipf, hot or grouped (default uniform, or the run's routing with its parameters)",
+        f"{', '.join(ROUTING_KINDS)} (default uniform, or the run's routing with its parameters)",
     ),
     ("seed", int, 0, "--seed", "Routing seed"),
     ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
@@ -416,12 +431,11 @@ def model(
     topology = topo.topology(facts)
     stored = facts.workloads[0] if facts and facts.workloads else None
     wl = workload.workload(topology.world, stored)
-    if facts and facts.measured_intra_gbps is None and not json_out:  # --json: each link's source says it
-        console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")
-    if facts and len(facts.workloads) > 1 and not json_out:
-        console.print(
+    if facts and len(facts.workloads) > 1:  # a note, on stderr: --json's stdout stays JSON
+        print(
             f"run {facts.run_id} has {len(facts.workloads)} workloads: modelled its first, {stored.label() if stored else ''}"
-            " (flags choose another)"
+            " (flags choose another)",
+            file=sys.stderr,
         )
     tr = traffic(wl, topology.world, topology.gpus_per_node, counted=count)
     est = estimate(

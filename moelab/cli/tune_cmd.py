@@ -15,7 +15,7 @@ from moelab.core.e2e_spec import default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
 from moelab.core.spec import TimingSpec
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
@@ -76,7 +76,10 @@ def _flags() -> tuple[opt.Flag, ...]:
             help=f"Dispatch payload for every backend (default: {payloads}, else bf16)", metavar="TYPE"
         ),
         opt.ROUTING.but(
-            annotation=str, default="uniform", help="Routing kind: uniform, zipf, hot", metavar="KIND"
+            annotation=str,
+            default="uniform",
+            help=f"Routing kind: {', '.join(ROUTING_KINDS)}",
+            metavar="KIND",
         ),
         opt.SEED.but(annotation=int, default=0, help="Routing seed", metavar="N"),
         opt.SMS.but(

@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
+from moelab.core.terminal import terminal_console
 from moelab.job.events import PROGRESS_FILE, read_events
 from moelab.plan.case_list import NOT_RUN
 
@@ -259,7 +260,7 @@ def watch_job(
         world,
         device,
         quiet,
-        console or Console(highlight=False, markup=False, soft_wrap=True),
+        console or terminal_console(),
         kinds,
         name,
     )

@@ -17,7 +17,7 @@ from moelab.backends import registry
 from moelab.backends.base import HostJob
 from moelab.core.errors import MoelabError
 from moelab.core.spec import RunSpec
-from moelab.health import contention
+from moelab.health import contention, run_registry
 from moelab.job import launchers
 from moelab.job.local import JobOutcome, run_job
 from moelab.job.rundir import JobFiles, RunDir
@@ -223,7 +223,7 @@ def execute(
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
     trace_notes: dict[str, str] = {}
-    registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
+    registration = run_registry.start_registration(spec.run_id)  # other moelab runs on this host see this one
     with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
         for backend, repeat in spec.job_order():
             if stop.requested:

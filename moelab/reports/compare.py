@@ -21,16 +21,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moelab.core import ranking
 from moelab.core.errors import MoelabError
-from moelab.core.intervals import Interval, ratio_interval, ratio_point
+from moelab.core.intervals import Interval
 from moelab.reports.analysis import fraction_of_peak
 from moelab.reports.hardware import JobLinks
+from moelab.reports.summary import LEGEND, marks
 
 ProcessMedians = dict[tuple[str, str, str, str], tuple[list[float], list[float]]]
 INTERVAL_NOTE = (
-    "ratios: GB/s over the reference's, with a 95% percentile bootstrap interval over processes where both "
-    "ran each job more than once (moelab run --repeat 3); X vs ref: in time, 'indistinguishable' where the "
-    "interval covers 1, ranked only where the slowest and the fastest rank agree"
+    "ratios: GB/s over the reference's, with a 99% interval over processes (t on log per-process medians) "
+    "where both ran each job more than once (moelab run --repeat 3); X vs ref: in time, a winner only where "
+    "the interval excludes 1 and the slowest and the fastest rank agree, 'no interval' is never one; marks: "
+    + LEGEND
 )
 
 BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
@@ -57,6 +60,7 @@ class Cell:
     frac_bound: float | None = (
         None  # moelab model's bound time over the measured time (moelab.reports.bounds)
     )
+    marks: str = ""  # unstable, suspect, contended (reports.summary.marks)
     slowest: tuple[float, ...] = ()  # per start of the job: the median of the slowest rank's times
     fastest: tuple[float, ...] = ()  # ... and of the fastest rank's
 
@@ -69,33 +73,33 @@ class Ranking:
     interval: Interval | None  # over processes; None with fewer than two a side
     fast_ratio: float | None  # the same ratio of the fastest rank's times
     fast_interval: Interval | None
-    verdict: str  # faster, slower, indistinguishable, or "not ranked: why"
+    verdict: str  # faster, slower, indistinguishable, no interval, or "not ranked: why"
 
 
 def rank(ref: Cell, other: Cell) -> Ranking | None:
-    """`other` against `ref`: the interval of the time ratio, and a ranking only where the slowest-rank and
-    the fastest-rank ratios agree (each outside 1 where it has an interval)."""
+    """`other` against `ref` by the one ranking rule (moelab.core.ranking: a winner only where the 99%
+    interval over processes excludes 1, none without an interval), and only where the slowest-rank and the
+    fastest-rank ratios agree."""
     if not ref.slowest or not other.slowest:
         return None
     paired = ref.run_id == other.run_id and len(ref.slowest) == len(other.slowest)
-    point, ci = (
-        ratio_point(ref.slowest, other.slowest, paired),
-        ratio_interval(ref.slowest, other.slowest, paired),
-    )
-    fast = fast_ci = None
-    if ref.fastest and other.fastest:
-        fast = ratio_point(ref.fastest, other.fastest, paired)
-        fast_ci = ratio_interval(ref.fastest, other.fastest, paired)
-    word = "faster" if point < 1 else "slower"
-    if point == 1.0 or (ci is not None and ci.covers(1.0)):
-        verdict = "indistinguishable"
-    elif fast is not None and (fast < 1) != (point < 1):
+    slow = ranking.rank_pair(ref.slowest, other.slowest, paired)
+    fast = ranking.rank_pair(ref.fastest, other.fastest, paired) if ref.fastest and other.fastest else None
+    if not slow.winner:
+        verdict = slow.verdict
+    elif fast is not None and fast.ratio == fast.ratio and (fast.ratio < 1) != (slow.ratio < 1):
         verdict = "not ranked: ranks disagree"  # faster on one rank's times, slower on the other's
-    elif fast_ci is not None and fast_ci.covers(1.0):
-        verdict = "not ranked: fastest rank indistinguishable"
+    elif fast is not None and not fast.winner:
+        verdict = f"not ranked: fastest rank {fast.verdict}"
     else:
-        verdict = word
-    return Ranking(ratio=point, interval=ci, fast_ratio=fast, fast_interval=fast_ci, verdict=verdict)
+        verdict = slow.verdict
+    return Ranking(
+        ratio=slow.ratio,
+        interval=slow.interval,
+        fast_ratio=fast.ratio if fast else None,
+        fast_interval=fast.interval if fast else None,
+        verdict=verdict,
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -140,31 +144,9 @@ class CompareTable:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
 
-    def header(self) -> list[str]:
-        cols = ["case", "op", "SMs"]
-        for g in self.groups:
-            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
-            if g != self.reference:
-                cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
-        return cols
-
-    def table_rows(self) -> list[list[Any]]:
-        out = []
-        for row in self.rows:
-            line: list[Any] = [row.label, row.op, row.sms if row.sms is not None else "default"]
-            for g in self.groups:
-                c = row.cells.get(g)
-                line += [
-                    c.median_us if c else None,
-                    c.gbps if c else None,
-                    None if c is None or c.frac_peak is None else 100 * c.frac_peak,
-                    None if c is None or c.frac_bound is None else 100 * c.frac_bound,
-                ]
-                if g != self.reference:
-                    r = self.ranking(row, g)
-                    line += [self.ratio_text(row, g), r.verdict if r else None]
-            out.append(line)
-        return out
+    def marks_text(self, row: CompareRow) -> str:
+        """Each group's marks on this row (summary.LEGEND), e.g. `deepep ~; nccl-a2a !#`."""
+        return "; ".join(f"{g} {c.marks}" for g in self.groups if (c := row.cells.get(g)) and c.marks)
 
 
 def _env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -248,6 +230,7 @@ def build(
             frac_peak=frac,
             gpu_name=gpu,
             frac_bound=r.get("frac_bound"),
+            marks=marks(r),
             slowest=tuple(float(x) for x in slowest if x is not None),
             fastest=tuple(float(x) for x in fastest if x is not None),
         )
@@ -256,8 +239,10 @@ def build(
         raise MoelabError(
             f"reference {reference!r} is not among the {by} values: {', '.join(groups) or 'none'}"
         )
+    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
+    # a group with no matched case is no use as a column, nor as a default reference
+    groups = [g for g in groups if g == reference or any(g in row.cells for row in matched)] or groups
     ref = reference or (groups[0] if groups else "")
     groups = [ref] + [g for g in groups if g != ref] if groups else []
-    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
     matched.sort(key=lambda row: (row.label, row.op, row.sms is not None, row.sms or 0))
     return CompareTable(by=by, metric=metric, groups=groups, reference=ref, rows=matched)

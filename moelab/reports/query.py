@@ -84,6 +84,8 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                   json_extract_string(c.backend_record, '$.dispatch_family') AS dispatch_family,
                   c.gpus_per_node, CAST(c.routing_params AS VARCHAR) AS routing_params,
                   c.dispatch_err, c.combine_err, c.suspect, c.suspect_reason,
+                  (SELECT coalesce(x.suspect, false) FROM cases x WHERE x.run_id = c.run_id
+                     AND x.backend = c.backend AND x.case_id = c.case_id) AS contended,
                   r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us, r.rel_iqr, r.kernel_us,
                   r.bytes_per_row,
                   r.noise, r.host_sync, r.stability, r.repeats, r.ci_low_us, r.ci_high_us, r.process_cv,

@@ -182,7 +182,7 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
     serial, overlap, sms, skipped, bad_knob = records
     assert [r.status for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
     assert "SM control needs NCCL" in str(sms.reason) and "needs mode = chunked" in str(bad_knob.reason)
-    alone = {"layer", "compute_only", "gemm", "gemm_mb", "gemm_mb_under_comm", "dispatch", "combine"}
+    alone = {"layer", "compute_only", "gemm", "permute", "gemm_mb", "gemm_mb_under_comm", "dispatch", "combine"}
     assert {o.op for o in serial.ops} == alone
     assert {o.op for o in overlap.ops} == alone | {
         "layer_serial",

@@ -91,9 +91,9 @@ def test_cli_terminal_table_and_html(db: Path, tmp_path: Path) -> None:
         ],
     )
     assert r.exit_code == 0, r.output
-    assert "2.28.9" in r.output and "2.29.1" in r.output and "2.29.1 / 2.28.9" in r.output
+    assert "2.28.9" in r.output and "2.29.1" in r.output and "vs 2.28.9" in r.output
     html = out.read_text()
-    assert '<section id="compare-nccl">' in html and html.count("<tr>") == 1 + 6 and "<script" not in html
+    assert '<section id="compare-nccl">' in html and html.count("<tr>") == 2 + 6 and "<script" not in html
 
 
 def test_cli_default_is_backends_of_newest_run(db: Path) -> None:

@@ -14,9 +14,13 @@ Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split
 whole batch):
 - layer: dispatch → expert compute → combine in the case's mode (forward, no autograd);
 - layer_serial (tbo, chunked): the serial layer, the baseline the overlap must beat;
-- compute_only: the expert compute alone on already-dispatched rows (grouping, GEMMs, weighting);
+- compute_only: the expert compute alone on already-dispatched and grouped rows (GEMMs, un-permute and
+  weighting; the grouping runs inside the layer's dispatch step);
 - compute_only_split (tbo, chunked): the same, micro-batch by micro-batch as the overlapped layer does it;
 - gemm: the grouped GEMMs and activation alone, on already-grouped rows;
+- permute: the row movement around the GEMMs alone: the grouping of the received rows (pair map, one host
+  sync, permute) and the un-permute of a fixed expert output (weighted sum per row), timed directly (their
+  bytes are what `permute_over_floor` holds against the copy rate; a difference of two medians is not);
 - gemm_mb: the GEMMs of the first micro-batch alone (half the tokens), on the compute stream;
 - gemm_mb_under_comm: the same GEMMs, timed on the compute stream while the whole batch's dispatch and
   combine run on the communication stream: what the SMs the communication holds cost the GEMMs;
@@ -50,6 +54,7 @@ from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.roofline import run_rates
 from moelab.measure.timing import Clock
 
@@ -156,10 +161,17 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     def comm_whole() -> object:
         return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
 
+    with torch.no_grad():
+        pair_out = layer.ffn(g)  # a fixed expert output for the permute op's un-permute
+
+    def permute_only() -> object:
+        return unpermute(pair_out, layer.regroup(full).map, layer.permute)
+
     forward: dict[str, Callable[[], object]] = {
         "layer": lambda: inputs.forward(x),
         "compute_only": lambda: layer.experts(full),
         "gemm": lambda: layer.ffn(g),
+        "permute": permute_only,
         "gemm_mb": gemm_mb,
         "dispatch": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, full.handle),

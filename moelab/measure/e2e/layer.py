@@ -209,10 +209,13 @@ class Grouped:
 
 @dataclass(slots=True)
 class Received:
-    """What the expert compute of one chunk needs: its grouped rows and the handle to send them back."""
+    """What the expert compute of one chunk needs: its grouped rows and the handle to send them back, and
+    the rows as they arrived (payload, local expert ids, weights), from which `MoELayer.regroup` times the
+    grouping on its own."""
 
     grouped: Grouped
     handle: Any
+    arrived: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def received_payload(d: Dispatched) -> torch.Tensor:
@@ -335,7 +338,15 @@ class MoELayer:
         grouped = group_by_expert(
             recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute
         )
-        return Received(grouped=grouped, handle=d.handle)
+        return Received(
+            grouped=grouped, handle=d.handle, arrived=(recv_x, d.recv_topk_idx, d.recv_topk_weights)
+        )
+
+    def regroup(self, received: Received) -> Grouped:
+        """The grouping (pair map and permute) of rows that arrived, again: the `permute` op times it."""
+        assert received.arrived is not None, "a Received made by MoELayer.dispatch keeps its arrived rows"
+        recv_x, recv_topk_idx, recv_topk_weights = received.arrived
+        return group_by_expert(recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute)
 
     def experts(self, received: Received) -> torch.Tensor:
         """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""
