@@ -30,7 +30,7 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement, SourceBuild
-from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures
+from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures, MaskedRouting
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
@@ -263,7 +263,7 @@ class DeepEPTuning(TuneSpace):
         return out
 
 
-class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
+class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs, MaskedRouting):
     name = "deepep"
     dispatch_family = "hierarchical"
     source_build: ClassVar[SourceBuild | None] = common.SOURCE_BUILD
@@ -276,6 +276,10 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
     knobs: ClassVar[type[Knobs]] = DeepEPKnobs
     library_test: ClassVar[LibraryTest | None] = INTRANODE_TEST
     tuning: ClassVar[TuneSpace | None] = DeepEPTuning()
+    masked_routing: ClassVar[str] = (
+        "get_dispatch_layout and dispatch skip -1 entries of topk_idx (DeepEP's tests mask slots so); a token "
+        "sent nowhere combines to 0"
+    )
 
     @classmethod
     def library_figures(

@@ -28,8 +28,9 @@ JSON_OUT = opt.Flag(
 @user_errors
 @opt.command(CHECK, opt.BackendOptions.flag("backend_path"), JSON_OUT, panels=False)
 def backends(backends: opt.BackendOptions, check: str | None, as_json: bool) -> None:
-    """List every backend (built-in and plugins) and whether it can run here (with a library built outside
-    the environment: --backend-path), or why not.
+    """List every backend (built-in and plugins) and whether it can run here, or why not.
+
+    A library built outside the environment counts with --backend-path NAME=DIR, as in `moelab run`.
 
     Example: moelab backends --check my-ep; moelab backends --backend-path deepep=ext/deepep-v1 --json
     """

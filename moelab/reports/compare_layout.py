@@ -86,8 +86,8 @@ def versus_text(table: cmp.CompareTable, row: cmp.CompareRow, group: str) -> str
 
 
 def _figures(table: cmp.CompareTable, row: cmp.CompareRow, group: str, cell: cmp.Cell) -> Figures:
-    return Figures(
-        time=format_time_us(cell.median_us),
+    return Figures(  # the time carries the cell's marks (unstable, suspect, contended), as run's tables do
+        time=format_time_us(cell.median_us) + (f" {cell.marks}" if cell.marks else ""),
         gbps=format_number(cell.gbps, 3),
         peak=format_pct(cell.frac_peak),
         bound=format_pct(cell.frac_bound),
@@ -117,7 +117,7 @@ class Lead:
         r = self.ranking
         if r is None or r.interval is None:
             return f"{self.margin:.3g}× (no interval: --repeat 3 gives one)"
-        return f"{r.ratio:.3g}× {r.interval.text()}, {'ranked' if self.ranked else r.verdict}"
+        return f"{r.ratio:.3g}× {r.interval.text()}, {'ranked' if self.ranked else 'a tie'}"
 
 
 def leads(table: cmp.CompareTable) -> list[tuple[str, Lead]]:
@@ -142,7 +142,10 @@ def answer_lines(table: cmp.CompareTable) -> list[str]:
     for op, op_leads in by_op.items():
         if len(op_leads) == 1:
             lead = op_leads[0]
-            lines.append(f"{op}: {lead.first} fastest, ahead of {lead.second} by {lead.detail()}")
+            if lead.ranked:
+                lines.append(f"{op}: {lead.first} fastest, ahead of {lead.second} by {lead.detail()}")
+            else:  # one ranking rule (moelab.core.ranking): no winner where the interval is missing or covers 1
+                lines.append(f"{op}: no winner: {lead.first} over {lead.second} {lead.detail()}")
             continue
         wins: dict[str, int] = defaultdict(int)
         for lead in op_leads:

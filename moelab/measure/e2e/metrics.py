@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
+from moelab.core.e2e_spec import E2ESettings
 from moelab.core.stats import summarize
 from moelab.core.workload import Workload
 from moelab.measure.e2e.roofline import DeviceRates, LayerWork, busiest
@@ -33,6 +33,7 @@ class MetricInputs:
     rows_per_rank: Sequence[int] = ()
     rates: DeviceRates | None = None
     half_spread: Mapping[str, float] = field(default_factory=dict)  # op -> (p90 - p10) / 2, µs
+    sms_taken: int | None = None  # SMs the schedule takes from the GEMMs (schedules.sms_taken_from_gemms)
 
     @property
     def layer(self) -> float:
@@ -279,10 +280,25 @@ LAYER_CHECK = (
 )
 OVERLAP = (
     MetricDef(
+        name="sms_taken_from_gemms",
+        unit="SMs",
+        value=lambda m: m.sms_taken,
+        definition="SMs the {schedule} schedule takes from the expert GEMMs while communication runs "
+        "beside them: the carve-out or partition; 0 where the communication holds none; none where not fixed "
+        "(shared SMs at the library's default)",
+    ),
+    MetricDef(
         name="speedup_vs_serial",
         unit="ratio",
         value=_ratio_of("layer_serial", "layer"),
         definition="serial layer time / {mode} layer time (> 1: the overlap pays off)",
+    ),
+    MetricDef(
+        name="serial_exposed_comm_share",
+        unit="ratio",
+        value=lambda m: _share(m.med["layer_serial"] - m.med["compute_only"], m.med["layer_serial"]),
+        definition="(serial layer - compute_only time) / serial layer, timed in this case: the share of the "
+        "serial layer an overlap could hide (issue 37: where >= 10%, the best schedule should gain half of it)",
     ),
     MetricDef(
         name="split_overhead_us",
@@ -358,7 +374,7 @@ OVERLAP_BACKWARD = (
 
 def metric_defs(settings: E2ESettings) -> tuple[MetricDef, ...]:
     """The metrics a case with these settings gets, in the order they are stored."""
-    overlapped = settings.mode in OVERLAPPED
+    overlapped = settings.compares_serial
     if settings.profile == "layer":  # the other ops were not timed
         return LAYER + LAYER_CHECK + (BACKWARD if settings.backward else ())
     out = LAYER + COMM + LAYER_CHECK + (OVERLAP if overlapped else ())
@@ -382,6 +398,7 @@ def e2e_metrics(
     rows_per_rank: Sequence[int] = (),
     rates: DeviceRates | None = None,
     no_rates_reason: str = "no measured GPU rates",
+    sms_taken: int | None = None,
 ) -> list[dict[str, Any]]:
     """Derived figures of one case from its gathered samples (medians of the slowest rank per iteration);
     the roofline's from `rates` and each rank's received rows, or None with `no_rates_reason`."""
@@ -398,10 +415,13 @@ def e2e_metrics(
         rows_per_rank=rows_per_rank,
         rates=usable,
         half_spread=half_spread,
+        sms_taken=sms_taken,
     )
     out = []
     for d in metric_defs(settings):
-        definition = d.definition.format(mode=settings.mode, chunks=settings.chunks)
+        definition = d.definition.format(
+            mode=settings.mode, chunks=settings.chunks, schedule=settings.schedule
+        )
         if d.needs_rates and usable is None:
             out.append(metric(d.name, None, d.unit, f"{definition}; not formed: {no_rates_reason}"))
             continue
