@@ -20,7 +20,6 @@ from moelab.model.links import load_peaks
 from moelab.model.published import check_row, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
-from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK
 
 DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
@@ -274,6 +273,8 @@ class ModelWorkloadOptions(opt.Options):
         topk = self.topk or base.topk
         if epr is None and stored is None and DEFAULT_EXPERTS_PER_RANK * world < topk:
             # moelab run's rule for the same case (a 2-rank topology): the nearest variant
+            from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK  # planning imports torch: not at start
+
             epr = max(NEAREST_EXPERTS_PER_RANK, -(-topk // world))
             print(
                 f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {topk}: using the "
