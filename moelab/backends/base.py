@@ -106,6 +106,29 @@ class Dispatched:
         return (x.view(rows, -1, block) * scales.unsqueeze(-1)).view(rows, hidden)
 
 
+@dataclass(frozen=True, slots=True)
+class SourceBuild:
+    """How a library given as its source tree (--backend-path NAME=TREE) is built in place: a tree that
+    holds `package` and `marker` but none of `built` (globs of its compiled extension) is not built yet,
+    and `step` run in it builds it."""
+
+    package: str  # the Python package the tree holds (TREE/<package>/)
+    built: tuple[str, ...]  # globs under TREE of the compiled extension; any one found: built
+    step: str  # the build command, run in TREE
+    marker: str = "setup.py"  # what makes TREE a source tree of the library (not an install)
+
+    def unbuilt(self, tree: Path) -> str | None:
+        """One line naming the build step when `tree` is the library's source, not built; else None."""
+        if not (tree / self.package).is_dir() or not (tree / self.marker).is_file():
+            return None
+        if any(next(tree.glob(g), None) is not None for g in self.built):
+            return None
+        return (
+            f"{tree} holds {self.package}'s source but not its compiled library ({' or '.join(self.built)}): "
+            f"run `{self.step}` in {tree}"
+        )
+
+
 class Registered(abc.ABC):
     """What the registry holds under a backend name: a Backend (moelab's ranks run it) or a HostJob (the
     launching host runs a tool that launches the GPUs itself). Both are planned alike: cases, knobs,
@@ -120,6 +143,14 @@ class Registered(abc.ABC):
     # "low_latency" (one message per (token, expert)); None: not said, bound by the fastest family
     dispatch_family: ClassVar[str | None] = None
     dispatch_family_source: ClassVar[str] = ""  # where the family is stated (the library's own documents)
+    # how its library is built from the source tree given with --backend-path (None: nothing to build)
+    source_build: ClassVar[SourceBuild | None] = None
+
+    @classmethod
+    def unbuilt(cls, tree: Path) -> str | None:
+        """Why the library in `tree` (--backend-path) cannot load: its source not built yet, naming the
+        build step; None otherwise. Cheap (files only), so it is said before any import or GPU check."""
+        return cls.source_build.unbuilt(tree) if cls.source_build is not None else None
 
     @classmethod
     def stored_combine_dtype(cls, knobs: Mapping[str, Any]) -> str:

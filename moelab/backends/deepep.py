@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from moelab.backends import deepep_common as common
-from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
+from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement, SourceBuild
 from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures, MaskedRouting
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
@@ -271,6 +271,7 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs, 
         "same-index GPU of each node, then NVLink forwarding; tests/test_internode.py counts RDMA bytes once per "
         "(token, node)"
     )
+    source_build: ClassVar[SourceBuild | None] = common.SOURCE_BUILD
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"

@@ -19,12 +19,19 @@ from typing import Any
 
 import torch
 
-from moelab.backends.base import BackendContext, CaseConfig, Placement
+from moelab.backends.base import BackendContext, CaseConfig, Placement, SourceBuild
 from moelab.backends.deepep_rules import Shape
 
 BUILD_HINT = (
     "build DeepEP from source (github.com/deepseek-ai/DeepEP, tag v1.2.1 or branch hybrid-ep: "
     "`python setup.py build_ext --inplace`) and put it on PYTHONPATH"
+)
+# DeepEP's source tree (tag v1.2.1, branch hybrid-ep, or V2): `build_ext --inplace` puts deep_ep_cpp (V1,
+# hybrid-ep) beside setup.py, or the V2 extension in deep_ep/
+SOURCE_BUILD = SourceBuild(
+    package="deep_ep",
+    built=("deep_ep_cpp*.so", "deep_ep/_C*.so"),
+    step="python setup.py build_ext --inplace",
 )
 FP8_BLOCK = 128
 FP8_MAX = 448.0

@@ -73,6 +73,7 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs, RecvHook):
         "DeepEP README 'Low-latency kernels with pure RDMA': one message per (token, expert) straight to its "
         "rank; tests/test_low_latency.py counts (hidden + scales + 16) bytes per selection"
     )
+    source_build = common.SOURCE_BUILD
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = None

@@ -92,6 +92,7 @@ class HybridEPBackend(Backend, DispatchAlongHandle, HandleDispatchReason, Librar
         "DeepEP hybrid-ep branch, docs/README_Hybrid-EP.md 'Hierarchical Communication Design': RDMA between "
         "nodes, NVLink (TMA) inside a node"
     )
+    source_build = common.SOURCE_BUILD
     description = (
         "NVIDIA Hybrid-EP (deep_ep.HybridEPBuffer, DeepEP branch hybrid-ep); plain, permute and fused paths"
     )

@@ -9,6 +9,7 @@ import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from moelab.backends.base import Backend, HostJob, Registered
@@ -128,7 +129,11 @@ def availability(name: str, extra_path: str | None = None, launch: LaunchSpec | 
     """None when `name` can run here, else why not (one line). With `extra_path` (the backend's own library
     build, --backend-path) the check runs in a child process with that path first, as the backend's job will."""
     if extra_path is not None:
-        return _availability_in_child(name, extra_path)
+        try:
+            unbuilt = load(name).unbuilt(Path(extra_path))
+        except MoelabError as exc:
+            return str(exc)
+        return unbuilt or _availability_in_child(name, extra_path)
     try:
         cls = load(name)
         return cls.availability_for(launch) if launch is not None else cls.availability()

@@ -83,6 +83,7 @@ class UcclEPBackend(DeepEPBackend):
         "uccl-project/uccl ep/README.md (9ef7dfd, 2026-08-17): 'the same interface and functionality as DeepEP'; "
         "its normal kernels are tabled as 'Normal kernels with NVLink and RDMA forwarding' (hierarchical)"
     )
+    source_build = None  # the wrapper is Python; uccl itself is installed, not given as a tree
 
     @classmethod
     def availability(cls) -> str | None:

@@ -17,6 +17,7 @@ from moelab.reports import bounds, compare_select, hardware, query
 from moelab.reports import compare as cmp
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import resolve_run
+from moelab.store.starts import missing_starts, partial_notes
 
 
 def _some(ids: list[str], shown: int = 5) -> str:
@@ -86,6 +87,8 @@ def compare(
         raise MoelabError(f"no case was measured by more than one {by}: nothing to compare")
     if fmt != "table":
         sys.stdout.write(as_text(table, fmt))
+        for note in table.notes:  # stdout holds only the table in its format
+            print(note, file=sys.stderr)
         return
     shown = table.rows[:max_rows]
     print_compare(
@@ -99,6 +102,8 @@ def compare(
         console.print("flags: figures above 100% of their bound or peak, with the likely cause:")
         for line in above:
             console.print(f"  {line}")
+    for note in table.notes:
+        console.print(note, markup=False, highlight=False)
     if len(table.rows) > max_rows:
         console.print(f"{len(table.rows) - max_rows} more rows not printed (--rows N, or --html for all)")
     if paged is not None and paged.note:
@@ -161,6 +166,7 @@ def _build_table(
             reference=reference,
             processes=query.process_medians(con),
         )
+        table.notes = partial_notes(missing_starts(con, ids))
     return table, paged, ids
 
 

@@ -20,7 +20,6 @@ from moelab.model.links import load_peaks
 from moelab.model.published import TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
-from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK
 
 DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
@@ -34,6 +33,32 @@ class RunFacts:
     gpus_per_node: int
     gpu: str | None
     measured_intra_gbps: float | None
+    workloads: tuple[Workload, ...]  # each distinct workload of its cases, in the order they ran
+
+
+def _stored_workloads(con: Any, run_id: str) -> tuple[Workload, ...]:
+    """The run's workloads as its cases stored them (measured cases first considered; all when none was)."""
+    rows = con.execute(
+        """SELECT hidden, tokens_per_rank, topk, experts_per_rank, routing_params, dtype
+           FROM cases WHERE run_id = ?
+           GROUP BY ALL ORDER BY bool_or(status = 'ok') DESC, min(rowid)""",
+        [run_id],
+    ).fetchall()
+    out = []
+    for hidden, tokens, topk, epr, routing, dtype in rows:
+        wl = Workload.from_dict(
+            {
+                "hidden": hidden,
+                "tokens_per_rank": tokens,
+                "topk": topk,
+                "experts_per_rank": epr,
+                "routing": json.loads(routing) if routing else {},
+                "dtype": dtype,
+            }
+        )
+        if wl not in out:
+            out.append(wl)
+    return tuple(out)
 
 
 def _run_facts(db: str | None, ref: str) -> RunFacts:
@@ -54,6 +79,7 @@ def _run_facts(db: str | None, ref: str) -> RunFacts:
             "AND (name LIKE 'peer_copy_shift%' OR name = 'peer_exchange_all')",
             [run_id],
         ).fetchone()
+        workloads = _stored_workloads(con, run_id)
     gpn = gpn or world
     return RunFacts(
         run_id=run_id,
@@ -61,6 +87,7 @@ def _run_facts(db: str | None, ref: str) -> RunFacts:
         gpus_per_node=gpn,
         gpu=gpu[0] if gpu else None,
         measured_intra_gbps=peak[0] if peak else None,
+        workloads=workloads,
     )
 
 
@@ -217,9 +244,12 @@ class TopologyOptions(opt.Options):
     peaks: Path | None = None
     db: str | None = None
 
-    def topology(self) -> Topology:
-        """The topology these flags describe; a stored run (--from-run) fills what they leave out."""
-        facts = _run_facts(self.db, self.from_run) if self.from_run else None
+    def run_facts(self) -> RunFacts | None:
+        """The stored run of --from-run, or None."""
+        return _run_facts(self.db, self.from_run) if self.from_run else None
+
+    def topology(self, facts: RunFacts | None) -> Topology:
+        """The topology these flags describe; a stored run (--from-run: `facts`) fills what they leave out."""
         req = TopologyRequest(
             nodes=self.nodes or (facts.nodes if facts else 1),
             gpus_per_node=self.gpus_per_node or (facts.gpus_per_node if facts else 8),
@@ -242,19 +272,21 @@ class TopologyOptions(opt.Options):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelWorkloadOptions(opt.Options):
-    hidden: int = 8192
-    tokens_per_rank: int = 4096
-    topk: int = 8
+    """The workload flags; one left out is the stored run's (--from-run), else Workload's default."""
+
+    hidden: int | None = None
+    tokens_per_rank: int | None = None
+    topk: int | None = None
     experts_per_rank: int | None = None
     experts: int | None = None
-    routing: str = "uniform"
+    routing: str | None = None
     seed: int = 0
     zipf_s: float = 1.2
     hot_experts: int = 1
     hot_share: float = 0.5
     group_ranks: int = 8
     topk_groups: int = 4
-    dtype: str = "bf16"
+    dtype: str | None = None
     combine_dtype: str = "bf16"
 
     def check_combine_dtype(self) -> None:
@@ -263,8 +295,10 @@ class ModelWorkloadOptions(opt.Options):
                 f"unknown --combine-dtype {self.combine_dtype!r}: choose one of {', '.join(COMBINE_DTYPES)}"
             )
 
-    def workload(self, world: int) -> Workload:
-        """One workload over `world` ranks; --experts must divide over them."""
+    def workload(self, world: int, stored: Workload | None = None) -> Workload:
+        """One workload over `world` ranks: these flags over the `stored` run's workload (or Workload's
+        defaults); --experts must divide over the ranks."""
+        base = stored or Workload()
         epr, experts = self.experts_per_rank, self.experts
         if epr is not None and experts is not None:
             raise SpecError("give --experts-per-rank or --experts, not both")
@@ -272,30 +306,35 @@ class ModelWorkloadOptions(opt.Options):
             if experts < 1 or experts % world:
                 raise SpecError(f"--experts {experts} does not divide over {world} ranks")
             epr = experts // world
-        if epr is None and DEFAULT_EXPERTS_PER_RANK * world < self.topk:
-            # moelab run's rule for the same case (a 2-rank run, --from-run): the nearest variant
-            epr = max(NEAREST_EXPERTS_PER_RANK, -(-self.topk // world))
+        topk = self.topk or base.topk
+        if epr is None and stored is None and DEFAULT_EXPERTS_PER_RANK * world < topk:
+            # moelab run's rule for the same case (a 2-rank topology): the nearest variant
+            from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK  # planning imports torch: not at start
+
+            epr = max(NEAREST_EXPERTS_PER_RANK, -(-topk // world))
             print(
-                f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {self.topk}: using the "
+                f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {topk}: using the "
                 f"nearest variant, {epr} experts/rank, as moelab run does; set --experts-per-rank to choose",
                 file=sys.stderr,
             )
-        routing = RoutingSpec(
-            kind=self.routing,
-            seed=self.seed,
-            zipf_s=self.zipf_s,
-            hot_experts=self.hot_experts,
-            hot_share=self.hot_share,
-            group_ranks=self.group_ranks,
-            topk_groups=self.topk_groups,
-        )
+        routing = base.routing
+        if self.routing is not None or stored is None:
+            routing = RoutingSpec(
+                kind=self.routing or "uniform",
+                seed=self.seed,
+                zipf_s=self.zipf_s,
+                hot_experts=self.hot_experts,
+                hot_share=self.hot_share,
+                group_ranks=self.group_ranks,
+                topk_groups=self.topk_groups,
+            )
         wl = Workload(
-            hidden=self.hidden,
-            tokens_per_rank=self.tokens_per_rank,
-            topk=self.topk,
-            experts_per_rank=epr or DEFAULT_EXPERTS_PER_RANK,
+            hidden=self.hidden or base.hidden,
+            tokens_per_rank=self.tokens_per_rank or base.tokens_per_rank,
+            topk=topk,
+            experts_per_rank=epr or base.experts_per_rank,
             routing=routing,
-            dtype=self.dtype,
+            dtype=self.dtype or base.dtype,
         )
         wl.validate(world)
         return wl
@@ -347,19 +386,37 @@ TOPOLOGY_FLAGS = _group_flags(
 MODEL_WORKLOAD_FLAGS = _group_flags(
     ModelWorkloadOptions,
     PANEL_WL,
-    ("hidden", int, 8192, "--hidden", "Hidden size"),
-    ("tokens_per_rank", int, 4096, "--tokens-per-rank", "Tokens per rank"),
-    ("topk", int, 8, "--topk", "Experts per token"),
-    ("experts_per_rank", int | None, None, "--experts-per-rank", "Experts per rank (default 2)"),
+    ("hidden", int | None, None, "--hidden", "Hidden size (default 8192, or the run's)"),
+    (
+        "tokens_per_rank",
+        int | None,
+        None,
+        "--tokens-per-rank",
+        "Tokens per rank (default 4096, or the run's)",
+    ),
+    ("topk", int | None, None, "--topk", "Experts per token (default 8, or the run's)"),
+    (
+        "experts_per_rank",
+        int | None,
+        None,
+        "--experts-per-rank",
+        "Experts per rank (default 2, or the run's)",
+    ),
     ("experts", int | None, None, "--experts", "Total experts, instead of --experts-per-rank"),
-    ("routing", str, "uniform", "--routing", ", ".join(ROUTING_KINDS)),
+    (
+        "routing",
+        str | None,
+        None,
+        "--routing",
+        f"{', '.join(ROUTING_KINDS)} (default uniform, or the run's routing with its parameters)",
+    ),
     ("seed", int, 0, "--seed", "Routing seed"),
     ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
     ("hot_experts", int, 1, "--hot-experts", "hot: how many experts are hot"),
     ("hot_share", float, 0.5, "--hot-share", "hot: share of tokens whose first choice is hot"),
     ("group_ranks", int, 8, "--group-ranks", "grouped: ranks per expert group"),
     ("topk_groups", int, 4, "--topk-groups", "grouped: groups each token picks"),
-    ("dtype", str, "bf16", "--dtype", "Dispatch payload: bf16, fp8, mxfp8"),
+    ("dtype", str | None, None, "--dtype", "Dispatch payload: bf16, fp8, mxfp8 (default bf16, or the run's)"),
     ("combine_dtype", str, "bf16", "--combine-dtype", "Combine payload: bf16, fp8, mxfp8"),
 )
 MODEL_FLAGS = _group_flags(
@@ -407,8 +464,16 @@ def model(
     if check_published:
         return _check_published(json_out, topo.peaks, latency)
     workload.check_combine_dtype()
-    topology = topo.topology()
-    wl = workload.workload(topology.world)
+    facts = topo.run_facts()
+    topology = topo.topology(facts)
+    stored = facts.workloads[0] if facts and facts.workloads else None
+    wl = workload.workload(topology.world, stored)
+    if facts and len(facts.workloads) > 1:  # a note, on stderr: --json's stdout stays JSON
+        print(
+            f"run {facts.run_id} has {len(facts.workloads)} workloads: modelled its first, {stored.label() if stored else ''}"
+            " (flags choose another)",
+            file=sys.stderr,
+        )
     tr = traffic(wl, topology.world, topology.gpus_per_node, counted=count)
     est = estimate(
         tr,

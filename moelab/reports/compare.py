@@ -121,6 +121,7 @@ class CompareTable:
     groups: list[str]
     reference: str
     rows: list[CompareRow]
+    notes: list[str] = field(default_factory=list)  # what the table's runs lack (a partial run's starts)
 
     def ratio(self, row: CompareRow, group: str) -> float | None:
         """Bandwidth of `group` over the reference group's, for the same case."""

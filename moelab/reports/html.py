@@ -33,6 +33,7 @@ from moelab.reports import (
 from moelab.store.db import open_db
 from moelab.store.labels import resolve_run
 from moelab.store.run_history import not_judged
+from moelab.store.starts import missing_starts, partial_notes
 
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
@@ -155,9 +156,11 @@ def load(
         results, data.knees, baseline.verdicts if baseline else None, query.process_medians(con)
     )
     data.baseline = baseline.described if baseline else None
-    data.notes = summary.notes(data.summary_rows) + [
-        n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))
-    ]
+    data.notes = (
+        partial_notes(missing_starts(con, [r["run_id"] for r in data.runs]))
+        + summary.notes(data.summary_rows)
+        + [n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))]
+    )
     return data
 
 

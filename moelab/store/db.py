@@ -15,7 +15,7 @@ import platformdirs
 from moelab.core.definitions import DEFINITIONS, FORMAT_DEFINITIONS
 from moelab.core.errors import MoelabError
 from moelab.core.ops import OPS
-from moelab.store.schema import LATEST_VERSION, MIGRATIONS
+from moelab.store.schema import LATEST_VERSION, MIGRATIONS, views_at
 
 LOCK_WAIT_S = 60.0
 Config = dict[str, str | bool | int | float | list[str]]
@@ -245,8 +245,10 @@ def _user_tables(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
-    """Apply every migration newer than the database, each in its own transaction. A DuckDB file that holds
-    other tables and no schema_version is someone else's database: refused, never written into."""
+    """Apply every migration newer than the database, each in its own transaction, and recreate the views
+    after each (moelab.store.schema: DuckDB 1.x keeps a view bound to a table's columns of before an ALTER).
+    A DuckDB file that holds other tables and no schema_version is someone else's database: refused, never
+    written into."""
     if current_version(con) == 0 and _user_tables(con):
         raise MoelabError(
             f"{path or 'the database'} is not a moelab database (it has tables, no schema_version)"
@@ -265,6 +267,8 @@ def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
         with transaction(con, f"migrating to schema version {m.version}"):
             for stmt in m.statements:
                 con.execute(stmt)
+            for view in views_at(m.version):  # bound to the tables as this migration left them
+                con.execute(view.create())
             con.execute(
                 "INSERT INTO schema_version (version, description) VALUES (?, ?)", [m.version, m.description]
             )
@@ -273,10 +277,12 @@ def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
         + [(f"op:{o.name}", o.text) for o in OPS.values()]
         + list(FORMAT_DEFINITIONS.items())
     )
+    # only the texts that changed: a store already up to date is opened without a write (DuckDB 1.x
+    # writes its WAL for an INSERT OR REPLACE of identical rows, so a full disk failed every open)
     con.execute(
         "INSERT OR REPLACE INTO definitions SELECT * FROM (VALUES "
         + ", ".join(["(?, ?)"] * len(texts))
-        + ")",
+        + ") EXCEPT SELECT name, text FROM definitions",
         [v for pair in texts for v in pair],
     )
     return current_version(con)

@@ -25,6 +25,7 @@ from moelab.job.rundir import HEALTH_PHASES, JobFiles, LineProblem, RunDir
 from moelab.store.db import transaction
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
+from moelab.store.starts import MISSING_STATUSES
 
 Row = dict[str, Any]
 DIAGNOSIS_COLUMNS = (
@@ -421,15 +422,18 @@ def _record_for(
     return CaseRecord.failed(case, _failure_reason(job), world=world, gpus_per_node=gpn)
 
 
-def start_rows(rows: RunRows, merged: CaseRecord, starts: list[CaseRecord]) -> None:
-    """Each start's raw samples (with its start index), and with --repeat its per-op and metric rows."""
+def start_rows(
+    rows: RunRows, merged: CaseRecord, starts: list[tuple[int, CaseRecord]], repeated: bool
+) -> None:
+    """Each start's raw samples (with its start index `k`), and with --repeat (`repeated`) its per-op and
+    metric rows."""
     if merged.status != "ok":
         return
     key = {"backend": merged.backend, "case_id": merged.case_id}
-    for k, rec in enumerate(starts):
+    for k, rec in starts:
         for op in rec.ops:
             rows.samples.add(merged.backend, merged.case_id, op.op, op.samples_us, repeat=k)
-        if len(starts) == 1:
+        if not repeated:
             continue  # one start: the case's own rows say it all, nothing more is stored
         for p in process_ops(k, rec):
             rows.add(
@@ -450,9 +454,9 @@ def start_rows(rows: RunRows, merged: CaseRecord, starts: list[CaseRecord]) -> N
 
 def start_records(
     rows: RunRows, spec: RunSpec, files: JobFiles, job: dict[str, Any] | None
-) -> list[CaseRecord]:
-    """One start's record of every case of its backend (what each case became where it left none), its
-    diagnosis and health rows."""
+) -> tuple[list[CaseRecord], set[str]]:
+    """One start's record of every case of its backend (what each case became where it left none), and the
+    cases it measured; its diagnosis and health rows."""
     backend = files.backend
     scan = files.scan_results()
     records = {r.case_id: r for r in scan.records}
@@ -466,15 +470,27 @@ def start_records(
         rows.tables.setdefault("failure_diagnosis", []).append(dict(zip(DIAGNOSIS_COLUMNS, d, strict=True)))
     health_rows(rows, backend, files)
     world, gpn = spec.launch.world, spec.launch.gpus_per_node
+    measured = {r.case_id for r in scan.records if r.status == "ok"}
     return [
         _record_for(case, records.get(case.case_id), job, world, gpn, problems)
         for case in spec.cases_for(backend)
-    ]
+    ], measured
+
+
+def finished_starts(
+    per_start: tuple[CaseRecord, ...], missing: set[int], measured: list[set[str]]
+) -> list[tuple[int, CaseRecord]]:
+    """The starts a case is merged over: every start that ran to its end, and a start the user's stop cut
+    short only where it measured the case before it. A case no such start measured keeps every start's
+    record, so its row says why it was not measured."""
+    kept = [(k, rec) for k, rec in enumerate(per_start) if k not in missing or rec.case_id in measured[k]]
+    return kept or list(enumerate(per_start))
 
 
 def backend_rows(rows: RunRows, spec: RunSpec, rd: RunDir, backend: str) -> dict[str, Any]:
     """Every table's rows of one backend: its job over all its starts (--repeat), each case merged over
-    them (moelab.core.repeats); returns the first rank's environment."""
+    the starts that finished (moelab.core.repeats; a run stopped in its last start keeps the others, and
+    its `processes` rows name the starts that are missing); returns the first rank's environment."""
     starts = rd.starts(backend)
     jobs = job_rows(rows, backend, starts)
     first_env: dict[str, Any] = {}
@@ -485,11 +501,14 @@ def backend_rows(rows: RunRows, spec: RunSpec, rd: RunDir, backend: str) -> dict
         process_rows(rows, spec, backend, starts, suspects)
     named = [f"start {k + 1}: {s}" for k, s in enumerate(suspects) if s]
     job_suspect = suspects[0] if len(starts) == 1 else "; ".join(named)[:1000] or None
-    records = [start_records(rows, spec, files, job) for files, job in zip(starts, jobs, strict=True)]
-    for per_start in zip(*records, strict=True):
-        merged = merge_starts(per_start)
+    found = [start_records(rows, spec, files, job) for files, job in zip(starts, jobs, strict=True)]
+    measured = [ids for _, ids in found]
+    missing = {k for k, job in enumerate(jobs) if _job_status(job) in MISSING_STATUSES}
+    for per_start in zip(*(records for records, _ in found), strict=True):
+        kept = finished_starts(per_start, missing, measured)
+        merged = merge_starts([rec for _, rec in kept])
         case_rows(rows, spec, merged, job_suspect)
-        start_rows(rows, merged, list(per_start))
+        start_rows(rows, merged, kept, repeated=len(starts) > 1)
     return first_env
 
 

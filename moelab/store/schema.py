@@ -1,4 +1,10 @@
-"""Ordered migrations, each applied once and recorded in `schema_version`; applying twice is a no-op."""
+"""Ordered migrations, each applied once and recorded in `schema_version`; applying twice is a no-op.
+
+Views are not statements of a migration: each is declared once in VIEWS and (re)created at the end of every
+migration from the one that introduced it on. DuckDB binds a view's columns when it is created and, before
+2.0, keeps that binding after a later ALTER TABLE of a table it reads (`SELECT r.* ...` over `results`
+then fails with "Contents of view were altered: types don't match!"); a view created after each migration
+always reads the tables as that migration left them."""
 
 from __future__ import annotations
 
@@ -10,6 +16,16 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    name: str
+    since: int  # the migration from which on it exists
+    select: str
+
+    def create(self) -> str:
+        return f"CREATE OR REPLACE VIEW {self.name} AS {self.select}"
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -150,25 +166,6 @@ MIGRATIONS = MIGRATIONS + (
                 run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, verdict VARCHAR, rule VARCHAR,
                 reason VARCHAR, other_run VARCHAR, judged_by VARCHAR, seq INTEGER,
                 judged_at TIMESTAMP DEFAULT now())""",
-            """CREATE VIEW cases_judged AS
-                SELECT c.* REPLACE (
-                    c.suspect OR j.reasons IS NOT NULL AS suspect,
-                    CASE WHEN j.reasons IS NULL THEN c.suspect_reason
-                         WHEN c.suspect_reason IS NULL OR c.suspect_reason = '' THEN j.reasons
-                         ELSE c.suspect_reason || '; ' || j.reasons END AS suspect_reason)
-                FROM cases c LEFT JOIN (
-                    SELECT run_id, backend, case_id, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
-                    FROM judgments WHERE verdict = 'suspect' AND op IS NULL GROUP BY ALL
-                ) j USING (run_id, backend, case_id)""",
-            """CREATE VIEW results_judged AS
-                SELECT r.* REPLACE (
-                    CASE WHEN j.reasons IS NULL THEN r.stability
-                         WHEN r.stability IS NULL OR r.stability = '' THEN j.reasons
-                         ELSE r.stability || '; ' || j.reasons END AS stability)
-                FROM results r LEFT JOIN (
-                    SELECT run_id, backend, case_id, op, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
-                    FROM judgments WHERE verdict = 'unstable' GROUP BY ALL
-                ) j USING (run_id, backend, case_id, op)""",
         ),
     ),
 )
@@ -207,6 +204,50 @@ MIGRATIONS = MIGRATIONS + (
         ),
     ),
 )
+
+MIGRATIONS = MIGRATIONS + (
+    Migration(
+        11,
+        "the judged views rebound to the tables' current columns (a database migrated to 10 on DuckDB 1.x "
+        "kept views bound to the results table before migration 10)",
+        (),  # the views are recreated after every migration (VIEWS)
+    ),
+)
+
+# The judged views: each case's suspect mark and each op's stability with the judgments joined in.
+VIEWS: tuple[View, ...] = (
+    View(
+        "cases_judged",
+        8,
+        """SELECT c.* REPLACE (
+            c.suspect OR j.reasons IS NOT NULL AS suspect,
+            CASE WHEN j.reasons IS NULL THEN c.suspect_reason
+                 WHEN c.suspect_reason IS NULL OR c.suspect_reason = '' THEN j.reasons
+                 ELSE c.suspect_reason || '; ' || j.reasons END AS suspect_reason)
+        FROM cases c LEFT JOIN (
+            SELECT run_id, backend, case_id, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
+            FROM judgments WHERE verdict = 'suspect' AND op IS NULL GROUP BY ALL
+        ) j USING (run_id, backend, case_id)""",
+    ),
+    View(
+        "results_judged",
+        8,
+        """SELECT r.* REPLACE (
+            CASE WHEN j.reasons IS NULL THEN r.stability
+                 WHEN r.stability IS NULL OR r.stability = '' THEN j.reasons
+                 ELSE r.stability || '; ' || j.reasons END AS stability)
+        FROM results r LEFT JOIN (
+            SELECT run_id, backend, case_id, op, string_agg(reason, '; ' ORDER BY judged_at, seq) AS reasons
+            FROM judgments WHERE verdict = 'unstable' GROUP BY ALL
+        ) j USING (run_id, backend, case_id, op)""",
+    ),
+)
+
+
+def views_at(version: int) -> tuple[View, ...]:
+    """The views a database at this schema version has."""
+    return tuple(v for v in VIEWS if v.since <= version)
+
 
 RUN_TABLES = (
     "runs", "environment", "jobs", "cases", "results", "bandwidths", "samples",

@@ -234,3 +234,44 @@ def test_run_dry_run_prints_each_planned_cases_bound_after_the_commands(tmp_path
     assert "hierarchical" in deepep and "dispatch 43 GB/s rdma_pairs (DeepEP 3b1045d)" in deepep
     flat = next(x for x in table.splitlines() if "│ nccl-a2a " in x)
     assert "flat" in flat and "ms" in flat  # across two nodes a flat all-to-all of 60 MB per rank takes ms
+
+
+def test_from_run_models_the_runs_own_workload_on_a_stored_2_rank_cpu_run(tmp_path: Path) -> None:
+    """Issue 34, fix 4: a 2-rank run with 2 experts per rank and top-2 (4 experts in all) was refused
+    (`topk 8 > total experts 4`): --from-run took the run's topology but the default workload. The README's
+    `moelab model --from-run nightly --json`, on a real `moelab run --cpu` (gloo) stored with that label."""
+    db = tmp_path / "m.duckdb"
+    ran = CliRunner().invoke(
+        app,
+        ["run", "--cpu", "--backend", "nccl-a2a", "--hidden", "128", "--tokens-per-rank", "16", "--topk", "2",
+         "--experts-per-rank", "2", "--iters", "2", "--warmup", "0", "--sms", "default", "--no-health",
+         "--label", "nightly", "--out", str(tmp_path / "runs"), "--run-id", "r-cpu", "--db", str(db)],
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    doc = _json(["--from-run", "nightly", "--db", str(db)])
+    assert (doc["topology"]["world"], doc["topology"]["gpus_per_node"]) == (2, 2)
+    wl = doc["workload"]
+    assert (wl["hidden"], wl["tokens_per_rank"], wl["topk"], wl["experts_per_rank"], wl["dtype"]) == (
+        128, 16, 2, 2, "bf16",
+    )  # fmt: skip
+    assert wl["routing"]["kind"] == "uniform" and doc["bounds"]
+    # a flag given wins over the run's value; the rest stays the run's
+    wl = _json(["--from-run", "nightly", "--db", str(db), "--tokens-per-rank", "64"])["workload"]
+    assert (wl["hidden"], wl["tokens_per_rank"], wl["topk"]) == (128, 64, 2)
+    # what the run cannot hold is still one error line
+    res = _invoke(["--from-run", "nightly", "--db", str(db), "--topk", "8"])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 2 and len(errors) == 1 and errors[0].startswith("error: topk 8 > total experts 4")
+
+
+def test_from_run_takes_a_stored_skewed_routing_with_its_parameters(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "runs", RunModel(run_id="r-sweep", world=2, tokens=(256, 512), topk=4))
+    db = tmp_path / "m.duckdb"
+    con = connect(db)
+    ingest(con, run_dir)
+    con.close()
+    res = _invoke(["--from-run", "r-sweep", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    assert "run r-sweep has 2 workloads: modelled its first, h1024-t256-k4-e8-" in " ".join(
+        res.stderr.split()
+    )
