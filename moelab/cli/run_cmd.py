@@ -255,7 +255,9 @@ def _print_or_submit(spec: RunSpec, runs_root: Path, dry_run: bool, sbatch: opt.
             else [job_argv(spec, run_dir, backend)]
         )
         for argv in argvs:
-            console.print(launchers.command_line(argv))
+            console.print(
+                launchers.command_line(argv), soft_wrap=True
+            )  # a command is copied whole: never wrapped
     if dry_run:
         print_bounds(spec)
 
@@ -344,7 +346,7 @@ def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOp
     first = launch_plan(spec, runs_root / spec.run_id, spec.backends[0])
     script = launchers.sbatch_script(dataclasses.replace(first, launcher="slurm", sbatch=sb), body=body)
     if dry_run:
-        console.print(script)
+        console.print(script, soft_wrap=True)  # a script is copied whole: never wrapped
         return
     runs_root.mkdir(parents=True, exist_ok=True)
     path = runs_root / f"{spec.run_id}.sbatch"

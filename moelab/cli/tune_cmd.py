@@ -259,10 +259,10 @@ def _print_result(plan: TrialPlan, result: TuneResult, suite_out: Path | None) -
         console.print(line)
     toml = suite_toml(plan, result.winner)
     console.print("\n# the winner as a moelab suite:", markup=False)
-    console.print(toml, markup=False, highlight=False)
+    console.print(toml, markup=False, highlight=False, soft_wrap=True)  # a file: never wrapped
     console.print("# the winner as framework settings:", markup=False)
     for line in framework_settings(plan, result.winner):
-        console.print(f"  {line}", markup=False, highlight=False)
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     if suite_out is not None:
         suite_out.write_text(toml)
         console.print(f"suite written to {suite_out}")

@@ -243,4 +243,4 @@ def _print_plan(spec: RunSpec, req: VerifyRequest, paths: dict[str, str]) -> Non
             console.print(f"# {name}: needs --backend-path {name}=DIR")
             continue
         for cmd in library_commands(name, req, spec, trees, DEFAULT_MASTER_PORT).values():
-            console.print(cmd.shell_line())
+            console.print(cmd.shell_line(), soft_wrap=True)  # copied whole: never wrapped

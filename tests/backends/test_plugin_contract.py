@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from moelab.core.e2e_spec import E2E_KEYS
 
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 BENCH = Path(__file__).resolve().parent.parent / "fixtures" / "verify" / "fake_own_bench.py"
@@ -95,8 +96,8 @@ def test_check_passes_the_example_and_every_builtin(gather_ep: Path) -> None:
         ),
         (
             "gather-ep-chunks",
-            "gather-ep-chunks: knob 'chunks': the name is reserved for the e2e layer (reserved: bench, mode, "
-            "chunks, intermediate, backward, gemm, profile, carveout); rename it",
+            "gather-ep-chunks: knob 'chunks': the name is reserved for the e2e layer (reserved: bench, "
+            f"{', '.join(E2E_KEYS)}); rename it",
         ),
         (
             "gather-ep-undefined",
