@@ -146,9 +146,9 @@ class Runner:
                 env=child_env(),
                 start_new_session=True,
             )
-            output, res.rc = proc.stdout + proc.stderr, proc.returncode
+            stdout, output, res.rc = proc.stdout, proc.stdout + proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as exc:
-            output = _text(exc.stdout) + _text(exc.stderr)
+            stdout, output = _text(exc.stdout), _text(exc.stdout) + _text(exc.stderr)
             res.problems.append(f"did not finish in {timeout_s:.0f} s")
         log.write_text(f"$ {shown}\n{output}")
         res.seconds = time.monotonic() - t0
@@ -159,7 +159,7 @@ class Runner:
         res.output_tail = output[-1500:]
         if check is not None and not res.problems:
             try:
-                check(res, output)
+                check(res, stdout)  # what the command printed for a reader (notes go to stderr)
             except Exception as exc:  # a check that cannot read what it checks is a finding, not a crash
                 res.problems.append(f"its check failed: {type(exc).__name__}: {exc}")
         return self.record(res)
