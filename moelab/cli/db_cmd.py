@@ -80,6 +80,9 @@ def export(
     fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
     run: list[str] = typer.Option([], "--run", help="Run ids or labels to export (default: all)"),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    force: bool = typer.Option(
+        False, "--force", help="Replace --out whole even when it holds files moelab did not write there"
+    ),
 ) -> None:
     """Export runs (every table, filtered by run) to Parquet, CSV or JSON files.
 
@@ -90,6 +93,6 @@ def export(
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
         ids = list(dict.fromkeys(resolve_run(con, r) for r in run))
-        written = export_runs(con, out, fmt, ids or None)
+        written = export_runs(con, out, fmt, ids or None, force=force)
     for p in written:
         console.print(str(p))

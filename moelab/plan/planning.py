@@ -357,7 +357,7 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
             kernel_cache=resolve_kernel_cache(req.kernel_cache),
             repeats=req.repeat or suite.repeat,
         ),
-        label=req.label,
+        label=validate_label(req.label) if req.label is not None else None,  # stored in NFC, as it is looked up
         command=tuple(req.command),
         trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
         health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy),

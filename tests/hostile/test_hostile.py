@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.hostile.second_pass  # noqa: F401  (adds the second pass's rows to CASES)
 from tests.hostile.cases import CASES, Hostile
 from tests.hostile.world import (
     Outcome,
