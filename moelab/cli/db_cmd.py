@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import duckdb
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, console, fail, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
 from moelab.store.export import export_runs
 from moelab.store.labels import resolve_run
+from moelab.store.user_query import ROW_CAP, run_query
 
 app = typer.Typer(
     help='Query and export the DuckDB store.\n\nExample: moelab db query "SELECT run_id, label FROM runs"',
@@ -41,14 +42,19 @@ def query(
     con = query_connection(path, write)
     try:
         try:
-            cur = con.execute(sql)
-            rows = cur.fetchall() if cur.description is not None else None
-        except duckdb.Error as exc:
-            raise MoelabError(f"query failed: {str(exc).strip().splitlines()[0][:500]}") from exc
-        if rows is None or cur.description is None:
+            result = run_query(con, sql)
+        except KeyboardInterrupt:
+            raise fail("query interrupted (Ctrl-C); the store is as it was", code=130) from None
+        if result.columns is None:
             console.print("ok")
             return
-        print_table([d[0] for d in cur.description], rows)
+        print_table(result.columns, result.rows)
+        if result.cut:
+            print(
+                f"warning: the query returns more than {ROW_CAP:,} rows: the first {ROW_CAP:,} are shown "
+                "(page with LIMIT ... OFFSET ..., or narrow it)",
+                file=sys.stderr,
+            )
     finally:
         con.close()
 

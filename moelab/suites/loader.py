@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.core.errors import SpecError
-from moelab.core.spec import CaseSpec
+from moelab.core.spec import MAX_REPEATS, CaseSpec
 from moelab.core.workload import RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
@@ -140,8 +140,8 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         if key in data and not isinstance(data[key], str):
             raise SpecError(f"{source}: {key} must be a string, got {data[key]!r}")
     repeat = data.get("repeat", 1)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-        raise SpecError(f"{source}: repeat must be a whole number of at least 1, got {repeat!r}")
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= MAX_REPEATS:
+        raise SpecError(f"{source}: repeat must be a whole number from 1 to {MAX_REPEATS:,}, got {repeat!r}")
     workload = dict(data.get("workload", {}))
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:

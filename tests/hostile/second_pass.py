@@ -3,7 +3,6 @@ gate and signals that the first pass did not reach. Importing this module adds i
 
 from __future__ import annotations
 
-import json
 import signal
 
 from tests.hostile.cases import RUN_ARGS, Argv, case, with_db
@@ -74,4 +73,68 @@ for _version in (1, 3, 7):
     def _list_older(w: World, version: int = _version) -> Argv:
         return with_db(w, w.db_at_version(version), "label", "--list")
 
-    case(f"label-list-never-migrates-v{_version}", "labels", 2, "error", "moelab db migrate --db")(_list_older)
+    case(f"label-list-never-migrates-v{_version}", "labels", 2, "error", "moelab db migrate --db")(
+        _list_older
+    )
+
+
+# --- signals: a hang-up stops the run like SIGTERM (stop, store what finished, say so) ---------------------
+
+
+@case(
+    "run-stopped-by-SIGHUP",
+    "signals",
+    128 + signal.SIGHUP,
+    "ok",
+    "was interrupted",
+    store="once",
+    once="r-sig",
+    via="signal",
+    slow=True,
+)
+def _hangup(w: World) -> Argv:
+    w.signal = signal.SIGHUP
+    w.ready = w.runs / "r-sig" / "nccl-a2a" / "results.jsonl"
+    return ["run", *RUN_ARGS, "--run-id", "r-sig", "--db", str(w.db), "--out", str(w.runs)]
+
+
+# --- db query: rows fetched are capped (DuckDB streams: the cap bounds memory) ------------------------------
+
+
+@case("query-30-million-rows-capped", "db", 0, "ok", "range")
+def _query_huge(w: World) -> Argv:
+    return ["db", "query", "SELECT * FROM range(30000000)", "--db", str(w.db)]
+
+
+# --- counts: every count a user gives has a stated bound, checked at planning -------------------------------
+
+
+def _plan(w: World, *extra: str) -> Argv:
+    w.absent.append(w.runs / "r-big")
+    return ["run", "--cpu", "--run-id", "r-big", *extra, "--db", str(w.db), "--out", str(w.runs)]
+
+
+for _name, _extra in (
+    ("repeat-100-million-dry-run", ["--repeat", "100000000", "--dry-run"]),
+    ("repeat-100-million-real", ["--repeat", "100000000"]),
+    ("repeat-int64-list-cases", ["--repeat", "9223372036854775807", "--list-cases"]),
+    ("iters-10-billion", ["--iters", "10000000000", "--dry-run"]),
+    ("timeout-a-year", ["--timeout", "31536000", "--dry-run"]),
+):
+
+    def _counted(w: World, extra: list[str] = _extra) -> Argv:
+        return _plan(w, *extra)
+
+    case(f"run-{_name}", "plan", 2, "error", "above the largest this moelab plans")(_counted)
+
+
+@case("suite-repeat-int64", "suite", 2, "error", "repeat must be a whole number from 1 to 1,000")
+def _suite_repeat(w: World) -> Argv:
+    (w.path("suite.toml")).write_text("repeat = 9223372036854775807\n")
+    return _plan(w, "--suite", str(w.path("suite.toml")), "--dry-run")
+
+
+@case("ingest-spec-repeats-int64", "ingest", 2, "error", "repeats must be from 1 to 1,000")
+def _ingest_repeats(w: World) -> Argv:
+    w.edit_json(w.new_run / "spec.json", lambda d: d["launch"].update(repeats=9223372036854775807))
+    return ["ingest", str(w.new_run), "--db", str(w.db)]
