@@ -56,6 +56,18 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def plain_name_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot name a backend (a folder under the run directory, a word on every progress line), or
+    None: the same rule as a run id (letters, digits, `.`, `_`, `-`; no path separator, no `..`, no
+    control character)."""
+    if RUN_ID_RE.match(name) and ".." not in name:
+        return None
+    return (
+        f"{what} {shown(name)!r} is not a plain name: use letters, digits, '.', '_' and '-' "
+        "(starting with a letter or digit, no '..', at most 128 characters)"
+    )
+
+
 def shown(text: str, limit: int = 60) -> str:
     """`text` for an error line: control characters and undecodable bytes escaped, at most `limit` long."""
     return text.encode("unicode_escape").decode("ascii")[:limit]

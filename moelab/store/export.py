@@ -207,7 +207,9 @@ def _check_runs_held(con: duckdb.DuckDBPyConnection, folder: Path, runs: list[st
     missing = [r for r in runs if r not in held]
     if missing:
         names = ", ".join(safe_text(r) for r in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise MoelabError(f"{folder}: manifest.json lists run(s) {names} that none of its files hold: not read")
+        raise MoelabError(
+            f"{folder}: manifest.json lists run(s) {names} that none of its files hold: not read"
+        )
 
 
 def _check_file(path: Path, files: object) -> None:

@@ -3,10 +3,11 @@ gate and signals that the first pass did not reach. Importing this module adds i
 
 from __future__ import annotations
 
+import os
 import signal
 
 from tests.hostile.cases import RUN_ARGS, Argv, case, with_db
-from tests.hostile.world import World
+from tests.hostile.world import REPO, World
 
 # --- exports: a folder moelab did not write is never replaced; labels travel; manifests are checked whole --
 
@@ -138,3 +139,105 @@ def _suite_repeat(w: World) -> Argv:
 def _ingest_repeats(w: World) -> Argv:
     w.edit_json(w.new_run / "spec.json", lambda d: d["launch"].update(repeats=9223372036854775807))
     return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
+# --- plugins: names checked like labels, code run under a time limit, its exits reported -------------------
+
+
+def plugin(w: World, body: str, name: str = "broken") -> None:
+    """A plugin registered as `name` under the entry-point group, whose module runs `body` when imported."""
+    root = w.path("plugins")
+    dist = root / "broken_plugin-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(f"[moelab.backends]\n{name} = broken_plugin:Broken\n")
+    (root / "broken_plugin.py").write_text(body)
+    w.env = {"PYTHONPATH": f"{root}{os.pathsep}{REPO}"}
+
+
+A_BACKEND = "from moelab.backends.nccl_a2a import NcclA2ABackend as Broken\n"
+HANGING_AVAILABILITY = """import time
+from moelab.backends.nccl_a2a import NcclA2ABackend
+
+
+class Broken(NcclA2ABackend):
+    @classmethod
+    def availability(cls):
+        time.sleep(3600)
+"""
+
+
+def _run_plugin(w: World, name: str = "broken", *extra: str) -> Argv:
+    w.absent.append(w.runs / "r-plugin")
+    return [
+        "run",
+        "--cpu",
+        "--backend",
+        name,
+        "--run-id",
+        "r-plugin",
+        *extra,
+        "--db",
+        str(w.db),
+        "--out",
+        str(w.runs),
+    ]
+
+
+for _name, _body, _says in (
+    ("sys-exit-3", "import sys\nsys.exit(3)\n", "SystemExit: 3"),
+    ("keyboard-interrupt", "raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+):
+
+    def _exits_listing(w: World, body: str = _body) -> Argv:
+        plugin(w, body)
+        return ["backends"]
+
+    def _exits_run(w: World, body: str = _body) -> Argv:
+        plugin(w, body)
+        return _run_plugin(w, "broken", "--dry-run")
+
+    case(f"plugin-import-{_name}-listing", "plugins", 0, "ok", _says, via="proc")(_exits_listing)
+    case(f"plugin-import-{_name}-run", "plugins", 2, "error", _says, via="proc")(_exits_run)
+
+
+@case("plugin-import-hangs-listing", "plugins", 0, "ok", "did not finish in 15 s", via="proc", slow=True)
+def _import_hangs(w: World) -> Argv:
+    plugin(w, "import time\ntime.sleep(3600)\n")
+    return ["backends"]
+
+
+@case(
+    "plugin-availability-hangs-run",
+    "plugins",
+    2,
+    "error",
+    "availability() did not finish",
+    via="proc",
+    slow=True,
+)
+def _availability_hangs(w: World) -> Argv:
+    plugin(w, HANGING_AVAILABILITY)
+    return _run_plugin(w)
+
+
+@case("plugin-name-is-a-path", "plugins", 2, "error", "is not a plain name", via="proc")
+def _name_path(w: World) -> Argv:
+    escaped = w.path("escaped")
+    name = "../../../../../.." + str(escaped)
+    plugin(w, A_BACKEND, name)
+    w.absent.append(escaped)
+    return _run_plugin(w, name)
+
+
+@case("plugin-name-holds-esc-and-osc-run", "plugins", 2, "error", "is not a plain name", via="proc")
+def _name_esc_run(w: World) -> Argv:
+    name = "evil\x1b[31mred\x1b]0;pwn\x07"
+    plugin(w, A_BACKEND, name)
+    return _run_plugin(w, name)
+
+
+@case("plugin-name-holds-esc-and-osc-listing", "plugins", 0, "ok", "evil\\x1b[31mred", via="proc")
+def _name_esc_listing(w: World) -> Argv:
+    plugin(w, A_BACKEND, "evil\x1b[31mred\x1b]0;pwn\x07")
+    return ["backends"]
