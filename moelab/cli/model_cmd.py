@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,11 @@ from moelab.model.published import check_row, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
 
+# the sizes `moelab model` takes: a world past MAX_WORLD is no machine built, and routing other than the
+# uniform closed form is generated token by token (about 0.1 s per rank at 4096 tokens): past
+# MAX_GENERATED_SELECTIONS (ranks x tokens per rank x topk) it ran for minutes with no output
+MAX_WORLD = 65_536
+MAX_GENERATED_SELECTIONS = 1 << 21
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
 
@@ -124,8 +130,16 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
     table = load_peaks(peaks)
     checked = [check_row(r, table, latency) for r in load_rows()]
     problems = [c.problem for c in checked if c.problem]
+    if not checked:  # a pass over nothing checked is no pass
+        if json_out:
+            print(strict_json({"ok": False, "rows": []}))
+        print(
+            "error: no published rows to check: the published tables are missing from this install",
+            file=sys.stderr,
+        )
+        raise typer.Exit(1)
     if json_out:
-        print(json.dumps({"ok": not problems, "rows": [c.to_dict() for c in checked]}, indent=2))
+        print(strict_json({"ok": not problems and bool(checked), "rows": [c.to_dict() for c in checked]}))
     else:
         rows = [
             [
@@ -195,8 +209,11 @@ class TopologyOptions(opt.Options):
             measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
             measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
         )
-        if facts and facts.measured_intra_gbps is None:
-            console.print(f"run {facts.run_id} stored no measured peaks: link figures from the table")
+        if facts and facts.measured_intra_gbps is None:  # a note on stderr: stdout may be --json
+            print(
+                f"note: run {facts.run_id} stored no measured peaks: link figures from the table",
+                file=sys.stderr,
+            )
         return resolve(req, load_peaks(self.peaks))
 
 
@@ -245,7 +262,7 @@ class ModelWorkloadOptions(opt.Options):
             hidden=self.hidden,
             tokens_per_rank=self.tokens_per_rank,
             topk=self.topk,
-            experts_per_rank=epr or 2,
+            experts_per_rank=2 if epr is None else epr,
             routing=routing,
             dtype=self.dtype,
         )
@@ -353,14 +370,14 @@ def model(
 
     Example: moelab model --nodes 4 --gpus-per-node 8 --gpu H100 --nic ConnectX-7 --hidden 7168 --experts 256 --dtype fp8
     """
-    if latency_us is not None and latency_us < 0:
-        raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
+    check_model_inputs(topo, workload, latency_us)
     latency = Latency(override_us=latency_us)
     if check_published:
         return _check_published(json_out, topo.peaks, latency)
     workload.check_combine_dtype()
     topology = topo.topology()
     wl = workload.workload(topology.world)
+    _check_generated_size(wl, topology.world, count)
     tr = traffic(wl, topology.world, topology.gpus_per_node, counted=count)
     est = estimate(
         tr,
@@ -372,9 +389,75 @@ def model(
         latency=latency,
     )
     if json_out:
-        print(json.dumps(_as_json(est, wl, workload.combine_dtype), indent=2))
+        print(strict_json(_as_json(est, wl, workload.combine_dtype)))
     else:
         _print_estimate(est, wl, workload.combine_dtype)
+
+
+def check_model_inputs(
+    topo: TopologyOptions, workload: ModelWorkloadOptions, latency_us: float | None
+) -> None:
+    """Every count at least 1 and every figure a finite number, before anything is modelled: `--nodes 0` was
+    modelled as one node, `--experts-per-rank 0` as two, and an `inf` link speed printed `inf` bounds."""
+    counts = {
+        "--nodes": topo.nodes,
+        "--gpus-per-node": topo.gpus_per_node,
+        "--nics-per-node": topo.nics_per_node,
+        "--experts-per-rank": workload.experts_per_rank,
+        "--experts": workload.experts,
+    }
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} must be at least 1, got {value}")
+    world = (topo.nodes or 1) * (topo.gpus_per_node or 8)
+    if world > MAX_WORLD:
+        raise SpecError(
+            f"--nodes x --gpus-per-node = {world:,} ranks is above the largest modelled, {MAX_WORLD:,}"
+        )
+    figures = {
+        "--nvlink-gbps": topo.nvlink_gbps,
+        "--pcie-gbps": topo.pcie_gbps,
+        "--nic-gbps": topo.nic_gbps,
+        "--latency-us": latency_us,
+        "--zipf-s": workload.zipf_s,
+        "--hot-share": workload.hot_share,
+    }
+    for flag, figure in figures.items():
+        if figure is not None and not math.isfinite(figure):
+            raise SpecError(f"{flag} must be a finite number, got {figure}")
+    for flag in ("--nvlink-gbps", "--pcie-gbps", "--nic-gbps"):
+        if (speed := figures[flag]) is not None and speed <= 0:
+            raise SpecError(f"{flag} must be > 0, got {speed}")
+    if latency_us is not None and latency_us < 0:
+        raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
+
+
+def _check_generated_size(wl: Workload, world: int, counted: bool) -> None:
+    if wl.routing.kind == "uniform" and not counted:
+        return  # the closed form: no token is generated
+    selections = world * wl.tokens_per_rank * wl.topk
+    if selections > MAX_GENERATED_SELECTIONS:
+        raise SpecError(
+            f"{wl.routing.kind} routing is generated token by token: {world:,} ranks x {wl.tokens_per_rank:,} "
+            f"tokens x topk {wl.topk} = {selections:,} choices is above the {MAX_GENERATED_SELECTIONS:,} moelab "
+            "model generates; model fewer ranks or tokens per rank (the bound is per rank)"
+        )
+
+
+def strict_json(doc: Any) -> str:
+    """`doc` as JSON that strict parsers read: a non-finite figure (no bound on that link) becomes null,
+    never `Infinity` or `NaN`."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(doc), indent=2, allow_nan=False)
 
 
 def _as_json(est: Estimate, wl: Workload, combine: str) -> dict[str, Any]:

@@ -241,3 +241,32 @@ def _name_esc_run(w: World) -> Argv:
 def _name_esc_listing(w: World) -> Argv:
     plugin(w, A_BACKEND, "evil\x1b[31mred\x1b]0;pwn\x07")
     return ["backends"]
+
+
+# --- model: counts at least 1, finite figures, a bounded size, strict JSON ----------------------------------
+
+for _name, _args, _says in (
+    ("nodes-0", ["--nodes", "0"], "--nodes must be at least 1"),
+    ("experts-per-rank-0", ["--experts-per-rank", "0"], "--experts-per-rank must be at least 1"),
+    ("nvlink-gbps-inf", ["--nvlink-gbps", "inf"], "must be a finite number"),
+    ("latency-nan", ["--latency-us", "nan"], "must be a finite number"),
+    ("latency-inf-json", ["--latency-us", "inf", "--json"], "must be a finite number"),
+    ("zipf-512-nodes", ["--routing", "zipf", "--nodes", "512", "--gpus-per-node", "8"], "is above the"),
+    ("world-a-million", ["--nodes", "1000000"], "above the largest modelled"),
+):
+
+    def _model(w: World, args: list[str] = _args) -> Argv:
+        return ["model", *args]
+
+    case(f"model-{_name}", "model", 2, "error", _says)(_model)
+
+
+@case("model-peaks-gbps-inf", "model", 2, "error", "positive finite number")
+def _peaks_inf(w: World) -> Argv:
+    w.path("peaks.toml").write_text('[gpu."H100"]\ngbps = inf\n')
+    return ["model", "--peaks", str(w.path("peaks.toml"))]
+
+
+@case("model-from-run-json-prints-only-json", "model", 0, "ok", '"bounds"')
+def _from_run_json(w: World) -> Argv:
+    return ["model", "--from-run", "r1", "--experts-per-rank", "4", "--json", "--db", str(w.db)]

@@ -1,0 +1,47 @@
+"""Issue 41's cases whose check is more than an exit code and a line: `moelab model --json` output that a
+strict JSON parser reads whole, and `--check-published` over no tables failing instead of passing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from moelab.cli.main import app
+from tests.hostile.world import World
+
+
+def _strict(text: str) -> object:
+    def refuse(name: str) -> object:
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_model_from_run_json_is_json_alone(tmp_path: Path) -> None:
+    w = World.build(tmp_path)
+    out = CliRunner().invoke(
+        app, ["model", "--from-run", "r1", "--experts-per-rank", "4", "--json", "--db", str(w.db)]
+    )
+    assert out.exit_code == 0, out.stderr
+    doc = _strict(out.stdout)  # the note about missing peaks went to stderr, not before the JSON
+    assert isinstance(doc, dict) and doc["bounds"]
+    assert "stored no measured peaks" in out.stderr
+
+
+def test_model_json_is_strict_where_a_link_has_no_bound() -> None:
+    out = CliRunner().invoke(app, ["model", "--json"])
+    assert out.exit_code == 0, out.stderr
+    _strict(out.stdout)
+
+
+def test_check_published_over_no_tables_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("moelab.model.published.dataset_paths", lambda: {})
+    out = CliRunner().invoke(app, ["model", "--check-published", "--json"])
+    assert out.exit_code == 1
+    assert _strict(out.stdout) == {"ok": False, "rows": []}
+    assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
+        "error: no published rows to check: the published tables are missing from this install"
+    ]
