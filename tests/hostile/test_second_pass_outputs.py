@@ -45,3 +45,27 @@ def test_check_published_over_no_tables_fails(monkeypatch: pytest.MonkeyPatch) -
     assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
         "error: no published rows to check: the published tables are missing from this install"
     ]
+
+
+def test_a_rank_log_line_is_cut_at_1000_characters(tmp_path: Path) -> None:
+    """A rank whose traceback holds one 80,005-character line: the console's excerpt cuts each line at
+    1,000 characters, as it cuts error lines."""
+    import duckdb
+
+    from moelab.cli.failures import failure_lines
+
+    w = World.build(tmp_path)
+    con = duckdb.connect(str(w.db))
+    try:
+        con.execute("UPDATE jobs SET status = 'failed', description = 'rank 0 failed' WHERE run_id = 'r1'")
+        tail = "Traceback (most recent call last):\nRuntimeError: " + "x" * 80_005 + "\n"
+        con.execute(
+            "INSERT INTO failure_diagnosis (run_id, backend, rank, exc_type, exc_message, log_tail, root_cause, "
+            "headline) VALUES ('r1', 'nccl-a2a', 0, 'RuntimeError', ?, ?, true, 'rank 0: RuntimeError')",
+            ["x" * 80_005, tail],
+        )
+        lines = failure_lines(con, "r1")
+    finally:
+        con.close()
+    assert any("RuntimeError: xxx" in line for line in lines)
+    assert max(len(line) for line in lines) < 1_100, max(len(line) for line in lines)
