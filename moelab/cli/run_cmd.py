@@ -16,6 +16,7 @@ from moelab.backends.base import HostJob
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
+from moelab.cli.output_check import check_output_file
 from moelab.core.display import format_pct, format_time_us
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
@@ -145,6 +146,8 @@ def run(
     spec = planned.spec
     if list_cases:
         return print_case_list(spec.cases, spec.launch)
+    if store.report is not None and not dry_run:
+        check_output_file(Path(store.report), "--report")
     for note in planned.notes:
         console.print(note)
     if spec.launch.device == "cpu":

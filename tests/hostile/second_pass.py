@@ -270,3 +270,32 @@ def _peaks_inf(w: World) -> Argv:
 @case("model-from-run-json-prints-only-json", "model", 0, "ok", '"bounds"')
 def _from_run_json(w: World) -> Argv:
     return ["model", "--from-run", "r1", "--experts-per-rank", "4", "--json", "--db", str(w.db)]
+
+
+# --- outputs written after measuring are checked before it ---------------------------------------------------
+
+
+@case("run-report-path-unwritable", "report", 2, "error", "--report /proc/no/r.html cannot be written")
+def _report_unwritable(w: World) -> Argv:
+    return _plan(w, "--report", "/proc/no/r.html")
+
+
+@case("tune-suite-out-unwritable", "report", 2, "error", "--suite-out /proc/s.toml cannot be written")
+def _suite_out_unwritable(w: World) -> Argv:
+    w.absent.append(w.path("tune-runs"))
+    return [
+        "tune",
+        "--cpu",
+        "--suite-out",
+        "/proc/s.toml",
+        "--db",
+        str(w.db),
+        "--out",
+        str(w.path("tune-runs")),
+    ]
+
+
+@case("run-report-is-a-folder", "report", 2, "error", "is a folder")
+def _report_folder(w: World) -> Argv:
+    w.path("rep").mkdir()
+    return _plan(w, "--report", str(w.path("rep")))
