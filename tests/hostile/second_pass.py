@@ -299,3 +299,18 @@ def _suite_out_unwritable(w: World) -> Argv:
 def _report_folder(w: World) -> Argv:
     w.path("rep").mkdir()
     return _plan(w, "--report", str(w.path("rep")))
+
+
+# --- suite files are checked whole, whatever a flag replaces -----------------------------------------------
+
+for _name, _text, _flag in (
+    ("workload-experts-per-rank-1.5", "[workload]\nexperts_per_rank = 1.5\n", ["--experts-per-rank", "4"]),
+    ("axis-hidden-string", '[axes]\nhidden = [1024, "big"]\n', ["--hidden", "256"]),
+    ("backend-workload-topk-0", "[backend.nccl-a2a.workload]\ntopk = 0\n", ["--topk", "2"]),
+):
+
+    def _hidden_by_flag(w: World, text: str = _text, flag: list[str] = _flag) -> Argv:
+        w.path("suite.toml").write_text(text)
+        return _plan(w, "--suite", str(w.path("suite.toml")), *flag, "--dry-run")
+
+    case(f"suite-{_name}-replaced-by-a-flag", "suite", 2, "error", "suite.toml: [")(_hidden_by_flag)
