@@ -314,3 +314,17 @@ for _name, _text, _flag in (
         return _plan(w, "--suite", str(w.path("suite.toml")), *flag, "--dry-run")
 
     case(f"suite-{_name}-replaced-by-a-flag", "suite", 2, "error", "suite.toml: [")(_hidden_by_flag)
+
+
+# --- compare reads samples as the gate does ---------------------------------------------------------------
+
+
+@case("compare-all-zero-samples-not-ranked", "report", 0, "ok", "not ranked: times not above zero")
+def _compare_zeros(w: World) -> Argv:
+    import duckdb
+
+    con = duckdb.connect(str(w.db))
+    con.execute("UPDATE samples SET time_us = 0 WHERE run_id = 'r2'")
+    con.execute("UPDATE results SET median_us = 0 WHERE run_id = 'r2'")
+    con.close()
+    return ["compare", "--run", "r1", "--run", "r2", "--by", "run", "--db", str(w.db)]
