@@ -328,3 +328,20 @@ def _compare_zeros(w: World) -> Argv:
     con.execute("UPDATE results SET median_us = 0 WHERE run_id = 'r2'")
     con.close()
     return ["compare", "--run", "r1", "--run", "r2", "--by", "run", "--db", str(w.db)]
+
+
+# --- a fake nsys whose --version hangs: one line, and its children reaped ------------------------------------
+
+
+@case("nsys-version-hangs-children-reaped", "plugins", 2, "error", "--version failed", via="proc", slow=True)
+def _nsys_hangs(w: World) -> Argv:
+    import sys
+
+    bin_dir = w.path("fakebin")
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    # sh forks the sleeper as its own child; its command line names the case's folder (the harness's check)
+    fake.write_text(f"#!/bin/sh\n{sys.executable} -c 'import time; time.sleep(600)' {w.root}\n")
+    fake.chmod(0o755)
+    w.env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return _plan(w, "--trace", "nsys")
