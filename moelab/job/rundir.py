@@ -53,6 +53,7 @@ RANK_FILES = {
     "log": ".log",
     "error": ".error.json",
     "stack": ".stack.txt",
+    "heartbeat": ".heartbeat",  # touched every second while the rank lives (moelab.job.heartbeat)
 }  # rank<R><suffix> in a job's folder
 
 
@@ -168,6 +169,9 @@ class JobFiles:
 
     def stack_file(self, rank: int | str) -> Path:
         return self.dir / f"rank{rank}{RANK_FILES['stack']}"
+
+    def heartbeat_file(self, rank: int | str) -> Path:
+        return self.dir / f"rank{rank}{RANK_FILES['heartbeat']}"
 
     @property
     def traces_dir(self) -> Path:

@@ -25,6 +25,7 @@ from moelab.backends.base import BackendContext, CaseConfig
 from moelab.core.spec import RunSpec
 from moelab.job.diagnosis import install_stack_dumps
 from moelab.job.events import ProgressEvents
+from moelab.job.heartbeat import start_heartbeat
 from moelab.job.rundir import JobFiles, RunDir
 from moelab.measure import environment
 from moelab.measure.case_context import CaseContext
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> int:
     events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)
     _redirect_output(files.rank_log(rank))
     install_stack_dumps(files.dir, rank)  # faulthandler on SIGUSR1 (the launcher's timeout) and SIGTERM
+    start_heartbeat(files.heartbeat_file(rank))  # which rank stopped first, when the job fails
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
     if spec.launch.bind == "numa":
