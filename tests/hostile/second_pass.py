@@ -3,11 +3,12 @@ gate and signals that the first pass did not reach. Importing this module adds i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 from tests.hostile.cases import RUN_ARGS, Argv, case, with_db
-from tests.hostile.world import REPO, World
+from tests.hostile.world import NEW_RUN, REPO, World
 
 # --- exports: a folder moelab did not write is never replaced; labels travel; manifests are checked whole --
 
@@ -345,3 +346,28 @@ def _nsys_hangs(w: World) -> Argv:
     fake.chmod(0o755)
     w.env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     return _plan(w, "--trace", "nsys")
+
+
+# --- ragged samples: stored, marked suspect, and said ------------------------------------------------------
+
+
+def make_ragged(w: World) -> None:
+    """Rank 1 of the first case holds one sample of its first op, the other rank all of them."""
+    first, *rest = w.results_lines()
+    record = json.loads(first)
+    record["ops"][0]["samples_us"][1] = record["ops"][0]["samples_us"][1][:1]
+    w.write_results(b"\n".join([json.dumps(record).encode(), *rest]) + b"\n")
+
+
+@case(
+    "ingest-ragged-samples-stored-and-flagged",
+    "ingest",
+    0,
+    "ok",
+    "stored run r-new",
+    store="once",
+    once=NEW_RUN,
+)
+def _ragged(w: World) -> Argv:
+    make_ragged(w)
+    return ["ingest", str(w.new_run), "--db", str(w.db)]

@@ -69,3 +69,23 @@ def test_a_rank_log_line_is_cut_at_1000_characters(tmp_path: Path) -> None:
         con.close()
     assert any("RuntimeError: xxx" in line for line in lines)
     assert max(len(line) for line in lines) < 1_100, max(len(line) for line in lines)
+
+
+def test_ragged_samples_are_flagged(tmp_path: Path) -> None:
+    import duckdb
+
+    from tests.hostile.second_pass import make_ragged
+
+    w = World.build(tmp_path)
+    make_ragged(w)
+    out = CliRunner().invoke(app, ["ingest", str(w.new_run), "--db", str(w.db)])
+    assert out.exit_code == 0, out.stderr
+    assert "warning:" in out.stderr and "ragged samples" in out.stderr
+    con = duckdb.connect(str(w.db), read_only=True)
+    try:
+        reasons = con.execute(
+            "SELECT suspect_reason FROM cases WHERE run_id = 'r-new' AND suspect ORDER BY case_id"
+        ).fetchall()
+    finally:
+        con.close()
+    assert len(reasons) == 1 and "rank 1 holds 1" in reasons[0][0], reasons
