@@ -189,7 +189,27 @@ def export_sqlite(rep_path: Path, nsys: str = "nsys", timeout_s: float = 600.0) 
         raise MoelabError(
             f"nsys export of {rep_path} failed ({proc.returncode}): {tail[-1] if tail else 'no output'}"
         )
+    check_sqlite_export(out)
     return out
+
+
+def check_sqlite_export(path: Path) -> None:
+    """A file nsys's export wrote is an SQLite database with tables, or one MoelabError line: a garbage
+    report (or a broken nsys) left a file that was registered as a trace and failed only when read."""
+    with contextlib.suppress(OSError), path.open("rb") as fh:
+        if fh.read(16) == b"SQLite format 3\x00":
+            try:
+                con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+                try:
+                    if _tables(con):
+                        return
+                finally:
+                    con.close()
+            except sqlite3.Error:
+                pass
+    raise MoelabError(
+        f"{path} is not an SQLite export with tables (a garbage report, or a broken nsys): not registered"
+    )
 
 
 def _tables(con: sqlite3.Connection) -> set[str]:
