@@ -136,7 +136,7 @@ def record_worker_error(argv: Sequence[str], exc: BaseException) -> None:
             "message": str(exc)[:MAX_TEXT],
             "traceback": "".join(traceback.format_exception(exc))[-MAX_TEXT:],
         }
-        files.dir.mkdir(parents=True, exist_ok=True)
+        files.ensure_dir()
         path = files.error_file(rank)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
