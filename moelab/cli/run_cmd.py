@@ -22,6 +22,7 @@ from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
 from moelab.job import launchers
+from moelab.job.limits import ensure_open_files
 from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, PlannedRun, RunRequest, plan_run
@@ -153,6 +154,7 @@ def run(
     if spec.launch.device == "cpu":
         console.print(f"no GPU in use: running {spec.launch.world} CPU ranks on gloo")
     if not dry_run:
+        ensure_open_files()  # before anything opens: `ulimit -n 12` hung the job for its whole --timeout
         check_available(spec)
     if dry_run or sbatch.sbatch:
         return _print_or_submit(spec, store.runs_root(), dry_run, sbatch)

@@ -371,3 +371,18 @@ def make_ragged(w: World) -> None:
 def _ragged(w: World) -> Argv:
     make_ragged(w)
     return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
+# --- ulimit -n 12: a cause, not a job timed out with none ------------------------------------------------
+
+
+def _twelve_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (12, 12))
+
+
+@case("run-under-ulimit-n-12", "plan", 2, "error", "the open-file limit is 12", via="proc")
+def _ulimit(w: World) -> Argv:
+    w.preexec = _twelve_files
+    return _plan(w)
