@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,14 @@ def db_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "db" / "moelab.duckdb"
     monkeypatch.setenv("MOELAB_DB", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _console_width_restored() -> Iterator[None]:
+    """A test that sets the shared console's width (rich keeps it in `_width`) leaves it as it found it: a
+    width read back and set again would fix the console's width for every later test."""
+    from moelab.cli.common import console
+
+    saved = console._width
+    yield
+    console._width = saved

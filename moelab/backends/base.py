@@ -119,6 +119,7 @@ class Registered(abc.ABC):
     # copy per (token, rank)), "hierarchical" (one RDMA copy per (token, node), then NVLink forwarding) or
     # "low_latency" (one message per (token, expert)); None: not said, bound by the fastest family
     dispatch_family: ClassVar[str | None] = None
+    dispatch_family_source: ClassVar[str] = ""  # where the family is stated (the library's own documents)
 
     @classmethod
     def stored_combine_dtype(cls, knobs: Mapping[str, Any]) -> str:

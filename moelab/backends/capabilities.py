@@ -5,7 +5,7 @@ plugin may subclass it too or just have its members.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -38,6 +38,45 @@ class HandleDispatchReason(Protocol):
 
     def dispatch_with_handle_reason(self) -> str | None:
         """Why the prepared case cannot send rows along a handle, or None (it can)."""
+        ...
+
+
+@runtime_checkable
+class MaskedRouting(Protocol):
+    """Dispatch takes -1 entries in topk_idx (no expert: the token goes nowhere for that slot; a token with
+    no expert left is sent nowhere) and combine gives zeros for a token sent nowhere. The e2e layer's
+    expert-chunked schedule dispatches one group of experts at a time this way. `masked_routing` says how
+    the library treats the -1 entries (for the record)."""
+
+    masked_routing: ClassVar[str]
+
+
+@runtime_checkable
+class ZeroSmComm(Protocol):
+    """The backend can move the payload on no SM (a copy-engine path): the e2e layer's `comm = zero-sm`."""
+
+    @classmethod
+    def zero_sm_reason(cls, comm_backend: str) -> str | None:
+        """Why this build cannot run the zero-SM path over `comm_backend` ("nccl" or "gloo"), or None. Cheap
+        and kernel-free: asked when the case is planned and again on each rank before it is prepared."""
+        ...
+
+    def zero_sm_setting(self) -> str:
+        """Move the prepared case onto the zero-SM path (called after prepare, before any timed call);
+        returns what it runs, for the record."""
+        ...
+
+
+@runtime_checkable
+class RecvHook(Protocol):
+    """Dispatch in two halves: the send is launched now and returns a hook; calling the hook launches the
+    receive and gives what dispatch gives. Between the two no kernel of the dispatch holds an SM
+    (DeepEP's low-latency `return_recv_hook=True`), so the GEMMs launched in between get the whole GPU."""
+
+    def dispatch_hooked(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Callable[[], Any]:
+        """Launch the send of `x` and return the receive hook, which returns a moelab Dispatched."""
         ...
 
 

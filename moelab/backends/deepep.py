@@ -30,7 +30,7 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
-from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures
+from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures, MaskedRouting
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
@@ -263,9 +263,14 @@ class DeepEPTuning(TuneSpace):
         return out
 
 
-class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
+class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs, MaskedRouting):
     name = "deepep"
     dispatch_family = "hierarchical"
+    dispatch_family_source = (
+        "DeepEP README (docs/legacy.md since V2) 'Normal kernels with NVLink and RDMA forwarding': RDMA to the "
+        "same-index GPU of each node, then NVLink forwarding; tests/test_internode.py counts RDMA bytes once per "
+        "(token, node)"
+    )
     description = "DeepEP normal kernels (V1 Buffer, or V2 ElasticBuffer where installed)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = "V1: Config(num_sms, ...) per call (chunk sizes from Buffer.get_dispatch_config/get_combine_config); V2: num_sms"
@@ -275,6 +280,10 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs):
     knobs: ClassVar[type[Knobs]] = DeepEPKnobs
     library_test: ClassVar[LibraryTest | None] = INTRANODE_TEST
     tuning: ClassVar[TuneSpace | None] = DeepEPTuning()
+    masked_routing: ClassVar[str] = (
+        "get_dispatch_layout and dispatch skip -1 entries of topk_idx (DeepEP's tests mask slots so); a token "
+        "sent nowhere combines to 0"
+    )
 
     @classmethod
     def library_figures(

@@ -18,7 +18,7 @@ DeepEP's own definition; scales come back per-128 float32 (`round_scale=False`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
-from moelab.backends.capabilities import ChainedPairs, DefaultWorkload
+from moelab.backends.capabilities import ChainedPairs, DefaultWorkload, RecvHook
 from moelab.backends.deepep_own_tests import LOW_LATENCY_TEST
 from moelab.backends.deepep_rules import v1_low_latency_reason
 from moelab.backends.input_cache import InputCache
@@ -66,9 +66,13 @@ def slot_sources(
     return inside.int().argmax(dim=1), inside.any(dim=1)
 
 
-class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
+class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs, RecvHook):
     name = "deepep-ll"
     dispatch_family = "low_latency"
+    dispatch_family_source = (
+        "DeepEP README 'Low-latency kernels with pure RDMA': one message per (token, expert) straight to its "
+        "rank; tests/test_low_latency.py counts (hidden + scales + 16) bytes per selection"
+    )
     description = "DeepEP low-latency kernels (NVSHMEM; IBGDA across nodes, NVLink P2P within one)"
     payload_dtypes = ("bf16", "fp8")
     sm_control = None
@@ -205,9 +209,13 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
         self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
     ) -> Dispatched:
         """One low-latency dispatch: no separate layout step (phases = False), so `layout` is unused."""
+        recv, _, lib_handle, _, _ = self._ll_dispatch(x, topk_idx, hook=False)
+        return self._received(recv, lib_handle, x, topk_idx, topk_weights)
+
+    def _ll_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, hook: bool) -> tuple[Any, ...]:
         assert self._case is not None
         wl = self._case.workload
-        recv, _, lib_handle, _, _ = self._buffer.low_latency_dispatch(
+        return self._buffer.low_latency_dispatch(  # type: ignore[no-any-return]
             x,
             topk_idx,
             self.max_tokens,
@@ -215,7 +223,25 @@ class DeepEPLowLatencyBackend(Backend, DefaultWorkload, ChainedPairs):
             use_fp8=wl.dtype == "fp8",
             round_scale=False,
             use_ue8m0=False,
+            return_recv_hook=hook,
         )
+
+    def dispatch_hooked(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Callable[[], Dispatched]:
+        """RecvHook: the send kernel now (`return_recv_hook=True`: it returns once the data is issued,
+        holding no SM while it travels); the hook launches the receive and exposes the rows."""
+        recv, _, lib_handle, _, hook = self._ll_dispatch(x, topk_idx, hook=True)
+
+        def receive() -> Dispatched:
+            hook()
+            return self._received(recv, lib_handle, x, topk_idx, topk_weights)
+
+        return receive
+
+    def _received(
+        self, recv: Any, lib_handle: Any, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Dispatched:
         misses = self._dispatch_cache.misses
         exposed: Dispatched = self._dispatch_cache.get(
             [x, topk_idx, topk_weights], lambda: self._expose(recv, lib_handle, topk_idx, topk_weights)

@@ -78,8 +78,9 @@ class Comparison:
     figure: str  # the moelab definition
     timing: str = "api"
     # how moelab's side is read: "stored": moelab's stored `figure` of `op`; "library_bytes": the library's
-    # bytes (its GB/s x its time) over moelab's time, the op's kernel-only time (timing "kernel") or rank 0's
-    # mean time of the first of `time_ops` the case stored (a figure moelab does not store itself)
+    # bytes (its GB/s x its time) over moelab's time, the kernel-only time (timing "kernel") of the first of
+    # `time_ops` the case stored (else of `op`), or rank 0's mean time of the first of `time_ops` (a figure
+    # moelab does not store itself)
     moelab_side: str = "stored"
     time_ops: tuple[str, ...] = ()
 

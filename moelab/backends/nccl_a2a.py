@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
-from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle
+from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, MaskedRouting, ZeroSmComm
 from moelab.backends.knobs import Knobs, knob
 from moelab.backends.padded import SparseDispatched
 from moelab.backends.tuning import TuneSpace
@@ -134,9 +134,30 @@ class _Counted:
     num_tokens: int
 
 
-class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
+NCCL_CTA_POLICY_ZERO = 2  # nccl.h: NCCL_CTA_POLICY_DEFAULT 0, _EFFICIENCY 1, _ZERO 2 (NCCL >= 2.28)
+ZERO_SM_NCCL = (2, 28)
+
+
+def nccl_cta_policy_reason() -> str | None:
+    """Why this torch cannot make a communicator with NCCL's zero-CTA policy, or None. Kernel-free."""
+    pg = getattr(dist, "ProcessGroupNCCL", None)
+    if pg is None:
+        return f"torch {torch.__version__} is built without NCCL"
+    if not hasattr(pg.Options().config, "cta_policy"):
+        return (
+            f"torch {torch.__version__} does not expose ncclConfig_t.CTAPolicy (ProcessGroupNCCL.Options()"
+            ".config.cta_policy), which NCCL_CTA_POLICY_ZERO needs"
+        )
+    version = tuple(torch.cuda.nccl.version()) if torch.cuda.is_available() else ZERO_SM_NCCL
+    if version < ZERO_SM_NCCL:
+        return f"NCCL {'.'.join(map(str, version))} has no zero-CTA policy (NCCL >= 2.28)"
+    return None
+
+
+class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs, MaskedRouting, ZeroSmComm):
     name = "nccl-a2a"
     dispatch_family = "flat"
+    dispatch_family_source = "torch.distributed.all_to_all_single over NCCL: each rank sends each peer its rows directly, no forwarding"
     description = (
         "torch.distributed all_to_all with exact splits, or all_gather where every token goes everywhere"
     )
@@ -145,6 +166,27 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
     phases = True
     knobs: ClassVar[type[Knobs]] = NcclA2AKnobs
     tuning: ClassVar[TuneSpace | None] = NcclTuning()
+    masked_routing: ClassVar[str] = (
+        "a -1 expert sends the token nowhere for that slot; a token with none left is not sent, combine gives it 0"
+    )
+
+    @classmethod
+    def zero_sm_reason(cls, comm_backend: str) -> str | None:
+        if comm_backend != "nccl":
+            return f"e2e comm = zero-sm needs NCCL's zero-CTA policy; {comm_backend} has none"
+        return nccl_cta_policy_reason()
+
+    def zero_sm_setting(self) -> str:
+        """Moves the prepared case to a communicator made with NCCL_CTA_POLICY_ZERO (made once per job)."""
+        key = "zero-sm"
+        if key not in self._groups:
+            opts = dist.ProcessGroupNCCL.Options()
+            setattr(opts.config, "cta_policy", NCCL_CTA_POLICY_ZERO)  # noqa: B010 - newer torch only
+            self._groups[key] = dist.new_group(
+                ranks=list(range(self.ctx.world)), backend="nccl", pg_options=opts
+            )
+        self._group = self._groups[key]
+        return "NCCL communicator with cta_policy = NCCL_CTA_POLICY_ZERO (zero CTAs wherever NCCL can)"
 
     @classmethod
     def availability(cls) -> str | None:
@@ -163,7 +205,7 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
         self._back = torch.empty(max_rows * max_hidden, dtype=torch.bfloat16, device=dev)
         self._counts = torch.empty(2 * world, dtype=torch.int64, device=dev)
         self._counts_host = torch.empty(2 * world, dtype=torch.int64, pin_memory=dev.type == "cuda")
-        self._groups: dict[int | None, Any] = {None: ctx.group}
+        self._groups: dict[int | str | None, Any] = {None: ctx.group}
         self._group = ctx.group
         self._experts_per_rank = 1
         self._gathered = False
@@ -202,8 +244,11 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs):
         ahead of the sync (on a slow host every launch before it delays the payload)."""
         world = self.ctx.world
         num_tokens = topk_idx.shape[0]
-        in_rank = torch.zeros(num_tokens, world, dtype=torch.bool, device=topk_idx.device)
-        in_rank.scatter_(1, topk_idx // self._experts_per_rank, True)
+        # a masked slot (-1, MaskedRouting) lands in a spare column that is dropped
+        dest = torch.where(topk_idx >= 0, topk_idx // self._experts_per_rank, world)
+        in_rank = torch.zeros(num_tokens, world + 1, dtype=torch.bool, device=topk_idx.device)
+        in_rank.scatter_(1, dest, True)
+        in_rank = in_rank[:, :world]
         counts = self._counts
         torch.sum(in_rank, dim=0, out=counts[:world])
         dist.all_to_all_single(counts[world:], counts[:world], group=self._group)

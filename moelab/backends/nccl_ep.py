@@ -1,4 +1,5 @@
-"""`nccl-ep`: NVIDIA NCCL EP (PyPI `nccl-extensions`, `import nccl.ep`), high-throughput algorithm, flat layout.
+"""`nccl-ep`: NVIDIA NCCL EP (PyPI `nccl-extensions`, `import nccl.ep`), high-throughput algorithm (hierarchical:
+NVLink aggregation inside a node, RDMA between nodes), flat output layout.
 
 NCCL EP runs on its own NCCL communicator (nccl4py's, made from the job's process group) and needs a
 libnccl of at least 2.30.7, newer than the one torch wheels ship (2.28.x): install `nvidia-nccl-cu13==2.30.7`
@@ -163,7 +164,12 @@ def recv_counts_of(total: torch.Tensor, world: int) -> torch.Tensor:
 
 class NcclEPBackend(Backend, ChainedPairs):
     name = "nccl-ep"
-    dispatch_family = "flat"
+    dispatch_family = "hierarchical"  # its high-throughput mode, the one this backend runs
+    dispatch_family_source = (
+        "NVIDIA/nccl contrib/nccl_ep/README.md (63bd13e, 2026-06-05): 'HT mode implements hierarchical "
+        "communication patterns, relying on NVLink for intra-node aggregation, and on RDMA for inter-node "
+        "communication'; ep_bench counts RDMA bytes once per (token, node)"
+    )
     description = "NVIDIA NCCL EP (nccl.ep) high-throughput dispatch/combine, flat layout"
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = "nccl.ep GroupConfig.max_num_sms, one EP group per SM count"

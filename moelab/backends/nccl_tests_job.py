@@ -213,6 +213,7 @@ class NcclTestsJob(HostJob):
 
     name = NAME
     dispatch_family = "flat"  # alltoall_perf: every rank sends each peer its share
+    dispatch_family_source = "nccl-tests alltoall_perf: ncclSend/ncclRecv of an equal share to every peer"
     description = (
         "nccl-tests alltoall_perf at each case's dispatch bytes (raw NCCL baseline; --nccl-tests-bin)"
     )

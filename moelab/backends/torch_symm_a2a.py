@@ -108,6 +108,9 @@ class SymmHandle:
 class TorchSymmA2ABackend(Backend, ChainedPairs):
     name = "torch-symm-a2a"
     dispatch_family = "flat"
+    dispatch_family_source = (
+        "torch symmetric memory all_to_all_vdev: each rank writes each peer's rows into its buffer directly"
+    )
     description = "torch symmetric memory all_to_all_vdev (NVSHMEM): device-side splits, no host sync"
     payload_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     sm_control = None

@@ -79,6 +79,10 @@ class UcclEPBackend(DeepEPBackend):
     description = "UCCL-EP (uccl.ep) through its DeepEP-compatible deep_ep wrapper, normal kernels"
     library_test = None  # DeepEP's tests run DeepEP itself, not the wrapper
     tuning = None  # not among the backends `moelab tune` searches by default
+    dispatch_family_source = (
+        "uccl-project/uccl ep/README.md (9ef7dfd, 2026-08-17): 'the same interface and functionality as DeepEP'; "
+        "its normal kernels are tabled as 'Normal kernels with NVLink and RDMA forwarding' (hierarchical)"
+    )
 
     @classmethod
     def availability(cls) -> str | None:

@@ -1,10 +1,12 @@
 """`moelab check`: the CI regression gate (exit 0 pass, 1 regression, 2 usage error, 3 cannot judge: invalid
-samples or a hardware/software difference, 4 contended: a run flagged suspect)."""
+samples, an op whose noise hides a threshold-sized change, or a hardware/software difference, 4 contended:
+a case found contended while it ran), and `--history`: where each case's median stepped over the store."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -12,6 +14,7 @@ from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.gate import outputs
+from moelab.gate.above import above_bound_flags
 from moelab.gate.baseline import candidate_run, load_baseline
 from moelab.gate.decision import GateResult, Policy, decide, matched
 from moelab.gate.samples import env_differences, load_side
@@ -27,8 +30,26 @@ def _write(path: Path, text: str, append: bool = False) -> None:
         raise MoelabError(f"cannot write {path}: {exc}") from exc
 
 
-def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[GateResult, str, str]:
-    """(the verdict, how the baseline was described, the candidate's run id)."""
+def footnoted(rows: list[list[Any]], column: int) -> tuple[list[list[Any]], list[str]]:
+    """Each distinct note once, under the table, and its number in the rows: six rows with the same cause
+    read as one cause, not six."""
+    notes: dict[str, int] = {}
+    out = []
+    for row in rows:
+        note = str(row[column] or "")
+        marked = list(row)
+        if note:
+            marked[column] = f"[{notes.setdefault(note, len(notes) + 1)}]"
+        out.append(marked)
+    return out, list(notes)
+
+
+def _judge(
+    path: Path, baseline: str, run: str | None, policy: Policy
+) -> tuple[GateResult, str, str, list[str]]:
+    """(the verdict, how the baseline was described, the candidate's run id, its above-bound flags)."""
+    from moelab.reports.run_view import load_view
+
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
@@ -36,8 +57,37 @@ def _judge(path: Path, baseline: str, run: str | None, policy: Policy) -> tuple[
         cand_id = candidate_run(con, run, exclude=base.run_id if base.where == "database" else None)
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
-        cand = load_side(con, cand_id)
-    return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id
+        cand = load_side(con, cand_id, leave_out=(base.run_id,))
+        flags = above_bound_flags(load_view(con, cand_id).results)
+    return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id, flags
+
+
+def _history(path: Path) -> None:
+    """`--history`: the steps of every case's median over the store, one row each."""
+    from moelab.gate.changes import find_changes
+    from moelab.store.noise_history import series
+
+    if not path.exists():
+        raise MoelabError(f"no database at {path}")
+    with open_db(path, read_only=True) as con:
+        found = find_changes(series(con))
+    for line in found.notes:
+        console.print(safe_text(line))
+    if found.changes:
+        print_table(
+            ["case", "op", "hardware", "run", "after run", "before µs", "after µs", "change", "what changed"],
+            [
+                [f"{c.backend} {c.case_id}", c.op, c.hardware, c.run_id, c.previous_run, c.before_us,
+                 c.after_us, f"{100 * c.change:+.1f}%", c.changed or "nothing recorded"]
+                for c in found.changes
+            ],
+            title="steps in the store's history (ruptures' binary segmentation on log medians)",
+        )  # fmt: skip
+    console.print(
+        safe_text(
+            f"{len(found.changes)} steps in {found.series} series" if found.series else "no series to judge"
+        )
+    )
 
 
 def _write_outputs(result: GateResult, summary: Path | None, junit: Path | None) -> None:
@@ -53,8 +103,11 @@ def _write_outputs(result: GateResult, summary: Path | None, junit: Path | None)
 
 @user_errors
 def check(
-    baseline: str = typer.Option(
-        ..., "--baseline", "-B", help="Baseline: a label, a run id, or an export folder (moelab db export)"
+    baseline: str | None = typer.Option(
+        None,
+        "--baseline",
+        "-B",
+        help="Baseline: a label, a run id, or an export folder (moelab db export); required unless --history",
     ),
     run: str | None = typer.Option(
         None, "--run", help="Run to check, a label or run id (default: the newest run)"
@@ -79,33 +132,53 @@ def check(
         None, "--junit", help="Write JUnit XML here (one test per compared case and op)"
     ),
     show_all: bool = typer.Option(False, "--all", help="List unchanged ops too"),
+    history: bool = typer.Option(
+        False,
+        "--history",
+        help="Instead of a baseline: where each case's median stepped over the store's history, with the run "
+        "and what changed there (commit, driver, CUDA, NCCL, torch, libraries)",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Check a run against a baseline: fail on a slowdown past the threshold that is outside the noise.
 
-    Exit 0 pass, 1 regression, 2 bad input, 3 cannot judge (samples NULL/NaN/zero/missing, or a
-    hardware/software difference), 4 contended (a case either run marks suspect). With repeats on both
-    runs (moelab run --repeat N) the test is on the per-process medians; without, on iterations.
+    Exit 0 pass, 1 regression, 2 bad input, 3 cannot judge (samples NULL/NaN/zero/missing, an op whose
+    noise hides a change of the threshold's size: "use --repeat N", or a hardware/software difference),
+    4 contended (host load, other runs or health measured while a case ran). Each op's per-process
+    medians are held to its noise, learned from earlier runs on the same hardware and software (else a
+    prior per op class).
 
-    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL)
+    Example: moelab check --baseline results/h200x2/export --junit check.xml  (or --baseline LABEL);
+    moelab check --history
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
+    if history:
+        if baseline is not None or run is not None:
+            raise MoelabError("--history reads the whole store: give neither --baseline nor --run with it")
+        _history(resolve_db_path(db))
+        return
+    if baseline is None:
+        raise MoelabError("give --baseline (a label, a run id or an export folder), or --history")
     policy = Policy(
         threshold=threshold / 100,
         fail_on_missing=fail_on_missing,
         allow_different_hardware=allow_different_hardware,
     )
-    result, described, cand_id = _judge(resolve_db_path(db), baseline, run, policy)
+    result, described, cand_id, above = _judge(resolve_db_path(db), baseline, run, policy)
     if matched(result) == 0 and not result.failing and not result.refused:
         raise MoelabError(f"no case of run {cand_id} matches baseline {described}: nothing to check")
+    console.print(safe_text(outputs.headline(result)))  # the verdict first
     console.print(safe_text(f"baseline: {described}; run: {cand_id}"))
     for line in outputs.rule_lines(result):
         console.print(safe_text(line))
-    table = outputs.rows(result, include_unchanged=show_all)
+    for line in above:
+        console.print(safe_text(line))
+    table, notes = footnoted(outputs.rows(result, include_unchanged=show_all), outputs.COLUMNS.index("note"))
     if table:
         print_table(outputs.COLUMNS, table)
-    console.print(safe_text(outputs.headline(result)))
+    for n, note in enumerate(notes, 1):
+        console.print(safe_text(f"[{n}] {note}"))
     _write_outputs(result, summary, junit)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -8,15 +8,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from moelab.cli.fit import print_fitting
 from moelab.core.display import format_time_us, safe_text
 from moelab.core.errors import MoelabError
+from moelab.core.terminal import terminal_console
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console(highlight=False, markup=False, soft_wrap=True, width=None if sys.stdout.isatty() else 220)
+console = terminal_console()
 
 DB_OPTION_HELP = "DuckDB file (default: $MOELAB_DB, else moelab.duckdb in the user's data directory)"
 PEAKS_OPTION_HELP = "TOML file of link peaks adding to or replacing the built-in table"
@@ -63,39 +63,22 @@ def user_errors(fn: F) -> F:
 
 
 TIME_SUFFIX = " µs"
-FOLD_COLUMNS = {
-    "case": 30,
-    "reason": 20,
-    "note": 20,
-    "description": 20,
-    "label": 12,
-    "command": 20,
-    "workload": 20,
-    "plan": 12,
-    "answer": 16,
-    "fastest first": 30,
-    "flagged": 10,
-}
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
-    """A rich table of stored values: every string escaped (`safe_text`: stored labels, reasons and names
-    may hold control bytes), columns headed `... µs` printed in the unit that fits each figure. Short
-    columns (figures, ops, backends, run ids) never wrap, so on a narrow terminal the long text columns
-    (case ids, reasons) give up width and fold, at least FOLD_COLUMNS[name] characters wide."""
-    table = Table(title=safe_text(title) if title else None, show_lines=False)
+    """A table of stored values that fits the terminal (moelab.cli.fit): every string escaped (`safe_text`:
+    stored labels, reasons and names may hold control bytes), columns headed `... µs` printed in the unit
+    that fits each figure; figures never wrap, text wraps between words and is never cut short."""
     times = [str(c).endswith(TIME_SUFFIX) for c in columns]
-    for c, is_time in zip(columns, times, strict=True):
-        name = str(c).removesuffix(TIME_SUFFIX) if is_time else str(c)
-        if name in FOLD_COLUMNS:
-            table.add_column(safe_text(name), overflow="fold", min_width=FOLD_COLUMNS[name])
-        else:
-            table.add_column(safe_text(name), no_wrap=True, justify="right" if is_time else "left")
-    for r in rows:
-        table.add_row(
-            *[format_time_us(v) if t and _is_number(v) else _fmt(v) for v, t in zip(r, times, strict=True)]
-        )
-    console.print(table)
+    specs = [
+        (safe_text(str(c).removesuffix(TIME_SUFFIX) if t else str(c)), t)
+        for c, t in zip(columns, times, strict=True)
+    ]
+    cells = [
+        [format_time_us(v) if t and _is_number(v) else _fmt(v) for v, t in zip(r, times, strict=True)]
+        for r in rows
+    ]
+    print_fitting(console, specs, cells, safe_text(title) if title else None)
 
 
 def _is_number(v: Any) -> bool:

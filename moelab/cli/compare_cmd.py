@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from pathlib import Path
 
 import typer
 from duckdb import DuckDBPyConnection
 
-from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, parse_list, user_errors
+from moelab.cli.compare_view import FORMATS, as_text, print_compare
 from moelab.core.errors import MoelabError
 from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import bounds, compare_select, hardware, query
@@ -25,7 +28,9 @@ def _some(ids: list[str], shown: int = 5) -> str:
 def compare(
     by: str = typer.Option("backend", "--by", help=f"Group by: {', '.join(cmp.BY_KEYS)}"),
     run: list[str] = typer.Option(
-        [], "--run", help="Run ids or labels (default: the newest run for --by backend, else every run)"
+        [],
+        "--run",
+        help="Run ids or labels, repeated or comma-separated (default: the newest run for --by backend, else every run)",
     ),
     metric: str = typer.Option(
         "nvl_recv", "--metric", help=f"Bandwidth definition: {', '.join(cmp.METRICS)}"
@@ -47,6 +52,11 @@ def compare(
     max_rows: int = typer.Option(
         200, "--rows", min=1, help="Print at most this many rows (the HTML page holds them all)"
     ),
+    fmt: str = typer.Option(
+        "table",
+        "--format",
+        help="table (fits the terminal), or csv, json (one record per backend and case), md",
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
 ) -> None:
     """Compare cases side by side, matched on workload and SMs, with bandwidth as a fraction of each GPU's link peak.
@@ -60,27 +70,52 @@ def compare(
     """
     if by not in cmp.BY_KEYS:
         raise MoelabError(f"cannot compare by {by!r}: choose one of {', '.join(cmp.BY_KEYS)}")
+    if fmt not in FORMATS:
+        raise MoelabError(f"unknown --format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    run = [r for item in run for r in parse_list(item, name="run") or []]
     table_peaks = load_peaks(peaks)
     table, paged, ids = _build_table(
         resolve_db_path(db), run, by, metric, reference, table_peaks, groups, page
     )
     if len(table.groups) < 2:
         raise MoelabError(
-            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {_some(ids)}: nothing to compare"
+            f"only one {by} ({', '.join(table.groups) or 'none'}) among runs {_some(ids)}: nothing to compare; "
+            + _next_step(by, table.groups)
         )
     if not table.rows:
         raise MoelabError(f"no case was measured by more than one {by}: nothing to compare")
-    rows = table.table_rows()
-    print_table(
-        table.header(), rows[:max_rows], title=f"by {by}: {metric} GB/s, ratios against {table.reference}"
+    if fmt != "table":
+        sys.stdout.write(as_text(table, fmt))
+        return
+    shown = table.rows[:max_rows]
+    print_compare(
+        console,
+        dataclasses.replace(table, rows=shown),
+        f"by {by}: {metric} GB/s, ratios against {table.reference}",
     )
     console.print(cmp.INTERVAL_NOTE)
-    if len(rows) > max_rows:
-        console.print(f"{len(rows) - max_rows} more rows not printed (--rows N, or --html for all)")
+    above = table.findings()
+    if above:
+        console.print("flags: figures above 100% of their bound or peak, with the likely cause:")
+        for line in above:
+            console.print(f"  {line}")
+    if len(table.rows) > max_rows:
+        console.print(f"{len(table.rows) - max_rows} more rows not printed (--rows N, or --html for all)")
     if paged is not None and paged.note:
         console.print(paged.note)
     if html is not None:
         _write_html(table, by, html)
+
+
+def _next_step(by: str, groups: list[str]) -> str:
+    """What to do about it: measure a second backend, or name the runs to set side by side."""
+    if by == "backend":
+        other = "mxfp8-a2a" if groups and groups[0].startswith("nccl-a2a") else "nccl-a2a"
+        return (
+            f"measure a second backend (moelab run --backend {groups[0].split()[0] if groups else 'nccl-a2a'},{other}) "
+            "or name runs of other backends (--run ID,ID)"
+        )
+    return f"name runs that differ in {by} (--run ID,ID), or compare --by backend"
 
 
 def _run_ids(con: DuckDBPyConnection, run: list[str], by: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""`moelab db query` and `moelab db export`."""
+"""`moelab db query`, `moelab db export` and `moelab db import`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, fail, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, console, fail, parse_list, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
-from moelab.store.export import export_runs
+from moelab.store.export import export_runs, import_export
 from moelab.store.labels import resolve_run
 from moelab.store.user_query import ROW_CAP, run_query
 
@@ -84,7 +84,9 @@ def export(
         ..., "--out", "-o", help="Folder to write one file per table into, plus manifest.json"
     ),
     fmt: str = typer.Option("parquet", "--format", help="parquet, csv or json"),
-    run: list[str] = typer.Option([], "--run", help="Run ids or labels to export (default: all)"),
+    run: list[str] = typer.Option(
+        [], "--run", help="Run ids or labels to export, repeated or comma-separated (default: all)"
+    ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
     force: bool = typer.Option(
         False, "--force", help="Replace --out whole even when it holds files moelab did not write there"
@@ -98,7 +100,29 @@ def export(
     if not path.exists():
         raise MoelabError(f"no database at {path}")
     with open_db(path, read_only=True) as con:
-        ids = list(dict.fromkeys(resolve_run(con, r) for r in run))
+        names = [r for item in run for r in parse_list(item, name="run") or []]
+        ids = list(dict.fromkeys(resolve_run(con, r) for r in names))
         written = export_runs(con, out, fmt, ids or None, force=force)
     for p in written:
         console.print(str(p))
+
+
+@app.command("import")
+@user_errors
+def import_(
+    folder: Path = typer.Argument(
+        ..., help="An export folder (moelab db export): one file per table and manifest.json"
+    ),
+    db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+) -> None:
+    """Import an export's runs into a database, so that compare, check and runs read them like any other.
+
+    The database is created where there is none; a run it holds already is never imported twice.
+
+    Example: moelab db import results/h200x2/export --db h200.duckdb && moelab compare --db h200.duckdb
+    """
+    path = resolve_db_path(db)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_db(path) as con:
+        ids = import_export(con, folder)
+    console.print(f"imported {len(ids)} run{'s' if len(ids) != 1 else ''} from {folder} into {path}")

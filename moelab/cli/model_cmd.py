@@ -15,18 +15,20 @@ from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, print_table, user_errors
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
-from moelab.model.published import check_row, load_rows
+from moelab.model.published import TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
+from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK
 
 # the sizes `moelab model` takes: a world past MAX_WORLD is no machine built, and routing other than the
 # uniform closed form is generated token by token (about 0.1 s per rank at 4096 tokens): past
 # MAX_GENERATED_SELECTIONS (ranks x tokens per rank x topk) it ran for minutes with no output
 MAX_WORLD = 65_536
 MAX_GENERATED_SELECTIONS = 1 << 21
+DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
 
@@ -54,7 +56,9 @@ def _run_facts(db: str | None, ref: str) -> RunFacts:
         ).fetchone()  # type: ignore[misc]
         gpu = con.execute("SELECT min(gpu_name) FROM environment WHERE run_id = ?", [run_id]).fetchone()
         peak = con.execute(
-            "SELECT max(gbps) FROM measured_peaks WHERE run_id = ? AND name LIKE 'peer_copy_shift%'", [run_id]
+            "SELECT max(gbps) FROM measured_peaks WHERE run_id = ? "
+            "AND (name LIKE 'peer_copy_shift%' OR name = 'peer_exchange_all')",
+            [run_id],
         ).fetchone()
     gpn = gpn or world
     return RunFacts(
@@ -127,21 +131,70 @@ def _print_estimate(est: Estimate, wl: Workload, combine: str) -> None:
 
 
 def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> None:
+    """Per published table: the rows that hold, their ratio range, the rows the model cannot express with
+    the reason; exit 1 if any row beats its bound or breaks a rule of moelab.model.published."""
     table = load_peaks(peaks)
-    checked = [check_row(r, table, latency) for r in load_rows()]
-    problems = [c.problem for c in checked if c.problem]
+    tables = check_tables(load_rows(), table, latency)
+    checked = [c for t in tables for c in t.checked]
+    problems = [p for t in tables for p in t.problems]
     if not checked:  # a pass over nothing checked is no pass
         if json_out:
-            print(strict_json({"ok": False, "rows": []}))
+            print(strict_json({"ok": False, "tables": [], "rows": []}))
         print(
             "error: no published rows to check: the published tables are missing from this install",
             file=sys.stderr,
         )
         raise typer.Exit(1)
     if json_out:
-        print(strict_json({"ok": not problems and bool(checked), "rows": [c.to_dict() for c in checked]}))
+        held = [c for t in tables for c in t.held]
+        summary = {
+            "tables": len(tables),
+            "tables_with_held_rows": sum(1 for t in tables if t.held),
+            "rows": len(checked) + sum(len(t.unexpressed) for t in tables),
+            "rows_held": len(held),
+            "rows_above_bound": sum(1 for c in checked if c.ratio > 1.0),
+            "rows_unexpressed": sum(len(t.unexpressed) for t in tables),
+            "nic_bound_rows": sum(1 for c in checked if c.nic_bound),
+            "nic_bound_ratio_min": min((c.ratio for c in checked if c.nic_bound), default=None),
+        }
+        doc = {
+            "ok": not problems,
+            "summary": summary,
+            "tables": [t.to_dict() for t in tables],
+            "rows": [c.to_dict() for c in checked],
+        }
+        print(strict_json(doc))
     else:
-        rows = [
+        _print_tables(tables)
+    if problems:  # a finding, not a user error: exit 1
+        print(
+            f"error: {len(problems)} published row(s) fail the model: {safe_text(problems[0])}",
+            file=sys.stderr,
+        )
+        raise typer.Exit(1)
+
+
+def _print_tables(tables: list[TableCheck]) -> None:
+    rows = []
+    for t in tables:
+        span = t.ratio_range()
+        rows.append(
+            [
+                f"{t.dataset}/{t.table}",
+                t.title,
+                f"{len(t.held)} of {len(t.checked) + len(t.unexpressed)}",
+                f"{span[0]:.2f}–{span[1]:.2f}" if span else "—",
+                len(t.unexpressed),
+            ]
+        )
+    print_table(
+        ["table", "title", "rows that hold", "published / bound", "cannot express"],
+        rows,
+        title="published tables against the bound of their own hardware",
+    )
+    print_table(
+        ["row", "published GB/s", "definition", "bound GB/s", "published / bound", "bottleneck", "reason"],
+        [
             [
                 c.row.row_id,
                 c.row.gbps,
@@ -151,31 +204,16 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
                 c.bound.bottleneck,
                 c.row.reason or "",
             ]
-            for c in checked
-        ]
-        print_table(
-            [
-                "row",
-                "published GB/s",
-                "definition",
-                "bound GB/s",
-                "published / bound",
-                "bottleneck",
-                "reason",
-            ],
-            rows,
-            title="published figures against the bound of their own hardware",
-        )
-        for src in dict.fromkeys(
-            f"{c.row.library} {c.row.title}: {c.row.source}; {c.row.version}" for c in checked
-        ):
-            console.print(f"source: {src}")
-    if problems:  # a finding, not a user error: exit 1
-        print(
-            f"error: {len(problems)} published row(s) fail the model: {safe_text(problems[0])}",
-            file=sys.stderr,
-        )
-        raise typer.Exit(1)
+            for t in tables
+            for c in t.checked
+        ],
+        title="every row",
+    )
+    for t in tables:
+        for r in t.unexpressed:
+            console.print(f"cannot express {r.row_id}: {r.unexpressed}")
+    for t in tables:
+        console.print(f"source of {t.dataset}/{t.table}: {t.source}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,12 +245,11 @@ class TopologyOptions(opt.Options):
             nic_gbps=self.nic_gbps,
             pcie_only=self.pcie_only,
             measured_intra_gbps=facts.measured_intra_gbps if facts and not self.nvlink_gbps else None,
-            measured_source=f"measured peer copy of run {facts.run_id}" if facts else "",
+            measured_source=f"measured link capacity of run {facts.run_id}" if facts else "",
         )
-        if facts and facts.measured_intra_gbps is None:  # a note on stderr: stdout may be --json
+        if facts and facts.measured_intra_gbps is None:  # a note, on stderr: --json's stdout stays JSON
             print(
-                f"note: run {facts.run_id} stored no measured peaks: link figures from the table",
-                file=sys.stderr,
+                f"run {facts.run_id} stored no measured peaks: link figures from the table", file=sys.stderr
             )
         return resolve(req, load_peaks(self.peaks))
 
@@ -249,6 +286,14 @@ class ModelWorkloadOptions(opt.Options):
             if experts < 1 or experts % world:
                 raise SpecError(f"--experts {experts} does not divide over {world} ranks")
             epr = experts // world
+        if epr is None and DEFAULT_EXPERTS_PER_RANK * world < self.topk:
+            # moelab run's rule for the same case (a 2-rank run, --from-run): the nearest variant
+            epr = max(NEAREST_EXPERTS_PER_RANK, -(-self.topk // world))
+            print(
+                f"note: {DEFAULT_EXPERTS_PER_RANK} experts/rank x {world} ranks < topk {self.topk}: using the "
+                f"nearest variant, {epr} experts/rank, as moelab run does; set --experts-per-rank to choose",
+                file=sys.stderr,
+            )
         routing = RoutingSpec(
             kind=self.routing,
             seed=self.seed,
@@ -262,7 +307,7 @@ class ModelWorkloadOptions(opt.Options):
             hidden=self.hidden,
             tokens_per_rank=self.tokens_per_rank,
             topk=self.topk,
-            experts_per_rank=2 if epr is None else epr,
+            experts_per_rank=DEFAULT_EXPERTS_PER_RANK if epr is None else epr,
             routing=routing,
             dtype=self.dtype,
         )
@@ -321,7 +366,7 @@ MODEL_WORKLOAD_FLAGS = _group_flags(
     ("topk", int, 8, "--topk", "Experts per token"),
     ("experts_per_rank", int | None, None, "--experts-per-rank", "Experts per rank (default 2)"),
     ("experts", int | None, None, "--experts", "Total experts, instead of --experts-per-rank"),
-    ("routing", str, "uniform", "--routing", "uniform, zipf, hot or grouped"),
+    ("routing", str, "uniform", "--routing", ", ".join(ROUTING_KINDS)),
     ("seed", int, 0, "--seed", "Routing seed"),
     ("zipf_s", float, 1.2, "--zipf-s", "zipf: skew exponent"),
     ("hot_experts", int, 1, "--hot-experts", "hot: how many experts are hot"),

@@ -15,7 +15,7 @@ import inspect
 import os
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,14 +24,36 @@ import typer
 from moelab.backends import nccl_tests
 from moelab.cli.common import DB_OPTION_HELP, parse_list
 from moelab.core.errors import SpecError
+from moelab.core.workload import ROUTING_KINDS
 
 BACKENDS_PANEL, WORKLOAD_PANEL, LAUNCH_PANEL = "Backends and knobs", "Workload", "Launch"
 TIMING_PANEL, STORE_PANEL, TRACING_PANEL, HEALTH_PANEL = "Timing", "Store", "Tracing", "Health"
 
 
-class Options:
-    """Base of an option group: a frozen dataclass whose fields are flag values, each defaulting to what a
-    command that does not offer the flag gets."""
+_FLAG = "moelab_flag"
+_AS_FIELD: Any = object()  # a flag shows its field's default
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagText:
+    """What a flag's one declaration says beyond its field's name, type and default."""
+
+    help: str
+    decls: tuple[str, ...] = ()  # option names (none: typer's from the field name)
+    metavar: str | None = None  # what the flag takes, shown in --help (a bool flag takes nothing)
+    panel: str | None = None  # its help panel, where not its group's
+    annotation: Any = None  # the flag's type, where the field holds values of several (workload axes)
+    shown_default: Any = _AS_FIELD  # the default a command offering the flag shows, where not the field's
+    request: str | None = ""  # the RunRequest field it fills ("": its own name; None: none)
+
+
+def flag(default: Any, help: str, *decls: str, metavar: str | None = None, **text: Any) -> Any:
+    """A field of an option group that is a flag: its default (what a command that does not offer the flag
+    gets), help and option names, declared once; typer's parameter and the request field derive from it."""
+    meta = {_FLAG: FlagText(help=help, decls=decls, metavar=metavar, **text)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,60 @@ class Flag:
         )
 
 
+class Options:
+    """Base of an option group: a frozen dataclass whose fields, declared with `flag`, are flag values, each
+    defaulting to what a command that does not offer the flag gets (the RunRequest default)."""
+
+    PANEL: ClassVar[str]
+
+    @classmethod
+    def flags(cls, *names: str) -> tuple[Flag, ...]:
+        """The group's flags named (all of them, in declaration order, without names)."""
+        every = _group_flags(cls)
+        unknown = [n for n in names if n not in every]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no flag(s) {', '.join(unknown)}")
+        return tuple(every[n] for n in names) if names else tuple(every.values())
+
+    @classmethod
+    def flag(cls, name: str) -> Flag:
+        (one,) = cls.flags(name)
+        return one
+
+    def request_fields(self) -> dict[str, Any]:
+        """The RunRequest fields this group's values fill, by each flag's declaration."""
+        return {
+            meta.request or f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            if (meta := f.metadata[_FLAG]).request is not None
+        }
+
+
+_FLAGS_OF: dict[type[Options], dict[str, Flag]] = {}
+
+
+def _group_flags(group: type[Options]) -> dict[str, Flag]:
+    if group in _FLAGS_OF:
+        return _FLAGS_OF[group]
+    types = typing.get_type_hints(group)
+    out = _FLAGS_OF[group] = {}
+    for f in dataclasses.fields(group):  # type: ignore[arg-type]
+        meta: FlagText = f.metadata[_FLAG]
+        made = typing.cast(Callable[[], Any], f.default_factory)
+        default = f.default if f.default is not MISSING else made()
+        out[f.name] = Flag(
+            name=f.name,
+            annotation=meta.annotation if meta.annotation is not None else types[f.name],
+            default=default if meta.shown_default is _AS_FIELD else meta.shown_default,
+            decls=meta.decls,
+            help=meta.help,
+            panel=meta.panel or group.PANEL,
+            group=group,
+            metavar=meta.metavar,
+        )
+    return out
+
+
 def parse_backend_paths(values: list[str]) -> dict[str, str]:
     """--backend-path NAME=DIR (repeatable) -> {NAME: absolute DIR}; DIR must be a folder."""
     out = {}
@@ -79,10 +155,31 @@ def parse_backend_paths(values: list[str]) -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class BackendOptions(Options):
-    backend: str | None = None
-    backend_path: list[str] = field(default_factory=list)
-    nccl_tests_bin: str | None = None
-    kernel_cache: str = "auto"
+    """Read by the commands themselves (names, paths), not passed whole into the request."""
+
+    PANEL = BACKENDS_PANEL
+    backend: str | None = flag(
+        None, "Backend(s), comma-separated; see `moelab backends`", "--backend", "-b", metavar="NAME[,NAME…]"
+    )
+    backend_path: list[str] = flag(
+        [],
+        "NAME=DIR: put DIR first on PYTHONPATH for backend NAME's job (e.g. its deep_ep build)",
+        "--backend-path",
+        metavar="NAME=DIR",
+    )
+    nccl_tests_bin: str | None = flag(
+        None,
+        f"alltoall_perf (or its folder) for --backend {nccl_tests.BACKEND}; default: PATH",
+        "--nccl-tests-bin",
+        metavar="PATH",
+    )
+    kernel_cache: str = flag(
+        "auto",
+        "Folder where backends that compile kernels on first use (Hybrid-EP) keep them across jobs; "
+        "auto: the user's cache folder; off: compile in every job",
+        "--kernel-cache",
+        metavar="DIR|auto|off",
+    )
 
     def names(self) -> tuple[str, ...]:
         return tuple(parse_list(self.backend, str, "backend") or [])
@@ -91,100 +188,158 @@ class BackendOptions(Options):
         return parse_backend_paths(self.backend_path)
 
 
+def _axis(help: str, metavar: str, item: type, *decls: str, panel: str | None = None) -> Any:
+    """A workload axis: comma-separated values of `item` as run takes them (verify one number, tune
+    integers: their declarations say so with Flag.but)."""
+    return field(
+        default=None,
+        metadata={
+            _FLAG: FlagText(help=help, decls=decls, metavar=metavar, annotation=str | None, panel=panel),
+            "item": item,
+        },
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadOptions(Options):
     """As the command declares them: run takes comma-separated lists, verify one number, tune integers."""
 
-    hidden: Any = None
-    tokens_per_rank: Any = None
-    topk: Any = None
-    experts_per_rank: Any = None
-    routing: Any = None
-    seed: Any = None
-    dtype: Any = None
-    sms: Any = None
-    KINDS: ClassVar[dict[str, type]] = {
-        "hidden": int,
-        "tokens_per_rank": int,
-        "topk": int,
-        "experts_per_rank": int,
-        "routing": str,
-        "seed": int,
-        "dtype": str,
-        "sms": int,
-    }
+    PANEL = WORKLOAD_PANEL
+    hidden: Any = _axis("Hidden size(s), comma-separated; replaces the suite's", "N[,N…]", int)
+    tokens_per_rank: Any = _axis("Tokens per rank, comma-separated", "N[,N…]", int, "--tokens-per-rank")
+    topk: Any = _axis("Experts per token, comma-separated", "N[,N…]", int)
+    experts_per_rank: Any = _axis("Experts per rank, comma-separated", "N[,N…]", int, "--experts-per-rank")
+    routing: Any = _axis(f"Routing kind(s): {', '.join(ROUTING_KINDS)}", "KIND[,KIND…]", str)
+    seed: Any = _axis("Routing seed(s)", "N[,N…]", int)
+    dtype: Any = _axis("Dispatch payload(s): bf16, fp8, mxfp8", "TYPE[,TYPE…]", str)
+    sms: Any = _axis(
+        "SM counts, comma-separated ('default' = the library's own choice)",
+        "N|default[,…]",
+        int,
+        panel=BACKENDS_PANEL,
+    )
 
     def axes(self) -> dict[str, list[Any]]:
         """The comma-separated lists given, per workload axis (they replace the suite's)."""
         out = {}
-        for key, kind in self.KINDS.items():
-            parsed = parse_list(getattr(self, key), kind, key.replace("_", "-"))
+        for f in dataclasses.fields(self):
+            parsed = parse_list(getattr(self, f.name), f.metadata["item"], f.name.replace("_", "-"))
             if parsed is not None:
-                out[key] = parsed
+                out[f.name] = parsed
         return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchOptions(Options):
-    gpus: int | None = None
-    gpus_per_node: int | None = None
-    cpu: bool = False
-    nodes: int = 1
-    launcher: str = "local"  # "auto": SLURM inside an allocation, else local
-    rdzv_endpoint: str | None = None
-    node_rank: int | None = None
-    timeout: float = 900.0
-    collective_timeout: float = 300.0
-    bind: str | None = None
-    emulate_internode: bool = False
+    PANEL = LAUNCH_PANEL
+    gpus: int | None = flag(
+        None, "Ranks on this host (default: every local GPU, else 2 CPU ranks)", "--gpus", metavar="N"
+    )
+    gpus_per_node: int | None = flag(
+        None,
+        "Ranks per node for byte accounting (default: ranks on this host)",
+        "--gpus-per-node",
+        metavar="N",
+    )
+    cpu: bool = flag(False, "Run on CPU ranks (gloo) even when GPUs are present", "--cpu")
+    timeout: float = flag(
+        900.0,
+        "Wall-clock limit of one backend job, seconds; then it is killed and recorded as failed",
+        metavar="SECONDS",
+        request="timeout_s",
+    )
+    collective_timeout: float = flag(
+        300.0,
+        "torch.distributed timeout of a hung collective, seconds",
+        "--collective-timeout",
+        metavar="SECONDS",
+        request="collective_timeout_s",
+    )
+    launcher: str = flag(
+        "local",  # a command without --launcher launches locally; one with it resolves "auto"
+        "auto (SLURM inside an allocation, else local), local, torchrun, slurm or mpirun",
+        "--launcher",
+        metavar="auto|local|torchrun|slurm|mpirun",
+        shown_default="auto",
+    )
+    nodes: int = flag(
+        1, "Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node", "--nodes", metavar="N"
+    )
+    rdzv_endpoint: str | None = flag(
+        None,
+        "torchrun multi-node: HOST:PORT of the c10d rendezvous (node 0's)",
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+    )
+    node_rank: int | None = flag(
+        None,
+        "torchrun multi-node: this node's rank; node 0 hosts the rendezvous and stores the run",
+        "--node-rank",
+        metavar="N",
+    )
+    bind: str | None = flag(
+        None, "numa: pin each rank to the CPUs and memory of its GPU's NUMA node", "--bind", metavar="numa"
+    )
+    emulate_internode: bool = flag(
+        False,
+        "Force NCCL's network (socket) transport between every pair of ranks, as between nodes",
+        "--emulate-internode",
+    )
 
     def request_fields(self) -> dict[str, Any]:
         from moelab.job import launchers
 
-        launcher = launchers.auto_launcher(os.environ) if self.launcher == "auto" else self.launcher
-        return dict(
-            gpus=self.gpus,
-            gpus_per_node=self.gpus_per_node,
-            cpu=self.cpu,
-            nodes=self.nodes,
-            launcher=launcher,
-            rdzv_endpoint=self.rdzv_endpoint,
-            node_rank=self.node_rank,
-            timeout_s=self.timeout,
-            collective_timeout_s=self.collective_timeout,
-            bind=self.bind,
-            emulate_internode=self.emulate_internode,
-        )
+        fields_ = super().request_fields()
+        if self.launcher == "auto":
+            fields_["launcher"] = launchers.auto_launcher(os.environ)
+        return fields_
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimingOptions(Options):
-    iters: int | None = None
-    warmup: int | None = None
-    noise_target: float | None = None
-    max_iters: int | None = None
-    repeat: int | None = None
-
-    def request_fields(self) -> dict[str, Any]:
-        return dict(
-            iters=self.iters,
-            warmup=self.warmup,
-            noise_target=self.noise_target,
-            max_iters=self.max_iters,
-            repeat=self.repeat,
-        )
+    PANEL = TIMING_PANEL
+    iters: int | None = flag(
+        None,
+        "A fixed count of timed iterations per op (default: stop once the median is stable, see --noise-target)",
+        metavar="N",
+    )
+    warmup: int | None = flag(None, "Warm-up iterations per op", metavar="N")
+    noise_target: float | None = flag(
+        None,
+        "Stop timing an op once its median is known within this fraction (default 0.02 on GPU)",
+        "--noise-target",
+        metavar="FRACTION",
+    )
+    max_iters: int | None = flag(
+        None, "Most timed iterations per op when stopping on noise", "--max-iters", metavar="N"
+    )
+    repeat: int | None = flag(
+        None,
+        "Start each backend job N times, in rotated order; each start is a process sample (intervals, "
+        "compare and check use the variation between them). Default: the suite's `repeat`, else 1",
+        "--repeat",
+        metavar="N",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StoreOptions(Options):
-    label: str | None = None
-    db: str | None = None
-    out: Path | None = None
-    report: Path | None = None
-    run_id: str | None = None
-
-    def request_fields(self) -> dict[str, Any]:
-        return dict(label=self.label, run_id=self.run_id)
+    PANEL = STORE_PANEL
+    label: str | None = flag(None, "A name for this run (baselines, comparisons)", metavar="NAME")
+    db: str | None = flag(None, DB_OPTION_HELP, "--db", metavar="FILE", request=None)
+    out: Path | None = flag(
+        None,
+        "Folder for run directories (default: runs/ in the user's data directory)",
+        "--out",
+        metavar="DIR",
+        request=None,
+    )
+    report: Path | None = flag(
+        None, "Also write the HTML report of this run to this file", "--report", metavar="FILE", request=None
+    )
+    run_id: str | None = flag(
+        None, "Run id (multi-node torchrun: give every node the same one)", "--run-id", metavar="ID"
+    )
 
     def runs_root(self) -> Path:
         from moelab.store.db import data_dir
@@ -194,357 +349,70 @@ class StoreOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class TraceOptions(Options):
-    trace: str = "none"
-    trace_iters: int = 5
-    nsys_osrt: bool = False
-    wrap: str | None = None
-
-    def request_fields(self) -> dict[str, Any]:
-        return dict(trace=self.trace, trace_iters=self.trace_iters, nsys_osrt=self.nsys_osrt, wrap=self.wrap)
+    PANEL = TRACING_PANEL
+    trace: str = flag(
+        "none",
+        "none, torch (torch.profiler Chrome traces + kernel-only times) or nsys (each rank under nsys profile)",
+        "--trace",
+        metavar="none|torch|nsys",
+    )
+    trace_iters: int = flag(5, "Profiled iterations per op with --trace torch", "--trace-iters", metavar="N")
+    nsys_osrt: bool = flag(False, "--trace nsys: also trace OS runtime calls", "--nsys-osrt")
+    wrap: str | None = flag(
+        None,
+        "Run each rank under a tool, e.g. 'ncu --profile-from-start off -o {out}'; {out} and {rank} are expanded",
+        "--wrap",
+        metavar="COMMAND",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class HealthOptions(Options):
-    require_healthy: bool = False
-    health: bool = True
-
-    def request_fields(self) -> dict[str, Any]:
-        return dict(require_healthy=self.require_healthy, health=self.health)
+    PANEL = HEALTH_PANEL
+    require_healthy: bool = flag(
+        False, "Refuse to start a backend job on a node whose health check fails", "--require-healthy"
+    )
+    health: bool = flag(
+        True, "Health snapshot (NVML, sysfs) before and after each backend job", "--health/--no-health"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class SbatchOptions(Options):
-    sbatch: bool = False
-    partition: str | None = None
-    account: str | None = None
-    time_limit: str = "00:30:00"
-    container_image: str | None = None
-    container_mounts: str | None = None
-
-
-def _flags(
-    group: type[Options], panel: str, *specs: tuple[str, Any, Any, tuple[str, ...], str, str | None]
-) -> list[Flag]:
-    """Flags of one option group: (name, type, default, option names, help, metavar) each."""
-    return [
-        Flag(name, kind, default, decls, text, panel, group, metavar)
-        for name, kind, default, decls, text, metavar in specs
-    ]
-
-
-BACKEND_FLAGS = _flags(
-    BackendOptions,
-    BACKENDS_PANEL,
-    (
-        "backend",
-        str | None,
-        None,
-        ("--backend", "-b"),
-        "Backend(s), comma-separated; see `moelab backends`",
-        "NAME[,NAME…]",
-    ),
-    (
-        "backend_path",
-        list[str],
-        [],
-        ("--backend-path",),
-        "NAME=DIR: put DIR first on PYTHONPATH for backend NAME's job (e.g. its deep_ep build)",
-        "NAME=DIR",
-    ),
-    (
-        "nccl_tests_bin",
-        str | None,
-        None,
-        ("--nccl-tests-bin",),
-        f"alltoall_perf (or its folder) for --backend {nccl_tests.BACKEND}; default: PATH",
-        "PATH",
-    ),
-    (
-        "kernel_cache",
-        str,
-        "auto",
-        ("--kernel-cache",),
-        "Folder where backends that compile kernels on first use (Hybrid-EP) keep them across jobs; "
-        "auto: the user's cache folder; off: compile in every job",
-        "DIR|auto|off",
-    ),
-)
-WORKLOAD_FLAGS = _flags(
-    WorkloadOptions,
-    WORKLOAD_PANEL,
-    ("hidden", str | None, None, (), "Hidden size(s), comma-separated; replaces the suite's", "N[,N…]"),
-    (
-        "tokens_per_rank",
-        str | None,
-        None,
-        ("--tokens-per-rank",),
-        "Tokens per rank, comma-separated",
-        "N[,N…]",
-    ),
-    ("topk", str | None, None, (), "Experts per token, comma-separated", "N[,N…]"),
-    (
-        "experts_per_rank",
-        str | None,
-        None,
-        ("--experts-per-rank",),
-        "Experts per rank, comma-separated",
-        "N[,N…]",
-    ),
-    ("routing", str | None, None, (), "Routing kind(s): uniform, zipf, hot", "KIND[,KIND…]"),
-    ("seed", str | None, None, (), "Routing seed(s)", "N[,N…]"),
-    ("dtype", str | None, None, (), "Dispatch payload(s): bf16, fp8, mxfp8", "TYPE[,TYPE…]"),
-)
-(SMS,) = _flags(
-    WorkloadOptions,
-    BACKENDS_PANEL,
-    (
-        "sms",
-        str | None,
-        None,
-        (),
-        "SM counts, comma-separated ('default' = the library's own choice)",
-        "N|default[,…]",
-    ),
-)
-RANK_FLAGS = _flags(
-    LaunchOptions,
-    LAUNCH_PANEL,
-    (
-        "gpus",
-        int | None,
-        None,
-        ("--gpus",),
-        "Ranks on this host (default: every local GPU, else 2 CPU ranks)",
-        "N",
-    ),
-    (
-        "gpus_per_node",
-        int | None,
-        None,
-        ("--gpus-per-node",),
-        "Ranks per node for byte accounting (default: ranks on this host)",
-        "N",
-    ),
-    ("cpu", bool, False, ("--cpu",), "Run on CPU ranks (gloo) even when GPUs are present", None),
-    (
-        "timeout",
-        float,
-        900.0,
-        (),
-        "Wall-clock limit of one backend job, seconds; then it is killed and recorded as failed",
-        "SECONDS",
-    ),
-    (
-        "collective_timeout",
-        float,
-        300.0,
-        ("--collective-timeout",),
-        "torch.distributed timeout of a hung collective, seconds",
-        "SECONDS",
-    ),
-    (
-        "launcher",
-        str,
-        "auto",
-        ("--launcher",),
-        "auto (SLURM inside an allocation, else local), local, torchrun, slurm or mpirun",
-        "auto|local|torchrun|slurm|mpirun",
-    ),
-    (
-        "nodes",
-        int,
-        1,
-        ("--nodes",),
-        "Nodes; with --gpus-per-node, the world size is nodes x gpus-per-node",
-        "N",
-    ),
-    (
-        "rdzv_endpoint",
-        str | None,
-        None,
-        ("--rdzv-endpoint",),
-        "torchrun multi-node: HOST:PORT of the c10d rendezvous (node 0's)",
-        "HOST:PORT",
-    ),
-    (
-        "node_rank",
-        int | None,
-        None,
-        ("--node-rank",),
-        "torchrun multi-node: this node's rank; node 0 hosts the rendezvous and stores the run",
-        "N",
-    ),
-)
-PLACEMENT_FLAGS = _flags(
-    LaunchOptions,
-    LAUNCH_PANEL,
-    (
-        "bind",
-        str | None,
-        None,
-        ("--bind",),
-        "numa: pin each rank to the CPUs and memory of its GPU's NUMA node",
-        "numa",
-    ),
-    (
-        "emulate_internode",
-        bool,
+    PANEL = LAUNCH_PANEL
+    sbatch: bool = flag(
         False,
-        ("--emulate-internode",),
-        "Force NCCL's network (socket) transport between every pair of ranks, as between nodes",
-        None,
-    ),
-)
-SBATCH_FLAGS = _flags(
-    SbatchOptions,
-    LAUNCH_PANEL,
-    (
-        "sbatch",
-        bool,
-        False,
-        ("--sbatch",),
         "Outside a SLURM allocation: write a batch script that runs this command and submit it",
+        "--sbatch",
+    )
+    partition: str | None = flag(None, "--sbatch: SLURM partition", metavar="NAME", request=None)
+    account: str | None = flag(None, "--sbatch: SLURM account", metavar="NAME", request=None)
+    time_limit: str = flag(
+        "00:30:00", "--sbatch: SLURM time limit", "--time", metavar="HH:MM:SS", request=None
+    )
+    container_image: str | None = flag(
+        None, "srun/sbatch with pyxis: container image", "--container-image", metavar="IMAGE", request=None
+    )
+    container_mounts: str | None = flag(
         None,
-    ),
-    ("partition", str | None, None, (), "--sbatch: SLURM partition", "NAME"),
-    ("account", str | None, None, (), "--sbatch: SLURM account", "NAME"),
-    ("time_limit", str, "00:30:00", ("--time",), "--sbatch: SLURM time limit", "HH:MM:SS"),
-    (
-        "container_image",
-        str | None,
-        None,
-        ("--container-image",),
-        "srun/sbatch with pyxis: container image",
-        "IMAGE",
-    ),
-    (
-        "container_mounts",
-        str | None,
-        None,
-        ("--container-mounts",),
         "srun/sbatch with pyxis: SRC:DST[,...]",
-        "SRC:DST[,…]",
-    ),
+        "--container-mounts",
+        metavar="SRC:DST[,…]",
+        request=None,
+    )
+
+
+# the flags the commands name one by one (by name: inserting a flag into a group moves none of them)
+BACKEND, BACKEND_PATH, NCCL_TESTS_BIN = (
+    BackendOptions.flag(n) for n in ("backend", "backend_path", "nccl_tests_bin")
 )
-TIMING_FLAGS = _flags(
-    TimingOptions,
-    TIMING_PANEL,
-    (
-        "iters",
-        int | None,
-        None,
-        (),
-        "A fixed count of timed iterations per op (default: stop once the median is stable, see --noise-target)",
-        "N",
-    ),
-    ("warmup", int | None, None, (), "Warm-up iterations per op", "N"),
-    (
-        "noise_target",
-        float | None,
-        None,
-        ("--noise-target",),
-        "Stop timing an op once its median is known within this fraction (default 0.02 on GPU)",
-        "FRACTION",
-    ),
-    (
-        "max_iters",
-        int | None,
-        None,
-        ("--max-iters",),
-        "Most timed iterations per op when stopping on noise",
-        "N",
-    ),
-    (
-        "repeat",
-        int | None,
-        None,
-        ("--repeat",),
-        "Start each backend job N times, in rotated order; each start is a process sample (intervals, "
-        "compare and check use the variation between them). Default: the suite's `repeat`, else 1",
-        "N",
-    ),
-)
-STORE_FLAGS = _flags(
-    StoreOptions,
-    STORE_PANEL,
-    ("label", str | None, None, (), "A name for this run (baselines, comparisons)", "NAME"),
-    ("db", str | None, None, ("--db",), DB_OPTION_HELP, "FILE"),
-    (
-        "out",
-        Path | None,
-        None,
-        ("--out",),
-        "Folder for run directories (default: runs/ in the user's data directory)",
-        "DIR",
-    ),
-    (
-        "report",
-        Path | None,
-        None,
-        ("--report",),
-        "Also write the HTML report of this run to this file",
-        "FILE",
-    ),
-    (
-        "run_id",
-        str | None,
-        None,
-        ("--run-id",),
-        "Run id (multi-node torchrun: give every node the same one)",
-        "ID",
-    ),
-)
-TRACE_FLAGS = _flags(
-    TraceOptions,
-    TRACING_PANEL,
-    (
-        "trace",
-        str,
-        "none",
-        ("--trace",),
-        "none, torch (torch.profiler Chrome traces + kernel-only times) or nsys (each rank under nsys profile)",
-        "none|torch|nsys",
-    ),
-    ("trace_iters", int, 5, ("--trace-iters",), "Profiled iterations per op with --trace torch", "N"),
-    ("nsys_osrt", bool, False, ("--nsys-osrt",), "--trace nsys: also trace OS runtime calls", None),
-    (
-        "wrap",
-        str | None,
-        None,
-        ("--wrap",),
-        "Run each rank under a tool, e.g. 'ncu --profile-from-start off -o {out}'; {out} and {rank} are expanded",
-        "COMMAND",
-    ),
-)
-HEALTH_FLAGS = _flags(
-    HealthOptions,
-    HEALTH_PANEL,
-    (
-        "require_healthy",
-        bool,
-        False,
-        ("--require-healthy",),
-        "Refuse to start a backend job on a node whose health check fails",
-        None,
-    ),
-    (
-        "health",
-        bool,
-        True,
-        ("--health/--no-health",),
-        "Health snapshot (NVML, sysfs) before and after each backend job",
-        None,
-    ),
-)
-BACKEND, BACKEND_PATH, NCCL_TESTS_BIN, KERNEL_CACHE = BACKEND_FLAGS
-HIDDEN, TOKENS_PER_RANK, TOPK, EXPERTS_PER_RANK, ROUTING, SEED, DTYPE = WORKLOAD_FLAGS
-GPUS, GPUS_PER_NODE, CPU, TIMEOUT, COLLECTIVE_TIMEOUT, LAUNCHER, NODES, RDZV_ENDPOINT, NODE_RANK = RANK_FLAGS
-BIND, EMULATE_INTERNODE = PLACEMENT_FLAGS
-SBATCH, PARTITION, ACCOUNT, TIME_LIMIT, CONTAINER_IMAGE, CONTAINER_MOUNTS = SBATCH_FLAGS
-ITERS, WARMUP, NOISE_TARGET, MAX_ITERS, REPEAT = TIMING_FLAGS
-LABEL, DB, OUT, REPORT, RUN_ID = STORE_FLAGS
-TRACE, TRACE_ITERS, NSYS_OSRT, WRAP = TRACE_FLAGS
-REQUIRE_HEALTHY, HEALTH = HEALTH_FLAGS
+HIDDEN, TOKENS_PER_RANK, TOPK = (WorkloadOptions.flag(n) for n in ("hidden", "tokens_per_rank", "topk"))
+EXPERTS_PER_RANK, ROUTING, SEED = (WorkloadOptions.flag(n) for n in ("experts_per_rank", "routing", "seed"))
+DTYPE, SMS = WorkloadOptions.flag("dtype"), WorkloadOptions.flag("sms")
+GPUS, CPU, TIMEOUT = (LaunchOptions.flag(n) for n in ("gpus", "cpu", "timeout"))
+ITERS, WARMUP, REPEAT = (TimingOptions.flag(n) for n in ("iters", "warmup", "repeat"))
+LABEL, DB, OUT, REPORT = (StoreOptions.flag(n) for n in ("label", "db", "out", "report"))
+TRACE, HEALTH = TraceOptions.flag("trace"), HealthOptions.flag("health")
 DRY_RUN = Flag(
     "dry_run",
     bool,

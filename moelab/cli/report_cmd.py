@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +48,14 @@ BASELINE_OPTION = typer.Option(
 
 @user_errors
 def report(
-    run: list[str] = typer.Option([], "--run", help="Run ids or labels (default: the newest run)"),
+    run: list[str] = typer.Option(
+        [], "--run", help="Run ids or labels, repeated or comma-separated (default: the newest run)"
+    ),
+    export: Path | None = typer.Option(
+        None,
+        "--export",
+        help="Report on an export folder (moelab db export) instead of the database: all its runs, or --run's",
+    ),
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="File to write"),
     fmt: str = typer.Option("html", "--format", help="html (self-contained, opens offline) or md (for PRs)"),
     history: bool | None = HISTORY_OPTION,
@@ -64,9 +74,47 @@ def report(
 
     Example: moelab report --run 20261122T070000Z-abc123 -o report.html
 
+    Example: moelab report --export results/h200x2/export -o h200.html
+
     Example: moelab report --history --since 30d --backend deepep,nccl-a2a --gpu H200 -o history.html
     """
-    path = resolve_db_path(db)
+    run = [r for item in run for r in parse_list(item, name="run") or []]
+    if export is not None:
+        if db is not None:
+            raise MoelabError("--export reads an export folder, --db a database: give one")
+        with _export_db(export) as (path, ids):
+            _report(path, run or ids, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
+        return
+    _report(resolve_db_path(db), run, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
+
+
+@contextmanager
+def _export_db(folder: Path) -> Iterator[tuple[Path, list[str]]]:
+    """An export's runs in a database of their own, in a temporary folder removed afterwards."""
+    from moelab.store.db import open_db
+    from moelab.store.export import import_export
+
+    with tempfile.TemporaryDirectory(prefix="moelab-export-") as tmp:
+        path = Path(tmp) / "export.duckdb"
+        with open_db(path) as con:
+            ids = import_export(con, folder)
+        yield path, ids
+
+
+def _report(
+    path: Path,
+    run: list[str],
+    out: Path,
+    fmt: str,
+    history: bool | None,
+    since: str | None,
+    label: list[str],
+    backend: str | None,
+    gpu: str | None,
+    metric: str,
+    x_axis: str,
+    baseline: str | None,
+) -> None:
     filtered = bool(since or label or backend or gpu)
     if history is False and filtered:
         raise MoelabError(
@@ -136,7 +184,7 @@ def _baseline(path: Path, run: list[str], baseline: str) -> Baseline:
         )
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run and the baseline are the same run ({cand_id})")
-        cand = load_side(con, cand_id)
+        cand = load_side(con, cand_id, leave_out=(base.run_id,))  # as `moelab check` reads it
     result = decide(base, cand, Policy(), described)
     verdicts = {(cand_id, *key): status for key, status in verdicts_by_case(result, cand).items()}
     return Baseline(described=described, run_id=cand_id, verdicts=verdicts)

@@ -78,27 +78,38 @@ ALLOW_EMPTY = opt.Flag(
     "Exit 0 even when every case was unsupported or skipped (nothing measured)",
     opt.STORE_PANEL,
 )
-# in the order of the help panels (Backends and knobs, Workload, Launch, Timing, Store, Tracing, Health)
+# in the order of the help panels (Backends and knobs, Workload, Launch, Timing, Store, Tracing, Health); a
+# group's flags by name where run's own flags go between them, else the whole group in declaration order
 RUN_FLAGS = (
     opt.BACKEND.but(default=registry.DEFAULT_BACKEND),
     opt.SMS,
-    *opt.BACKEND_FLAGS[1:],
+    *opt.BackendOptions.flags("backend_path", "nccl_tests_bin", "kernel_cache"),
     SUITE,
-    *opt.WORKLOAD_FLAGS[:5],  # hidden, tokens, topk, experts per rank, routing
+    *opt.WorkloadOptions.flags("hidden", "tokens_per_rank", "topk", "experts_per_rank", "routing"),
     MODEL,
-    *opt.WORKLOAD_FLAGS[5:],
+    *opt.WorkloadOptions.flags("seed", "dtype"),
     CASE,
     LIST_CASES,
-    *opt.RANK_FLAGS,
+    *opt.LaunchOptions.flags(
+        "gpus",
+        "gpus_per_node",
+        "cpu",
+        "timeout",
+        "collective_timeout",
+        "launcher",
+        "nodes",
+        "rdzv_endpoint",
+        "node_rank",
+    ),
     opt.DRY_RUN,
-    *opt.SBATCH_FLAGS,
-    *opt.PLACEMENT_FLAGS,
+    *opt.SbatchOptions.flags(),
+    *opt.LaunchOptions.flags("bind", "emulate_internode"),
     QUIET,
-    *opt.TIMING_FLAGS,
-    *opt.STORE_FLAGS,
+    *opt.TimingOptions.flags(),
+    *opt.StoreOptions.flags(),
     ALLOW_EMPTY,
-    *opt.TRACE_FLAGS,
-    *opt.HEALTH_FLAGS,
+    *opt.TraceOptions.flags(),
+    *opt.HealthOptions.flags(),
 )
 
 
@@ -391,7 +402,7 @@ def print_run_summary(db_path: Path, run_id: str) -> tuple[int, RunView]:
 def print_answer(view: RunView) -> None:
     """The run's summary, last: per op, payload and workload the backends fastest first with the interval
     that separates them (or says they cannot be told apart), % of the measured peak and of the bound."""
-    from moelab.reports.summary import UNSTABLE_MARK
+    from moelab.reports.summary import CONTENDED_MARK, SUSPECT_MARK, UNSTABLE_MARK
 
     rows = []
     for s in view.summary_rows:
@@ -418,7 +429,7 @@ def print_answer(view: RunView) -> None:
         print_table(
             ["op", "payload", "workload", "answer", "fastest first", "% measured", "% bound", "flagged"],
             rows,
-            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, ! suspect",
+            title=f"summary: median ±95% interval; ≈ indistinguishable from the fastest; {UNSTABLE_MARK} unstable, {SUSPECT_MARK} suspect, {CONTENDED_MARK} contended",
         )
     for note in view.notes:
         console.print(note)

@@ -12,16 +12,16 @@ from moelab.backends import registry
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
 from moelab.cli.output_check import check_output_file
-from moelab.core.e2e_spec import default_intermediate
+from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
 from moelab.core.spec import TimingSpec
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.search import TuneConfig, TuneResult, tune
-from moelab.tune.space import COARSE_SMS, coarse, default_dtypes, tunable_backends
+from moelab.tune.space import COARSE_SMS, SCHEDULES, coarse, default_dtypes, tunable_backends
 from moelab.tune.trials import TrialPlan, plan_trials, run_round
 
 
@@ -77,7 +77,10 @@ def _flags() -> tuple[opt.Flag, ...]:
             help=f"Dispatch payload for every backend (default: {payloads}, else bf16)", metavar="TYPE"
         ),
         opt.ROUTING.but(
-            annotation=str, default="uniform", help="Routing kind: uniform, zipf, hot", metavar="KIND"
+            annotation=str,
+            default="uniform",
+            help=f"Routing kind: {', '.join(ROUTING_KINDS)}",
+            metavar="KIND",
         ),
         opt.SEED.but(annotation=int, default=0, help="Routing seed", metavar="N"),
         opt.SMS.but(
@@ -85,6 +88,14 @@ def _flags() -> tuple[opt.Flag, ...]:
         ),
         opt.Flag(
             "backward", bool, False, ("--backward",), "Tune forward+backward tokens/s instead of forward"
+        ),
+        opt.Flag(
+            "schedules",
+            str,
+            ",".join(SCHEDULES),
+            ("--schedules",),
+            f"Layer schedules to search, comma-separated: {', '.join(MODES)} (default {','.join(SCHEDULES)})",
+            metavar="MODE[,MODE…]",
         ),
         opt.GPUS.but(decls=("--gpus", "--nproc"), help="Ranks on this host (default: every GPU; 2 on CPU)"),
         opt.CPU,
@@ -122,6 +133,7 @@ def tune_command(
     preset: str | None,
     intermediate: int | None,
     backward: bool,
+    schedules: str,
     suite_out: Path | None,
 ) -> None:
     """Search backend x SMs x chunk knobs x schedule for the most end-to-end tokens/s of one MoE layer.
@@ -132,6 +144,7 @@ def tune_command(
     paths = backends.paths()
     names = _available(backends, paths)
     grid = tuple(parse_list(workload.sms, int, "sms") or COARSE_SMS)
+    modes = _schedules(schedules)
     if any(not isinstance(s, int) or s < 1 for s in grid):
         raise SpecError("--sms takes positive whole numbers (the library default is always tried)")
     host = HostFacts(cuda_devices=cuda_devices())
@@ -155,7 +168,7 @@ def tune_command(
         intermediate=inter,
         backward=backward,
         dtypes={} if workload.dtype else default_dtypes(),
-        first=coarse(names, grid, sm_control),
+        first=coarse(names, grid, sm_control, modes),
         final=timings[2],
         runs_root=store.runs_root(),
         db_path=db_path,
@@ -169,9 +182,20 @@ def tune_command(
         f"{wl.experts_per_rank} experts/rank, {plan.launch.world} {device} ranks; backends {', '.join(names)}"
         + ("" if sm_control else " (CPU ranks: no SM control, searching backends, schedules and knobs)")
     )
-    config = TuneConfig(backends=names, sms_grid=grid, sm_control=sm_control, timings=timings)
+    config = TuneConfig(
+        backends=names, sms_grid=grid, sm_control=sm_control, timings=timings, schedules=modes
+    )
     result = tune(config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print))
     _print_result(plan, result, suite_out)
+
+
+def _schedules(text: str) -> tuple[str, ...]:
+    """--schedules as modes (moelab.core.e2e_spec.MODES), each once, in the order given."""
+    asked = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in asked if s not in MODES]
+    if bad or not asked:
+        raise SpecError(f"--schedules takes {', '.join(MODES)}; got {text!r}")
+    return asked
 
 
 def _available(backends: opt.BackendOptions, paths: dict[str, str]) -> tuple[str, ...]:

@@ -64,7 +64,7 @@ def format_time_us(us: float | None, digits: int = 4) -> str:
 
 def format_number(v: float | int | None, digits: int = 4) -> str:
     """A figure to `digits` significant digits in plain notation: `478.1`, `0.5255`, `412,300` (thousands
-    grouped from 10,000); only a figure under 0.001 keeps an exponent (`1.2e-05`). `—` when missing."""
+    grouped from 10,000); only a figure under 0.001 keeps an exponent (`1.2e-05`). `—` when missing or NaN."""
     if v is None:
         return "—"
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -72,7 +72,7 @@ def format_number(v: float | int | None, digits: int = 4) -> str:
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     if math.isnan(v):
-        return "nan"
+        return "—"  # a figure not measured (the bandwidth of a compute-only op is stored as NaN)
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"
     text = f"{v:.{digits}g}"

@@ -19,11 +19,19 @@ from moelab.core.workload import Workload
 
 BENCH_KNOB = "bench"  # the suite axis that makes a case an e2e case
 BENCH_E2E = "e2e"
-E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout")
-MODES = ("serial", "tbo", "chunked")
-OVERLAPPED = ("tbo", "chunked")
+E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout", "comm")
+MODES = ("serial", "tbo", "chunked", "expert", "auto")
+# auto: each rank times serial and the overlapped candidates (moelab.measure.e2e.auto_schedule) on the
+# case's own rows before the check and runs the fastest, so the layer is never slower than serial
+OVERLAPPED = ("tbo", "chunked", "expert", "auto")
+# Where the overlapped schedules' communication runs (moelab.measure.e2e.schedules says what each needs):
+# shared: beside the GEMMs on whatever SMs its kernels take; partition: on a fixed SM partition (the
+# backend's SM count, the GEMMs held to the rest); zero-sm: on no SM (NCCL's zero-CTA copy-engine path);
+# hook: the receive deferred to a hook called just before the data is needed (DeepEP return_recv_hook)
+COMMS = ("shared", "partition", "zero-sm", "hook")
+NO_SM_COMMS = ("zero-sm", "hook")  # the communication holds no SM while the GEMMs run: no carve-out
 PROFILES = ("full", "layer")
-GEMM_IMPLS = ("auto", "grouped", "loop")
+GEMM_IMPLS = ("auto", "grouped", "padded", "loop")
 DEFAULT_CHUNKS = 4
 INTERMEDIATE_DIVISOR = 4
 
@@ -51,9 +59,24 @@ class E2ESettings:
     chunks: int  # 1 in serial mode
     intermediate: int
     backward: bool
-    gemm: str  # as asked: auto / grouped / loop
+    gemm: str  # as asked: auto / grouped / padded / loop
     profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
     carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.measure.e2e.carveout)
+    comm: str = "shared"  # where the communication runs (COMMS)
+    asked_mode: str = ""  # "auto" once auto_schedule chose `mode` for it
+
+    @property
+    def schedule(self) -> str:
+        """The schedule's name as reports show it: the mode, its chunks where it has a choice, and where the
+        communication runs when not shared (`tbo`, `chunked/4`, `expert/4+partition`, `auto:tbo`)."""
+        name = f"{self.mode}/{self.chunks}" if self.mode in ("chunked", "expert") else self.mode
+        name = name if self.comm == "shared" or self.mode == "serial" else f"{name}+{self.comm}"
+        return f"auto:{name}" if self.asked_mode == "auto" else name
+
+    @property
+    def compares_serial(self) -> bool:
+        """The case times the serial layer beside its own (an overlapped mode, or auto whatever it chose)."""
+        return self.mode in OVERLAPPED or self.asked_mode == "auto"
 
     def to_record(self, gemm: str) -> dict[str, Any]:
         """The settings as the backend record's `e2e` entry, with the GEMM implementation `auto` chose."""
@@ -65,7 +88,9 @@ class E2ESettings:
             "gemm": gemm,
             "profile": self.profile,
             "carveout": self.carveout,
-        }
+            "comm": self.comm,
+            "schedule": self.schedule,
+        } | ({"asked_mode": self.asked_mode} if self.asked_mode else {})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +104,7 @@ class E2ESpec:
     gemm: str | None = None
     profile: str | None = None
     carveout: int | str | None = None  # "auto" or SMs
+    comm: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode == "overlap":
@@ -98,6 +124,19 @@ class E2ESpec:
         c = self.carveout
         if c is not None and c != "auto" and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
             raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {c!r}")
+        if self.comm is not None:
+            _one_of("comm", self.comm, COMMS)
+
+    def combination_reason(self, sms: int | None) -> str | None:
+        """Why these knobs, each valid, make no schedule together at `sms` (the product of a suite's axes:
+        serial beside a `comm`, a partition at the library's default SMs): the suite loader skips such a
+        case with this reason rather than refusing the suite."""
+        comm = self.comm or "shared"
+        if comm != "shared" and (self.mode or "serial") not in OVERLAPPED:
+            return f"e2e comm = {comm} needs an overlapped mode: serial runs nothing beside its communication"
+        if comm == "partition" and sms is None:
+            return "e2e comm = partition needs sms = N (the communication's share); the case has the default"
+        return None
 
     @classmethod
     def from_knobs(cls, knobs: Mapping[str, Any]) -> E2ESpec:
@@ -113,12 +152,31 @@ class E2ESpec:
         default) holds that many SMs back from the GEMMs of an overlapped layer (none at the library's
         default SMs)."""
         mode = self.mode or "serial"
-        default_chunks = {"chunked": DEFAULT_CHUNKS, "tbo": 2}.get(mode, 1)
+        default_chunks = {"chunked": DEFAULT_CHUNKS, "expert": DEFAULT_CHUNKS, "tbo": 2}.get(
+            mode, 1
+        )  # auto: 1
         chunks = self.chunks if self.chunks is not None else default_chunks
-        if mode != "chunked" and chunks != default_chunks:
+        if mode not in ("chunked", "expert") and chunks != default_chunks:
             raise SpecError(
-                f"e2e knob chunks = {chunks} needs mode = chunked (serial runs one chunk, tbo two micro-batches)"
+                f"e2e knob chunks = {chunks} needs mode = chunked or expert (serial runs one chunk, tbo two "
+                "micro-batches)"
             )
+        if mode == "expert":
+            chunks = min(chunks, workload.experts_per_rank)  # a group holds at least one expert
+        comm = self.comm or "shared"
+        if comm != "shared" and mode not in OVERLAPPED:
+            raise SpecError(
+                f"e2e knob comm = {comm} needs an overlapped mode ({', '.join(OVERLAPPED)}): serial runs "
+                "nothing beside its communication"
+            )
+        if comm == "partition" and sms is None:
+            raise SpecError(
+                "e2e knob comm = partition needs sms = N: the SMs the communication is held to (the GEMMs "
+                "get the rest)"
+            )
+        carveout = self.carveout if self.carveout is not None else "auto"
+        if carveout == "auto" and comm in NO_SM_COMMS:
+            carveout = 0  # the communication holds no SM while the GEMMs run
         return E2ESettings(
             mode=mode,
             chunks=chunks,
@@ -126,7 +184,8 @@ class E2ESpec:
             backward=bool(self.backward),
             gemm=self.gemm or "auto",
             profile=self.profile or "full",
-            carveout=resolve_carveout(self.carveout if self.carveout is not None else "auto", mode, sms),
+            carveout=resolve_carveout(carveout, mode, sms),
+            comm=comm,
         )
 
 
@@ -138,6 +197,7 @@ def resolve_carveout(value: int | str, mode: str, sms: int | None) -> int:
         raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {value!r}")
     if value and mode not in OVERLAPPED:
         raise SpecError(
-            f"e2e knob carveout = {value} needs mode = tbo or chunked (nothing runs beside serial GEMMs)"
+            f"e2e knob carveout = {value} needs an overlapped mode, {', '.join(OVERLAPPED)} (nothing runs "
+            "beside serial GEMMs)"
         )
     return value

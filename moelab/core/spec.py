@@ -40,7 +40,9 @@ class TimingSpec:
         10  # the pair op: dispatch→combine pairs chained per timed iteration (the period is time / K)
     )
     flush_l2: bool = True  # GPU only: overwrite a buffer larger than L2 before each timed iteration
-    peaks: bool = True  # GPU only: measure this machine's link figures once per run (moelab.measure.peaks)
+    peaks: bool = (
+        True  # measure this machine's link figures once per run (moelab.measure.peaks; CPU: gloo, small)
+    )
 
     def __post_init__(self) -> None:
         if self.iters is not None and self.iters < 1:

@@ -1,32 +1,26 @@
 """The gate's decision, case by case and op by op.
 
 Cases of the candidate and the baseline are matched on (backend, hidden, tokens per rank, topk, experts
-per rank, routing, seed, dtype, SMs, knobs, world) and then by op. A matched op is a **regression** only
-when both hold:
+per rank, routing, seed, dtype, SMs, knobs, world) and then by op. Each matched op is judged by one rule,
+moelab.gate.noise, on the per-process medians of each side (one per start of the job, --repeat; a run
+without repeats has one): the difference of their mean logarithms held to the op's noise between
+processes, learned from the store's earlier runs of the same case on the same hardware and software
+(Side.history), or a prior per op class (kernel-bound, host-sync) where there are too few. A change is a
+**regression** when it is significant at a one-sided 0.1% and not confidently below the threshold (default
+5%); the same in the other direction is an **improvement**; an op whose noise is too wide for the test to
+see a change of the threshold's size is **underpowered**: "cannot judge: +X% is within this op's noise;
+use --repeat N" (exit 3), never a pass. benchmarks/gate_power.py prints its false alarms and power per op
+class, from the same function. The bootstrap interval of the ratio over processes is shown beside it where
+both runs have repeats.
 
-1. the median time grew by more than the threshold (default 5%): small, real shifts from a driver or
-   clock change are not worth a red build;
-2. the change is outside the noise, judged by one of two rules, named with every verdict:
-   - **processes** (both runs have repeats, --repeat N >= 2): Student's t-test on the logarithms of the
-     per-process medians at p < 0.02 (stats.processes_differ). The variance that decides "did it get
-     slower" lies between processes, which only repeats sample; the median then is the median of the
-     per-process medians, with its bootstrap interval (moelab.core.intervals) shown beside it.
-     benchmarks/gate_power.py prints why these defaults: on synthetic histories with process-level noise,
-     false alarms stay at or under 1% at any noise, and +10% is caught at least 95% of the time up to a
-     1.5% CV between processes with 3 repeats, 2% with 5;
-   - **iterations** (today's rule, without repeats on both sides, said so in the output): Mann-Whitney
-     U on the per-iteration samples at p < 0.002, else with few samples non-overlapping ranges
-     (stats.differ). It treats the iterations of one process as independent, so on a busy machine two
-     identical runs can differ "significantly": a run moelab flags as contended is never judged by it.
-
-The same tests in the other direction make an **improvement**. A change past the threshold that the test
-cannot separate from noise is **noise**; one with too few samples to test is **inconclusive** (both are
-reported, neither fails). What the gate cannot judge it says and never passes:
+What the gate cannot judge it says and never passes:
 
 - **invalid**: an op the baseline measured whose samples, on either side, are missing, NULL, NaN,
   infinite or not above zero (exit 3);
-- **contended**: a case either run marks suspect (other work on the machine, health worsening, a spread
-  far above its history): no regression verdict, its own exit code (4);
+- **contended**: a case either run found contended while it ran (host load, other runs on the machine,
+  health worsening: the mark ingest stores): no regression verdict, its own exit code (4). What judging
+  against history noticed afterwards (drift: a median far from the previous run's; spread) is named in the
+  note and never makes a case contended: drift is what a regression looks like;
 - a different GPU model, driver, CUDA, NCCL or world size between the runs: refused as a whole (exit 3)
   unless allowed (Policy.allow_different_hardware), and named in the verdict either way.
 
@@ -42,16 +36,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from moelab.core.ops import OPS as OP_DEFINITIONS
-from moelab.gate.samples import CaseSide, Side, key_text
-from moelab.gate.stats import FALLBACK_LEVEL, MWU_ALPHA, PROCESS_ALPHA, Test, differ, processes_differ
+from moelab.gate import noise as noise_model
+from moelab.gate.samples import CaseKey, CaseSide, Side, key_text
 
 OPS = tuple(OP_DEFINITIONS)
 FAILING = ("regression", "broken")
-UNJUDGED = ("invalid",)  # exit 3
+UNJUDGED = ("invalid", "underpowered")  # exit 3
 STATUS_ORDER = (
     "broken",
     "regression",
     "invalid",
+    "underpowered",
     "contended",
     "missing",
     "inconclusive",
@@ -61,15 +56,12 @@ STATUS_ORDER = (
     "unchanged",
 )
 EXIT_REGRESSION, EXIT_CANNOT_JUDGE, EXIT_CONTENDED = 1, 3, 4
-PROCESS_RULE, ITERATION_RULE = "processes", "iterations"
+NOISE_RULE = "noise"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Policy:
     threshold: float = 0.05  # relative change of the median time
-    alpha: float = MWU_ALPHA
-    fallback_level: float = FALLBACK_LEVEL
-    process_alpha: float = PROCESS_ALPHA
     fail_on_missing: bool = False
     allow_different_hardware: bool = False
 
@@ -90,8 +82,10 @@ class Verdict:
     p_value: float | None = None
     base_n: int = 0
     cand_n: int = 0
-    rule: str | None = None  # PROCESS_RULE or ITERATION_RULE: which decided
-    ratio_low: float | None = None  # bootstrap interval of cand/base over processes (processes rule)
+    rule: str | None = None  # NOISE_RULE where an op was tested
+    noise_cv: float | None = None  # the op's CV between processes the test used
+    noise_source: str = ""  # learned from history, or the op class's prior
+    ratio_low: float | None = None  # bootstrap interval of cand/base over processes (both runs with repeats)
     ratio_high: float | None = None
     note: str = ""
 
@@ -134,74 +128,10 @@ class GateResult:
     def rules(self) -> list[str]:
         """The rules that decided, in a fixed order."""
         used = {v.rule for v in self.verdicts if v.rule}
-        return [r for r in (PROCESS_RULE, ITERATION_RULE) if r in used]
+        return [r for r in (NOISE_RULE,) if r in used]
 
     def sorted(self) -> list[Verdict]:
         return sorted(self.verdicts, key=lambda v: (STATUS_ORDER.index(v.status), v.case, v.op or ""))
-
-
-def _tested(v: Verdict, test: Test, *, too_few: str, noise: str) -> Verdict:
-    """The verdict of a change past the threshold, from the test of either rule."""
-    if test.significant is None:
-        return replace(v, status="inconclusive", method=test.method, note=too_few)
-    if not test.significant:
-        return replace(v, status="noise", method=test.method, p_value=test.p_value, note=noise)
-    status = "regression" if v.change is not None and v.change > 0 else "improvement"
-    return replace(v, status=status, method=test.method, p_value=test.p_value)
-
-
-def compare_op(case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy) -> Verdict:
-    """The iterations rule: medians of the per-iteration times, Mann-Whitney U (stats.differ)."""
-    bm, cm = float(np.median(base)), float(np.median(cand))
-    change = cm / bm - 1.0 if bm > 0 else float("inf")
-    v = Verdict(
-        case=case,
-        op=op,
-        status="unchanged",
-        base_median_us=bm,
-        cand_median_us=cm,
-        change=change,
-        base_n=int(base.size),
-        cand_n=int(cand.size),
-        rule=ITERATION_RULE,
-    )
-    if abs(change) <= policy.threshold:
-        return v
-    test = differ(base, cand, policy.alpha, policy.fallback_level)
-    too_few = f"too few samples to test ({base.size} and {cand.size}; 5 and 5 at least)"
-    return _tested(v, test, too_few=too_few, noise="within the measured noise")
-
-
-def compare_processes(
-    case: str, op: str, base: np.ndarray, cand: np.ndarray, policy: Policy, interval: bool = True
-) -> Verdict:
-    """The processes rule: medians of the per-process medians, a t-test on their logarithms, and the
-    bootstrap interval of their ratio (independent: two runs share no start conditions; `interval`:
-    form it, which the decision does not need)."""
-    from moelab.core.intervals import median_of_medians, ratio_interval
-
-    bm, cm = median_of_medians(base), median_of_medians(cand)
-    change = cm / bm - 1.0
-    ci = ratio_interval(base, cand) if interval else None
-    v = Verdict(
-        case=case,
-        op=op,
-        status="unchanged",
-        base_median_us=bm,
-        cand_median_us=cm,
-        change=change,
-        base_n=int(base.size),
-        cand_n=int(cand.size),
-        rule=PROCESS_RULE,
-        ratio_low=ci.low if ci else None,
-        ratio_high=ci.high if ci else None,
-    )
-    if abs(change) <= policy.threshold:
-        return v
-    test = processes_differ(base, cand, policy.process_alpha)
-    return _tested(
-        v, test, too_few="fewer than 2 processes a side", noise="within the variation between processes"
-    )
 
 
 def _invalid(side: CaseSide, op: str, name: str) -> str | None:
@@ -217,23 +147,77 @@ def _invalid(side: CaseSide, op: str, name: str) -> str | None:
     return None
 
 
-def judge_op(case: str, op: str, b: CaseSide, c: CaseSide, policy: Policy) -> Verdict:
-    """One op the baseline measured: invalid, contended, or judged by the processes or iterations rule."""
+def judge_processes(
+    case: str, op: str, base: np.ndarray, cand: np.ndarray, history: list[list[float]], policy: Policy
+) -> Verdict:
+    """One op from the per-process medians of each side and the earlier runs' (oldest first)."""
+    from moelab.core.intervals import median_of_medians, ratio_interval
+
+    base_log, cand_log = np.log(base), np.log(cand)
+    noise = noise_model.estimate(op, [np.log(np.asarray(h)) for h in history], base_log, cand_log)
+    shift = noise_model.judge_shift(base_log, cand_log, noise, policy.threshold)
+    ci = ratio_interval(base, cand) if base.size > 1 and cand.size > 1 else None
+    held_to = f"CV {100 * noise.cv:.2g}% between processes, {noise.source}"
+    note = f"noise: {held_to}"
+    if shift.status == noise_model.UNDERPOWERED:
+        note = (
+            f"cannot judge: {100 * shift.change:+.1f}% is within this op's noise ({held_to}); "
+            f"use --repeat {noise.repeats_needed(policy.threshold)}"
+        )
+    return Verdict(
+        case=case,
+        op=op,
+        status=shift.status,
+        base_median_us=median_of_medians(base),
+        cand_median_us=median_of_medians(cand),
+        change=shift.change,
+        method="noise-model",
+        p_value=shift.p_value,
+        base_n=int(base.size),
+        cand_n=int(cand.size),
+        rule=NOISE_RULE,
+        ratio_low=ci.low if ci else None,
+        ratio_high=ci.high if ci else None,
+        noise_cv=noise.cv,
+        noise_source=noise.source,
+        note=note,
+    )
+
+
+def judge_op(
+    case: str, op: str, b: CaseSide, c: CaseSide, policy: Policy, history: list[list[float]] | None = None
+) -> Verdict:
+    """One op the baseline measured: invalid, contended, or judged against its noise."""
     why = _invalid(b, op, "baseline") or _invalid(c, op, "candidate")
     if why:
         return Verdict(case=case, op=op, status="invalid", note=f"{why}: cannot judge")
-    if op in b.process_medians and op in c.process_medians:
-        v = compare_processes(case, op, b.process_medians[op], c.process_medians[op], policy)
-    else:
-        v = compare_op(case, op, b.times[op], c.times[op], policy)
+    v = judge_processes(case, op, _medians(b, op), _medians(c, op), history or [], policy)
     suspect = [f"{n}: {s.suspect_reason}" for n, s in (("baseline", b), ("candidate", c)) if s.suspect_reason]
     if suspect:
         note = "not judged, the machine was shared or unhealthy (" + "; ".join(suspect) + ")"
         return replace(v, status="contended", method=None, p_value=None, rule=None, note=note[:600])
-    return v
+    judged = [f"{n}: {s.judged}" for n, s in (("baseline", b), ("candidate", c)) if s.judged]
+    if judged and v.status != "unchanged":
+        v = replace(
+            v, note=(v.note + "; " if v.note else "") + "noticed against history: " + "; ".join(judged)
+        )
+    return replace(v, note=v.note[:600])
 
 
-def _case_verdicts(text: str, b: CaseSide, c: CaseSide | None, policy: Policy) -> list[Verdict]:
+def _medians(side: CaseSide, op: str) -> np.ndarray:
+    """The per-process medians, else (an export or a side without them) the median of the iterations."""
+    meds = side.process_medians.get(op)
+    return meds if meds is not None and meds.size else np.array([float(np.median(side.times[op]))])
+
+
+def _case_verdicts(
+    key: CaseKey,
+    b: CaseSide,
+    c: CaseSide | None,
+    policy: Policy,
+    history: dict[tuple[str, str, str], list[list[float]]],
+) -> list[Verdict]:
+    text = key_text(key)
     if c is None:
         return [Verdict(case=text, op=None, status="missing", note="not in the candidate run")]
     if c.status != "ok":
@@ -241,7 +225,7 @@ def _case_verdicts(text: str, b: CaseSide, c: CaseSide | None, policy: Policy) -
         status = "broken" if broken else "missing"
         return [Verdict(case=text, op=None, status=status, note=f"{c.status}: {c.reason or ''}".strip())]
     ops = [op for op in OPS if op in b.ops or op in b.times]
-    return [judge_op(text, op, b, c, policy) for op in ops]
+    return [judge_op(text, op, b, c, policy, history.get((str(key[0]), c.case_id, op))) for op in ops]
 
 
 def decide(
@@ -261,7 +245,7 @@ def decide(
     for key, b in base.cases.items():
         if b.status != "ok":
             continue  # the baseline did not measure it: nothing to hold the candidate to
-        result.verdicts += _case_verdicts(key_text(key), b, cand.cases.get(key), policy)
+        result.verdicts += _case_verdicts(key, b, cand.cases.get(key), policy, cand.history)
     for key, c in cand.cases.items():
         if c.status == "ok" and (key not in base.cases or base.cases[key].status != "ok"):
             result.verdicts.append(

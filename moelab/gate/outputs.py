@@ -11,8 +11,7 @@ from moelab.gate.decision import (
     EXIT_CONTENDED,
     EXIT_REGRESSION,
     FAILING,
-    ITERATION_RULE,
-    PROCESS_RULE,
+    NOISE_RULE,
     GateResult,
     Verdict,
     matched,
@@ -41,22 +40,13 @@ def interval_text(v: Verdict) -> str:
 def rule_lines(result: GateResult) -> list[str]:
     """Which rule decided, in words, and the hardware or software differences the user allowed."""
     lines = []
-    if PROCESS_RULE in result.rules:
+    if NOISE_RULE in result.rules:
         lines.append(
-            f"rule: processes ({result.base_repeats} and {result.cand_repeats} starts of each job): medians of the "
-            f"per-process medians, Student's t-test on their logarithms at p < {result.policy.process_alpha}, "
-            "interval: 95% percentile bootstrap of candidate/baseline over processes (20,000 resamples)"
-        )
-    if ITERATION_RULE in result.rules:
-        which = [
-            n for n, r in (("baseline", result.base_repeats), ("candidate", result.cand_repeats)) if r < 2
-        ]
-        why = (
-            f"the {' and the '.join(which)} ran each job once" if which else "an op lacks per-process medians"
-        )
-        lines.append(
-            f"rule: iterations, without repeats ({why}; `moelab run --repeat 3` on both for the processes rule): "
-            f"Mann-Whitney U on per-iteration samples at p < {result.policy.alpha}"
+            f"rule: noise ({result.base_repeats} and {result.cand_repeats} starts of each job): the mean log "
+            "per-process median of each side held to the op's noise between processes, learned from earlier "
+            "runs of the case on the same hardware and software (else a prior per op class); a slowdown fails "
+            "when significant at a one-sided 0.1% and not confidently below the threshold; where the noise "
+            "hides a change of the threshold's size: cannot judge, with the --repeat that would"
         )
     if result.differences and not result.refused:
         lines.append(
@@ -97,6 +87,7 @@ def headline(result: GateResult) -> str:
             "regression",
             "broken",
             "invalid",
+            "underpowered",
             "contended",
             "improvement",
             "missing",

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from moelab.store.db import has_column
+from moelab.store.db import has_column, has_table
+from moelab.store.noise_history import HistoryKey, earlier_process_medians
 from moelab.store.order import case_order
 
 CASE_KEY_FIELDS = (
@@ -38,7 +39,10 @@ class CaseSide:
     case_id: str
     status: str
     reason: str | None
-    suspect_reason: str | None = None  # contention or health: the case's numbers are not to be judged
+    suspect_reason: str | None = (
+        None  # measured contention or health: the case's numbers are not to be judged
+    )
+    judged: str | None = None  # what judging it against the store's history noticed (drift, spread): a note
     ops: list[str] = field(default_factory=list)  # ops with a stored result, in stored order
     times: dict[str, np.ndarray] = field(default_factory=dict)  # op -> per-iteration times, µs (valid ones)
     invalid: dict[str, tuple[int, int]] = field(default_factory=dict)  # op -> (bad samples, all samples)
@@ -52,6 +56,8 @@ class Side:
     cases: dict[CaseKey, CaseSide]
     env: dict[str, set[str | None]] = field(default_factory=dict)  # ENV_FIELDS and "world" -> values
     repeats: int = 1  # starts of each job in the run
+    # (backend, case, op) -> per-process medians of each earlier run on the same hardware and software
+    history: dict[HistoryKey, list[list[float]]] = field(default_factory=dict)
 
 
 def key_text(key: CaseKey) -> str:
@@ -68,12 +74,18 @@ def key_text(key: CaseKey) -> str:
 def _cases(
     con: duckdb.DuckDBPyConnection, run_id: str
 ) -> tuple[dict[CaseKey, CaseSide], dict[tuple[str, str], CaseSide]]:
-    judged = "cases_judged" if has_column(con, "cases_judged", "suspect") else "cases"
+    # contention is what was measured while the case ran (host load, other runs, health: the cases row
+    # ingest wrote); what judging against history noticed afterwards (drift, spread) is only a note, or a
+    # regression that drift noticed would be called contended
+    suspect = (
+        "CASE WHEN suspect THEN coalesce(nullif(suspect_reason, ''), 'suspect') END"
+        if has_column(con, "cases", "suspect")
+        else "NULL"
+    )
     rows = con.execute(
         f"""SELECT backend, hidden, tokens_per_rank, topk, experts_per_rank, routing, routing_seed, dtype, sms,
-                  CAST(knobs AS VARCHAR), world, case_id, status, reason,
-                  CASE WHEN suspect THEN coalesce(nullif(suspect_reason, ''), 'suspect') END
-           FROM {judged} WHERE run_id = ? ORDER BY {case_order()}""",
+                  CAST(knobs AS VARCHAR), world, case_id, status, reason, {suspect}
+           FROM cases WHERE run_id = ? ORDER BY {case_order()}""",
         [run_id],
     ).fetchall()
     cases: dict[CaseKey, CaseSide] = {}
@@ -84,6 +96,14 @@ def _cases(
         side = CaseSide(case_id=r[11], status=r[12], reason=r[13], suspect_reason=r[14])
         cases.setdefault(key, side)
         by_id[(r[0], r[11])] = side
+    if has_table(con, "judgments"):
+        for backend, case_id, reasons in con.execute(
+            """SELECT backend, case_id, string_agg(rule || ': ' || reason, '; ' ORDER BY judged_at, seq)
+               FROM judgments WHERE run_id = ? AND verdict = 'suspect' AND op IS NULL GROUP BY ALL""",
+            [run_id],
+        ).fetchall():
+            if (backend, case_id) in by_id:
+                by_id[(backend, case_id)].judged = reasons
     for backend, case_id, op in con.execute(
         "SELECT backend, case_id, op FROM results WHERE run_id = ? ORDER BY backend, case_id, op", [run_id]
     ).fetchall():
@@ -128,7 +148,7 @@ def _samples(
     ).fetchall()
     for backend, case_id, op, meds in medians:
         side = by_id.get((backend, case_id))
-        if side is not None and len(meds) > 1:
+        if side is not None and meds:
             side.process_medians[op] = np.asarray(meds, dtype=np.float64)
 
 
@@ -144,13 +164,20 @@ def _env(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, set[str | Non
     return dict(env)
 
 
-def load_side(con: duckdb.DuckDBPyConnection, run_id: str, where: str = "database") -> Side:
+def load_side(
+    con: duckdb.DuckDBPyConnection, run_id: str, where: str = "database", leave_out: tuple[str, ...] = ()
+) -> Side:
+    """One run's side; its `history` (the earlier runs the noise is learned from, `leave_out` not among
+    them) is read for runs in the database."""
     cases, by_id = _cases(con, run_id)
     repeat = "repeat" if has_column(con, "samples", "repeat") else "0"
     _samples(con, run_id, by_id, repeat)
     found = con.execute(f"SELECT max({repeat}) FROM samples WHERE run_id = ?", [run_id]).fetchone()
     repeats = int(found[0]) + 1 if found and found[0] is not None else 1
-    return Side(run_id=run_id, where=where, cases=cases, env=_env(con, run_id), repeats=repeats)
+    history = earlier_process_medians(con, run_id, leave_out) if where == "database" else {}
+    return Side(
+        run_id=run_id, where=where, cases=cases, env=_env(con, run_id), repeats=repeats, history=history
+    )
 
 
 def env_differences(base: Side, cand: Side) -> list[str]:

@@ -8,17 +8,20 @@ latest earlier run of the same backend, case and op with the same host, GPU mode
 torch and library versions: a median more than DRIFT_TOLERANCE away marks the op `unstable` in both runs,
 each naming the other, and the new run's case `suspect`. A changed fingerprint is never drift: that is
 what `moelab check` and `moelab compare` are for.
+
+Pure rules on the rows the store reads after ingest (moelab.store.history.drift_flags): each op of the run
+with its previous run of the same case and fingerprint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from moelab.health.contention import tool_timed_backends
 
 DRIFT_TOLERANCE = 0.05
+JUDGED_DEVICES = (
+    "cuda",
+)  # drift and spread are judged on GPU runs only (timings over gloo are for function)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,88 +44,53 @@ class Drift:
         )
 
 
-_FINGERPRINT = """
-    SELECT run_id, backend, any_value(host) AS host, any_value(gpu_name) AS gpu_name, any_value(driver) AS driver,
-           any_value(cuda) AS cuda, any_value(nccl) AS nccl, any_value(torch) AS torch,
-           any_value(CAST(library_versions AS VARCHAR)) AS libs
-    FROM environment GROUP BY run_id, backend
-"""
+@dataclass(frozen=True, slots=True)
+class OpMedian:
+    """One op of the run being judged, and the latest earlier run of the same case and fingerprint."""
+
+    backend: str
+    case_id: str
+    op: str
+    median_us: float
+    previous_run: str | None  # None: no earlier run to hold it against
+    previous_median_us: float | None
 
 
-def _held(
-    con: Any, run_id: str, device: str, leave_out: Sequence[str] | None = None
-) -> list[tuple[Any, ...]]:
-    """(backend, case_id, op, median, [previous run, its median] or None) per measured op of `run_id`
-    (host jobs left out: `leave_out`, else found by their backend's type), the previous being the latest
-    earlier run of the same case and fingerprint."""
-    return con.execute(
-        f"""
-        WITH fp AS ({_FINGERPRINT}),
-        cur AS (
-            SELECT r.backend, r.case_id, r.op, r.median_us, ru.created_at, f.host, f.gpu_name, f.driver, f.cuda,
-                   f.nccl, f.torch, f.libs
-            FROM results r JOIN runs ru USING (run_id) JOIN fp f USING (run_id, backend)
-            WHERE r.run_id = ? AND r.median_us > 0 AND NOT list_contains(?::VARCHAR[], r.backend))
-        SELECT cur.backend, cur.case_id, cur.op, cur.median_us,
-               (SELECT arg_max([h.run_id, CAST(h.median_us AS VARCHAR)], hr.created_at)
-                FROM results h JOIN runs hr USING (run_id) JOIN fp hf USING (run_id, backend)
-                WHERE h.backend = cur.backend AND h.case_id = cur.case_id AND h.op = cur.op AND h.run_id <> ?
-                  AND hr.created_at < cur.created_at AND hr.device = ? AND h.median_us > 0
-                  AND hf.host IS NOT DISTINCT FROM cur.host AND hf.gpu_name IS NOT DISTINCT FROM cur.gpu_name
-                  AND hf.driver IS NOT DISTINCT FROM cur.driver AND hf.cuda IS NOT DISTINCT FROM cur.cuda
-                  AND hf.nccl IS NOT DISTINCT FROM cur.nccl AND hf.torch IS NOT DISTINCT FROM cur.torch
-                  AND hf.libs IS NOT DISTINCT FROM cur.libs) AS previous
-        FROM cur ORDER BY cur.backend, cur.case_id, cur.op
-        """,
-        [run_id, list(tool_timed_backends(con, run_id) if leave_out is None else leave_out), run_id, device],
-    ).fetchall()
-
-
-def _device(con: Any, run_id: str) -> str | None:
-    found = con.execute("SELECT device FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    return None if found is None else str(found[0])
-
-
-def drift_flags(
-    con: Any, run_id: str, tolerance: float = DRIFT_TOLERANCE, devices: tuple[str, ...] = ("cuda",)
-) -> list[Drift]:
-    """Ops of `run_id` whose median is more than `tolerance` away from the latest earlier run of the same
-    case with the same fingerprint. Only runs on `devices` (CPU timings over gloo are for function)."""
-    device = _device(con, run_id)
-    if device is None or device not in devices:
-        return []
+def drift_flags(ops: Sequence[OpMedian], tolerance: float = DRIFT_TOLERANCE) -> list[Drift]:
+    """Ops whose median is more than `tolerance` away from their previous run's."""
     out = []
-    for backend, case_id, op, median, previous in _held(con, run_id, device):
-        if previous is None:
+    for o in ops:
+        if o.previous_run is None or o.previous_median_us is None:
             continue
-        drift = Drift(backend, case_id, op, float(median), str(previous[0]), float(previous[1]))
+        drift = Drift(o.backend, o.case_id, o.op, o.median_us, o.previous_run, o.previous_median_us)
         if abs(drift.change) > tolerance:
             out.append(drift)
     return out
 
 
-def not_judged(con: Any, run_id: str, devices: tuple[str, ...] = ("cuda",), exact: bool = True) -> str | None:
+def not_judged_reason(
+    run_id: str,
+    device: str,
+    ops: Sequence[OpMedian],
+    devices: Sequence[str] = JUDGED_DEVICES,
+    exact: bool = True,
+) -> str | None:
     """Why a run's medians were not (all) held against an earlier run, in one line; None when every
-    measured op was. Not `exact` (views that must not import the backends, hence torch): host jobs are
-    not told apart, so only a run none of whose ops was held is said."""
-    device = _device(con, run_id)
-    if device is None:
-        return None
+    measured op was. Not `exact` (`ops` holds host jobs too): only a run none of whose ops was held is said."""
     if device not in devices:
         return (
             f"run {run_id}: drift between runs not judged: a {device} run (timings over gloo are for "
             "function; drift and spread are judged on GPU runs only)"
         )
-    held = _held(con, run_id, device, None if exact else ())
-    alone = sum(1 for row in held if row[4] is None)
-    if not held or not alone or (not exact and alone < len(held)):
+    alone = sum(1 for o in ops if o.previous_run is None)
+    if not ops or not alone or (not exact and alone < len(ops)):
         return None
-    if alone == len(held):
+    if alone == len(ops):
         return (
             f"run {run_id}: drift between runs not judged: no earlier run of these cases with the same host, "
             "GPU, driver, CUDA, NCCL, torch and libraries"
         )
     return (
-        f"run {run_id}: drift between runs judged for {len(held) - alone} of {len(held)} ops; the others have "
+        f"run {run_id}: drift between runs judged for {len(ops) - alone} of {len(ops)} ops; the others have "
         "no earlier run with the same host, GPU and software"
     )

@@ -1,17 +1,18 @@
 """What is judged of a run once it is stored: spread against the case's history and the noise target,
 and run-to-run drift of each op's median. One entry point, so `moelab run` and `moelab ingest` agree.
 
-Judging only reads the store: it returns Judgment rows, which moelab.store.judgments keeps in a table of
-their own (a measured row is never rewritten; views join the two for readers).
+The rules are pure: moelab.store.run_history reads the history they need and calls `judgments`; the
+Judgment rows go to a table of their own (moelab.store.judgments: a measured row is never rewritten;
+views join the two for readers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from moelab.health.contention import spread_flags
-from moelab.health.drift import drift_flags
+from moelab.health.drift import Drift
+from moelab.health.spread import SpreadFlag
 
 VERDICTS = ("suspect", "unstable")  # suspect: a case's figures; unstable: one op's median
 
@@ -32,10 +33,10 @@ class Judgment:
     judged_by: str
 
 
-def judge_stored_run(con: Any, run_id: str) -> list[Judgment]:
-    """Every judgment of `run_id` against the store's history, in the order they read best."""
+def judgments(run_id: str, spreads: Sequence[SpreadFlag], drifts: Sequence[Drift]) -> list[Judgment]:
+    """Every judgment of `run_id` from its spread and drift flags, in the order they read best."""
     out: list[Judgment] = []
-    for f in spread_flags(con, run_id):
+    for f in spreads:
         out.append(
             Judgment(
                 run_id=run_id,
@@ -48,7 +49,7 @@ def judge_stored_run(con: Any, run_id: str) -> list[Judgment]:
                 judged_by=run_id,
             )
         )
-    for d in drift_flags(con, run_id):
+    for d in drifts:
         new = d.reason(d.previous_run, d.change)
         old = d.reason(run_id, d.previous_median_us / d.median_us - 1.0)
         where = {"backend": d.backend, "case_id": d.case_id, "rule": "drift", "judged_by": run_id}

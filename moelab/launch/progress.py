@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
 from moelab.core.display import safe_text
+from moelab.core.terminal import terminal_console
 from moelab.job.events import PROGRESS_FILE, read_events
 from moelab.plan.case_list import NOT_RUN
 
@@ -262,7 +263,7 @@ def watch_job(
         world,
         device,
         quiet,
-        console or Console(highlight=False, markup=False, soft_wrap=True),
+        console or terminal_console(),
         kinds,
         name,
     )

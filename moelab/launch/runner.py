@@ -17,7 +17,7 @@ from moelab.backends import registry
 from moelab.backends.base import HostJob
 from moelab.core.errors import MoelabError
 from moelab.core.spec import RunSpec
-from moelab.health import contention
+from moelab.health import contention, run_registry
 from moelab.job import launchers
 from moelab.job.local import JobOutcome, run_job
 from moelab.job.rundir import JobFiles, RunDir
@@ -200,7 +200,7 @@ def _run_dir_unwritable(
     )
 
 
-def _check_in_place(anchor: RunDirAnchor, db_path: Path, registration: contention.Registration) -> None:
+def _check_in_place(anchor: RunDirAnchor, db_path: Path, registration: run_registry.Registration) -> None:
     """Stop, with advice naming where the run directory is now, when it was moved or deleted mid-run."""
     now = anchor.moved_to()
     if now is None:
@@ -237,7 +237,7 @@ def execute(
     jobs: dict[str, JobOutcome] = {}
     trace_notes: dict[str, str] = {}
     anchor = RunDirAnchor(rd.path)
-    registration = contention.start_registration(spec.run_id)  # other moelab runs on this host see this one
+    registration = run_registry.start_registration(spec.run_id)  # other moelab runs on this host see this one
     with RunInterrupt(rd) as stop, contextlib.closing(anchor):  # SIGINT/SIGTERM: stop, store what finished
         for backend, repeat in spec.job_order():
             if stop.requested:

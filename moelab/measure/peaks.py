@@ -1,12 +1,17 @@
 """This machine's achievable link figures, measured once at the start of a GPU run, so every backend can be
 read as "% of what the hardware really does" beside "% of the datasheet peak".
 
-- `peer_copy_gbps`: every rank sends one large buffer to the rank `shift` places on and receives one from
-  the rank `shift` places back, all at once (NCCL point-to-point in one group): bytes per rank and
-  direction over the slowest rank's median time. What one GPU can push to another through its link.
+- `peer_copy_shift{k}`: every rank sends one large buffer to the rank `k` places on and receives one from
+  the rank `k` places back, all at once (NCCL point-to-point in one group): bytes per rank and
+  direction over the slowest rank's median time. What one GPU can push to one peer (pair by pair).
+- `peer_exchange_all`: every rank sends an equal share to each of its peers and receives as much from
+  each, all at once: the bytes a rank sends to other ranks over the slowest rank's median time. What one
+  GPU moves to all its peers together, its link capacity where traffic goes to several peers (an NVSwitch
+  GPU sends more to three peers at once than to one: the pair figure is no bound for an all-to-all).
 - `a2a_algbw_gbps` / `a2a_remote_gbps`: one large all_to_all_single with equal splits: every byte a rank
   sends (its own share included) and only the bytes to other ranks, over the slowest rank's median time.
-Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json; ingest stores it as it is.
+Written by rank 0 of the first ranks job of a run to RUN_DIR/peaks.json (GPU runs and, with smaller
+buffers, CPU runs on gloo); ingest stores it as it is.
 
 The same job measures each GPU's achievable rates for the e2e layer's roofline (RUN_DIR/rates.json,
 table measured_rates; moelab.measure.e2e.roofline): `dense_bf16_matmul` (a large square bf16 matmul,
@@ -26,6 +31,9 @@ from moelab.core.peaks import MeasuredPeak, MeasuredRate
 from moelab.measure.timing import Clock
 
 PEAK_BYTES = 256 * 1024 * 1024  # per rank and transfer: well past the link's latency, several times L2
+CPU_PEAK_BYTES = (
+    4 * 1024 * 1024
+)  # gloo on CPU ranks: the same exchanges, small enough to cost well under a second
 ITERS = 20
 MATMUL_N = 8192  # 2 x 8192^3 = 1.1 TFLOP a call: past the launch cost, the shape cuBLAS runs at its best
 COPY_BYTES = 1 << 30  # per copy: many times L2, so every byte comes from and goes to HBM
@@ -38,43 +46,67 @@ def _median_slowest(clock: Clock, fn: Callable[[], object]) -> float:
     return float(statistics.median(max(v) for v in zip(*gathered, strict=True)))
 
 
-def measure_peaks(clock: Clock, rank: int, world: int) -> list[MeasuredPeak]:
+def _exchange(
+    clock: Clock, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]
+) -> float:
+    """The slowest rank's median time of one group of point-to-point sends and receives, all at once."""
+    group: Any = clock.group
+
+    def run() -> None:
+        ops = [dist.P2POp(dist.isend, t, peer, group=group) for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer, group=group) for t, peer in recvs]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+    return _median_slowest(clock, run)
+
+
+def measure_peaks(clock: Clock, rank: int, world: int, nbytes: int = PEAK_BYTES) -> list[MeasuredPeak]:
+    """Pair by pair (`peer_copy_shift{k}`), with every peer at once (`peer_exchange_all`) and NCCL's
+    all_to_all (`a2a_algbw`, `a2a_remote`); `nbytes` per rank and direction (smaller on CPU, gloo)."""
     dev = clock.device
-    elems = PEAK_BYTES // 2
+    elems = nbytes // 2
     src = torch.ones(elems, dtype=torch.bfloat16, device=dev)
     dst = torch.empty_like(src)
+    mib = f"{nbytes / 2**20:g} MiB"
     out = []
     for shift in range(1, world):
         to, frm = (rank + shift) % world, (rank - shift) % world
-
-        group: Any = clock.group
-
-        def exchange(to: int = to, frm: int = frm, group: Any = group) -> None:
-            ops = [
-                dist.P2POp(dist.isend, src, to, group=group),
-                dist.P2POp(dist.irecv, dst, frm, group=group),
-            ]
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-
-        t = _median_slowest(clock, exchange)
+        t = _exchange(clock, [(src, to)], [(dst, frm)])
         out.append(
             MeasuredPeak(
                 name=f"peer_copy_shift{shift}",
-                gbps=PEAK_BYTES / (t * 1e-6) / 1e9,
-                bytes=PEAK_BYTES,
-                definition=f"every rank sends {PEAK_BYTES >> 20} MiB to the rank {shift} on and receives as much, concurrently (NCCL send/recv in one group): bytes per rank and direction / the slowest rank's median time",
+                gbps=nbytes / (t * 1e-6) / 1e9,
+                bytes=nbytes,
+                definition=f"pair by pair: every rank sends {mib} to the rank {shift} on and receives as much, concurrently (send/recv in one group): bytes per rank and direction / the slowest rank's median time",
             )
         )
-    a2a_in = torch.ones(elems, dtype=torch.bfloat16, device=dev)
+    if world > 1:
+        peers = [p for p in range(world) if p != rank]
+        share = elems // len(peers)
+        sends = [(src[i * share : (i + 1) * share], p) for i, p in enumerate(peers)]
+        recvs = [(dst[i * share : (i + 1) * share], p) for i, p in enumerate(peers)]
+        t = _exchange(clock, sends, recvs)
+        moved = 2 * share * len(peers)
+        out.append(
+            MeasuredPeak(
+                name="peer_exchange_all",
+                gbps=moved / (t * 1e-6) / 1e9,
+                bytes=moved,
+                definition=f"with every peer at once: every rank sends {mib} split evenly over its {world - 1} peers and receives as much, all in one group of send/recv: bytes a rank sends to other ranks (per direction) / the slowest rank's median time; the GPU's link capacity where traffic goes to several peers",
+            )
+        )
+    a2a_elems = elems - elems % world  # equal splits: a whole number of elements per rank
+    a2a_in = torch.ones(a2a_elems, dtype=torch.bfloat16, device=dev)
     a2a_out = torch.empty_like(a2a_in)
     t = _median_slowest(clock, lambda: dist.all_to_all_single(a2a_out, a2a_in, group=clock.group))  # type: ignore[arg-type]
-    remote = PEAK_BYTES * (world - 1) // world
+    a2a_bytes = 2 * a2a_elems
+    remote = a2a_bytes * (world - 1) // world
     out.append(
         MeasuredPeak(
             name="a2a_algbw",
-            gbps=PEAK_BYTES / (t * 1e-6) / 1e9,
-            bytes=PEAK_BYTES,
+            gbps=a2a_bytes / (t * 1e-6) / 1e9,
+            bytes=a2a_bytes,
             definition="all_to_all_single, equal splits: every byte a rank sends (own share included) / the slowest rank's median time",
         )
     )

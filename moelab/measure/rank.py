@@ -64,11 +64,11 @@ def _redirect_output(log_path: Path) -> None:
 
 
 def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> None:
-    """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json) and its GPUs'
-    matmul and copy rates (RUN_DIR/rates.json); later jobs see the file and skip. Rank 0 decides, so
-    every rank runs the same collectives."""
+    """The run's first ranks job measures the machine's link figures (RUN_DIR/peaks.json: pair by pair and
+    with every peer at once) and, on GPUs, their matmul and copy rates (RUN_DIR/rates.json); later jobs see
+    the file and skip. Rank 0 decides, so every rank runs the same collectives."""
     from moelab.core.peaks import write_peaks, write_rates
-    from moelab.measure.peaks import measure_device_rates, measure_peaks
+    from moelab.measure.peaks import CPU_PEAK_BYTES, PEAK_BYTES, measure_device_rates, measure_peaks
 
     rd = RunDir(run_dir)
     decision: list[Any] = [not rd.peaks_file.exists()] if ctx.rank == 0 else [None]
@@ -76,13 +76,16 @@ def _measure_peaks_once(run_dir: Path, ctx: BackendContext, spec: RunSpec) -> No
     if not decision[0]:
         return
     clock = Clock(ctx.device, ctx.group, spec.timing.flush_l2)
-    peaks = measure_peaks(clock, ctx.rank, ctx.world)
-    rates = measure_device_rates(clock)
+    cuda = ctx.device.type == "cuda"
+    peaks = measure_peaks(clock, ctx.rank, ctx.world, PEAK_BYTES if cuda else CPU_PEAK_BYTES)
+    rates = measure_device_rates(clock) if cuda else []  # a GPU's rates: the e2e layer's roofline
     if ctx.local_rank == 0:
-        write_rates(rd.rates_file, rates)  # first: peaks.json says the measurement is done
+        if rates:
+            write_rates(rd.rates_file, rates)  # first: peaks.json says the measurement is done
         write_peaks(rd.peaks_file, peaks)
     print("measured peaks: " + ", ".join(f"{p.name} {p.gbps:.1f} GB/s" for p in peaks), flush=True)
-    print("measured rates: " + ", ".join(f"{r.name} {r.value:.1f} {r.unit}" for r in rates), flush=True)
+    if rates:
+        print("measured rates: " + ", ".join(f"{r.name} {r.value:.1f} {r.unit}" for r in rates), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -126,7 +129,9 @@ def main(argv: list[str]) -> int:
         comm_backend=comm,
         kernel_cache=Path(spec.launch.kernel_cache) if spec.launch.kernel_cache else None,
     )
-    if spec.launch.device == "cuda" and spec.timing.peaks:
+    if spec.timing.peaks and (
+        spec.launch.device == "cuda" or world > 1
+    ):  # CPU runs too: gloo, smaller buffers
         _measure_peaks_once(run_dir, ctx, spec)
     cases = spec.cases_for(backend_name)
     cls = registry.load_backend(backend_name)

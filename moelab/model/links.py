@@ -46,37 +46,86 @@ PCIE_GEN6_X16 = 2 * PCIE_GEN5_X16  # 126.0 GB/s (PAM4, FLIT encoding counted as 
 NVLINK4_LINK = 26.56  # GB/s per link and direction: 2 x 53.125 Gb/s lanes (NVLink4 as 18 x 26.56 = 478 GB/s)
 INTRA_KINDS = ("nvlink", "pcie")
 
-H100_SOURCE = "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s bidirectional, 18 NVLink4 links; PCIe Gen5"
-H200_SOURCE = (
-    "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s, 18 NVLink4 links; PCIe Gen5"
+NVLINK_SIGNALLING = "NVLink4 signalling: 2 lanes x 106.25 Gb/s raw per link and direction = 26.56 GB/s per link (NVSwitch and NVLink4 specifications)"
+H100_SOURCE = "NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): NVLink 900 GB/s bidirectional = 450 GB/s per direction, 18 NVLink4 links; PCIe Gen5"
+H200_SOURCE = "NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): NVLink 900 GB/s bidirectional = 450 GB/s per direction, 18 NVLink4 links; PCIe Gen5"
+H800_SOURCE = "NVIDIA H800 SXM5 datasheet: NVLink 400 GB/s bidirectional = 200 GB/s per direction (8 NVLink4 links); PCIe Gen5"
+A100_SOURCE = "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s bidirectional = 300 GB/s per direction (12 NVLink3 links); PCIe Gen4"
+BLACKWELL_SOURCE = "NVIDIA HGX B200/GB200/B300 specifications: NVLink5 1.8 TB/s bidirectional = 900 GB/s per direction (18 links)"
+MI300_SOURCE = "AMD Instinct MI300X/MI325X data sheet (amd.com): 7 Infinity Fabric (xGMI) links, 128 GB/s bidirectional each, 896 GB/s aggregate peer-to-peer; PCIe Gen5 x16"
+MI355_SOURCE = "AMD Instinct MI350X/MI355X data sheet (amd.com): 7 Infinity Fabric (xGMI) links, 153.6 GB/s bidirectional each, 1075 GB/s aggregate; PCIe Gen5 x16"
+XGMI_SIGNALLING = (
+    "xGMI (Infinity Fabric 4th gen) signalling: 16 lanes x 32 Gb/s per link and direction = 64 GB/s per link"
 )
-H800_SOURCE = "NVIDIA H800 SXM5 datasheet: NVLink 400 GB/s bidirectional (8 NVLink4 links); PCIe Gen5"
-A100_SOURCE = (
-    "NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): NVLink 600 GB/s (12 NVLink3 links); PCIe Gen4"
-)
-BLACKWELL_SOURCE = "NVIDIA HGX B200/GB200/B300 specifications: NVLink5 1.8 TB/s bidirectional (18 links)"
 PCIE_SOURCE = "PCI-SIG base specification: x16 at 16 GT/s (Gen4) / 32 GT/s (Gen5), 128b/130b"
 CX_SOURCE = "NVIDIA ConnectX / BlueField datasheets (nvidia.com/en-us/networking): port rate, one direction"
+EFA_SOURCE = (
+    "AWS EC2 accelerated computing instances (aws.amazon.com/ec2/instance-types/p5/, /p6/) and the EC2 user "
+    "guide's network cards table: total EFA bandwidth over its network cards"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LinkPeak:
+    """One GPU's (or NIC's) link figures. `gbps` is the rate the bound divides by: the signalling rate where
+    the table has one (the larger: a bound must not be beaten), `datasheet_gbps` the vendor's headline figure
+    per direction, each with its own source."""
+
     pattern: str  # substring of the device name that selects this entry
     link: str  # which link and how the figure is made
-    gbps: float  # per direction, per GPU (or per NIC port): the GPU's peer link, NVLink or PCIe
-    source: str = "user-defined"
+    gbps: float  # per direction, per GPU (or per NIC port): signalling rate, the bound's
+    source: str = "user-defined"  # of gbps
     intra: str = "nvlink"  # "pcie": the GPU reaches its peers over PCIe only
     host_gbps: float = PCIE_GEN5_X16  # the GPU's PCIe link (NIC traffic crosses it: GPUDirect RDMA)
+    datasheet_gbps: float | None = None  # the vendor's figure per direction, where it differs or is stated
+    datasheet_source: str = ""
+    per_node: int | None = None  # NICs: how many a node of this kind has (EFA instances), else one per GPU
 
 
-def _gpu(pattern: str, link: str, gbps: float, source: str, host: float = PCIE_GEN5_X16) -> LinkPeak:
-    return LinkPeak(pattern=pattern, link=link, gbps=gbps, source=source, host_gbps=host)
+def _gpu(
+    pattern: str,
+    link: str,
+    gbps: float,
+    source: str,
+    host: float = PCIE_GEN5_X16,
+    datasheet: float | None = None,
+    signalling: str = "",
+) -> LinkPeak:
+    """`gbps` the signalling rate (`signalling` says how it is made, else the datasheet gives it),
+    `datasheet` the datasheet's per-direction figure (the same as gbps unless given)."""
+    return LinkPeak(
+        pattern=pattern,
+        link=link,
+        gbps=gbps,
+        source=signalling or source,
+        host_gbps=host,
+        datasheet_gbps=gbps if datasheet is None else datasheet,
+        datasheet_source=source,
+    )
 
 
 def _pcie_gpu(pattern: str, gbps: float, source: str) -> LinkPeak:
     gen = "Gen4" if gbps == PCIE_GEN4_X16 else "Gen5"
     return LinkPeak(
-        pattern=pattern, link=f"PCIe {gen} x16", gbps=gbps, source=source, intra="pcie", host_gbps=gbps
+        pattern=pattern,
+        link=f"PCIe {gen} x16",
+        gbps=gbps,
+        source=PCIE_SOURCE,
+        intra="pcie",
+        host_gbps=gbps,
+        datasheet_gbps=gbps,
+        datasheet_source=source,
+    )
+
+
+def _nvlink4(pattern: str, links: int, source: str, datasheet: float, suffix: str = "") -> LinkPeak:
+    return _gpu(
+        pattern,
+        f"NVLink4 {suffix}{links} x {NVLINK4_LINK} GB/s",
+        links * NVLINK4_LINK,
+        source,
+        datasheet=datasheet,
+        signalling=NVLINK_SIGNALLING,
     )
 
 
@@ -88,32 +137,50 @@ BUILTIN_GPUS: tuple[LinkPeak, ...] = (
         "A800",
         "NVLink3 8 x 25 GB/s",
         8 * 25.0,
-        "NVIDIA A800 datasheet: NVLink 400 GB/s; PCIe Gen4",
+        "NVIDIA A800 datasheet: NVLink 400 GB/s bidirectional = 200 GB/s per direction; PCIe Gen4",
         host=PCIE_GEN4_X16,
     ),
-    _gpu("H100", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H100_SOURCE),
+    _nvlink4("H100", 18, H100_SOURCE, 450.0),
     _pcie_gpu("H100 PCIe", PCIE_GEN5_X16, H100_SOURCE),
-    _gpu("H100 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H100_SOURCE),
-    _gpu("H200", f"NVLink4 18 x {NVLINK4_LINK} GB/s", 18 * NVLINK4_LINK, H200_SOURCE),
-    _gpu("H200 NVL", f"NVLink4 bridge 3 x 3 x {NVLINK4_LINK} GB/s (pair)", 9 * NVLINK4_LINK, H200_SOURCE),
-    _gpu("H800", f"NVLink4 8 x {NVLINK4_LINK} GB/s", 8 * NVLINK4_LINK, H800_SOURCE),
-    _gpu(
-        "GH200",
-        f"NVLink4 18 x {NVLINK4_LINK} GB/s",
-        18 * NVLINK4_LINK,
-        "NVIDIA GH200 datasheet: NVLink 900 GB/s",
+    _nvlink4("H100 NVL", 9, H100_SOURCE, 300.0, "bridge 3 x 3 = "),
+    _nvlink4("H200", 18, H200_SOURCE, 450.0),
+    _nvlink4("H200 NVL", 9, H200_SOURCE, 300.0, "bridge 3 x 3 = "),
+    _nvlink4("H800", 8, H800_SOURCE, 200.0),
+    _nvlink4(
+        "GH200", 18, "NVIDIA GH200 datasheet: NVLink 900 GB/s bidirectional = 450 GB/s per direction", 450.0
     ),
     _gpu("B200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
     _gpu("GB200", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE),
     _gpu("B300", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE + "; PCIe Gen6", host=PCIE_GEN6_X16),
+    _gpu("GB300", "NVLink5 18 x 50 GB/s", 900.0, BLACKWELL_SOURCE + "; PCIe Gen6", host=PCIE_GEN6_X16),
     _pcie_gpu("L40S", PCIE_GEN4_X16, "NVIDIA L40S datasheet: PCIe Gen4 x16, no NVLink"),
+    _gpu("MI300X", "xGMI 7 x 64 GB/s", 7 * 64.0, MI300_SOURCE, datasheet=448.0, signalling=XGMI_SIGNALLING),
+    _gpu("MI325X", "xGMI 7 x 64 GB/s", 7 * 64.0, MI300_SOURCE, datasheet=448.0, signalling=XGMI_SIGNALLING),
+    _gpu("MI355X", "xGMI 7 x 76.8 GB/s", 7 * 76.8, MI355_SOURCE, datasheet=537.6),
 )
 
+
+def _nic(pattern: str, link: str, gbps: float, source: str, per_node: int | None = None) -> LinkPeak:
+    return LinkPeak(
+        pattern=pattern,
+        link=link,
+        gbps=gbps,
+        source=source,
+        datasheet_gbps=gbps,
+        datasheet_source=source,
+        per_node=per_node,
+    )
+
+
 BUILTIN_NICS: tuple[LinkPeak, ...] = (
-    LinkPeak(pattern="ConnectX-6", link="HDR 200 Gb/s", gbps=25.0, source=CX_SOURCE),
-    LinkPeak(pattern="ConnectX-7", link="NDR 400 Gb/s", gbps=50.0, source=CX_SOURCE),
-    LinkPeak(pattern="ConnectX-8", link="XDR 800 Gb/s", gbps=100.0, source=CX_SOURCE),
-    LinkPeak(pattern="BlueField-3", link="NDR 400 Gb/s", gbps=50.0, source=CX_SOURCE),
+    _nic("ConnectX-6", "InfiniBand HDR 200 Gb/s", 25.0, CX_SOURCE),
+    _nic("ConnectX-7", "InfiniBand NDR 400 Gb/s", 50.0, CX_SOURCE),
+    _nic("ConnectX-8", "InfiniBand XDR 800 Gb/s", 100.0, CX_SOURCE),
+    _nic("BlueField-3", "NDR 400 Gb/s", 50.0, CX_SOURCE),
+    # AWS Elastic Fabric Adapter: per NIC (network card) and direction, NICs per node of the instance
+    _nic("EFA p5", "EFAv2 32 x 100 Gb/s per p5.48xlarge (8 H100)", 12.5, EFA_SOURCE, per_node=32),
+    _nic("EFA p5en", "EFAv3 16 x 200 Gb/s per p5en.48xlarge (8 H200)", 25.0, EFA_SOURCE, per_node=16),
+    _nic("EFA p6-b200", "EFAv4 8 x 400 Gb/s per p6-b200.48xlarge (8 B200)", 50.0, EFA_SOURCE, per_node=8),
 )
 
 

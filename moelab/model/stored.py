@@ -1,6 +1,7 @@
 """The bound of a stored case: its own workload and topology (ranks, GPUs per node, the GPU it recorded),
 its backend's dispatch family, and link figures from the run's measured peaks where it stored them (one
-node: the fastest measured peer copy per direction is the intra-node link), else the named table.
+node: the larger of the measured link capacity, pair by pair or with every peer at once, and the named
+table's rate is the intra-node link), else the named table.
 
 Reports, `moelab run` and `moelab compare` call `case_bound` with the stored columns; it needs no torch
 for uniform routing (closed form) and counts other routings with moelab's generator.
@@ -28,6 +29,9 @@ class CaseBound:
     family: str
     links: str  # where the link figures come from
     bottleneck: str
+    nodes: int = 1  # the nodes the bound assumed (their NIC between them)
+    nic: str | None = None
+    intra_measured: bool = False  # the intra-node figure is the run's measured one (above the table's)
 
 
 def case_workload(case: Mapping[str, Any]) -> Workload:
@@ -63,7 +67,7 @@ def _estimate(
         gpus_per_node=world // nodes,
         gpu=gpu,
         measured_intra_gbps=measured if nodes == 1 else None,
-        measured_source=f"measured peer copy of run {run_id} (moelab.measure.peaks)",
+        measured_source=f"measured link capacity of run {run_id} (moelab.measure.peaks)",
     )
     topology = resolve(req, table)
     tr = traffic(workload, world, topology.gpus_per_node)
@@ -114,6 +118,11 @@ def workload_bound(
         family=best if family else f"{best} (fastest family)",
         links=links,
         bottleneck=bottleneck,
+        nodes=est.topology.nodes,
+        nic=est.topology.nic_name,
+        intra_measured=measured_intra_gbps is not None
+        and est.topology.intra.gbps == measured_intra_gbps
+        and est.topology.nodes == 1,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moelab.core.errors import MoelabError
-from moelab.model.links import PCIE_GEN5_X16, PeakTable
+from moelab.model.links import PCIE_GEN5_X16, LinkPeak, PeakTable
 
 DEFAULT_GPU = "H100"
 DEFAULT_NIC = "ConnectX-7"
@@ -80,7 +80,7 @@ class TopologyRequest:
     pcie_gbps: float | None = None
     nic_gbps: float | None = None  # per NIC
     pcie_only: bool = False
-    measured_intra_gbps: float | None = None  # a run's measured peer copy per direction
+    measured_intra_gbps: float | None = None  # a run's measured link capacity per direction (the larger wins)
     measured_source: str = ""
 
 
@@ -118,22 +118,26 @@ def resolve(req: TopologyRequest, table: PeakTable) -> Topology:
         host = Link(name="pcie", gbps=req.pcie_gbps, source="flag --pcie-gbps")
     elif entry is not None:
         host = Link(
-            name="pcie", gbps=entry.host_gbps, source=f"datasheet {entry.pattern}: {entry.source}{default}"
+            name="pcie",
+            gbps=entry.host_gbps,
+            source=f"datasheet {entry.pattern}: {entry.datasheet_source or entry.source}{default}",
         )
     else:
         host = Link(name="pcie", gbps=PCIE_GEN5_X16, source="PCIe Gen5 x16 (PCI-SIG)")
     pcie_only = req.pcie_only or (entry is not None and entry.intra == "pcie" and req.nvlink_gbps is None)
-    if req.measured_intra_gbps is not None:
+    table_intra = _table_intra(req, entry, host, pcie_only, default)
+    if req.measured_intra_gbps is not None and req.measured_intra_gbps > table_intra.gbps:
         kind = "pcie" if pcie_only else "nvlink"
-        intra = Link(name=kind, gbps=req.measured_intra_gbps, source=req.measured_source)
-    elif pcie_only:
-        intra = host
-    elif req.nvlink_gbps is not None:
-        intra = Link(name="nvlink", gbps=req.nvlink_gbps, source="flag --nvlink-gbps")
+        source = (
+            f"{req.measured_source}, above the table's {table_intra.gbps:.0f} GB/s ({table_intra.source})"
+        )
+        intra = Link(name=kind, gbps=req.measured_intra_gbps, source=source)
+    elif req.measured_intra_gbps is not None:
+        # the larger of the measured figure and the table's rate, so the bound stays a bound
+        source = f"{table_intra.source}; above the measured {req.measured_intra_gbps:.0f} GB/s ({req.measured_source})"
+        intra = Link(name=table_intra.name, gbps=table_intra.gbps, source=source)
     else:
-        assert entry is not None
-        source = f"datasheet {entry.pattern}: {entry.link} ({entry.source}){default}"
-        intra = Link(name="nvlink", gbps=entry.gbps, source=source)
+        intra = table_intra
     nic, nic_name, rails = _nic(req, table)
     return Topology(
         nodes=req.nodes,
@@ -145,6 +149,23 @@ def resolve(req: TopologyRequest, table: PeakTable) -> Topology:
         nic_name=nic_name,
         nics_per_node=rails,
     )
+
+
+def _table_intra(
+    req: TopologyRequest, entry: LinkPeak | None, host: Link, pcie_only: bool, default: str
+) -> Link:
+    """The intra-node link from a flag or the named table (its signalling rate, the larger: a bound)."""
+    if pcie_only:
+        return host
+    if req.nvlink_gbps is not None:
+        return Link(name="nvlink", gbps=req.nvlink_gbps, source="flag --nvlink-gbps")
+    assert entry is not None
+    source = f"table {entry.pattern}: {entry.link} ({entry.source}){default}"
+    if entry.datasheet_gbps is not None and entry.datasheet_gbps != entry.gbps:
+        source += (
+            f"; the datasheet's {entry.datasheet_gbps:g} GB/s is lower: the bound takes the signalling rate"
+        )
+    return Link(name="nvlink", gbps=entry.gbps, source=source)
 
 
 def _nic(req: TopologyRequest, table: PeakTable) -> tuple[Link | None, str | None, int]:
@@ -164,6 +185,8 @@ def _nic(req: TopologyRequest, table: PeakTable) -> tuple[Link | None, str | Non
         source = (
             f"datasheet {entry.pattern}: {entry.link} ({entry.source}){'' if req.nic else ' (default NIC)'}"
         )
+        if req.nics_per_node is None and entry.per_node is not None:
+            rails = entry.per_node  # an instance kind's own NIC count (EFA)
     if rails != req.gpus_per_node:
         source += f"; {rails} NIC(s) per {req.gpus_per_node} GPUs"
     return Link(name="nic", gbps=per_nic * rails / req.gpus_per_node, source=source), name, rails

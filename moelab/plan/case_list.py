@@ -22,7 +22,18 @@ def planned_unsupported(case: CaseSpec, launch: LaunchSpec) -> str | None:
         return None
     if not issubclass(cls, Backend):
         return None
-    return cls.planned_reason(CaseConfig.of(case), Placement.of(launch))
+    where = Placement.of(launch)
+    if case.e2e is not None:  # the layer's schedule needs what the backend declares it can do
+        from moelab.core.errors import SpecError
+        from moelab.measure.e2e.schedules import schedule_reason
+
+        try:
+            reason = schedule_reason(cls, case.e2e.resolve(case.workload, case.sms), where.comm_backend)
+        except SpecError as exc:  # bad settings are refused at planning; say so here too
+            reason = str(exc)
+        if reason:
+            return reason
+    return cls.planned_reason(CaseConfig.of(case), where)
 
 
 NOT_RUN = "not run"  # the kind of a case the plan knows will be skipped or recorded unsupported

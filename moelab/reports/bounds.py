@@ -3,7 +3,7 @@ matches a published row beside that row.
 
 `annotate_bounds` adds to each result row (moelab.reports.query.results): `bound_us`, the op's bound time;
 `frac_bound`, bound / measured time (the same in any byte definition); `bound_family` and `bound_links`,
-which family and link figures gave it (the run's measured peer copy where it stored one, else the named
+which family and link figures gave it (the run's measured link capacity where it is above the named
 table). `moelab run`, the report and `moelab compare` read these fields.
 """
 
@@ -36,6 +36,16 @@ def gpu_by_run_backend(environment: Sequence[dict[str, Any]]) -> dict[tuple[str,
     return out
 
 
+def hosts_by_run_backend(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """How many distinct hosts each job's ranks ran on (a bound of more nodes than that assumed a NIC the
+    host lacks)."""
+    seen: dict[tuple[str, str], set[str]] = {}
+    for e in environment:
+        if e.get("host"):
+            seen.setdefault((e["run_id"], e["backend"]), set()).add(e["host"])
+    return {job: len(h) for job, h in seen.items()}
+
+
 def annotate_bounds(
     results: list[dict[str, Any]],
     environment: Sequence[dict[str, Any]],
@@ -43,9 +53,10 @@ def annotate_bounds(
     links: JobLinks | None = None,
 ) -> None:
     """`links`: each job's link as its machine reported it (hardware.job_links); where NVML reported one,
-    the bound takes it instead of the datasheet of the GPU's name (a measured peer copy still comes first).
+    the bound takes it instead of the datasheet of the GPU's name (a measured link capacity above it still comes first).
     One rank moves nothing over a link: it gets no bound."""
     gpus = gpu_by_run_backend(environment)
+    hosts = hosts_by_run_backend(environment)
     combine_bytes = {_case_key(r): r["bytes_per_row"] for r in results if r["op"] == "combine"}
     tables: dict[tuple[str, str], PeakTable] = {}
     for r in results:
@@ -61,6 +72,10 @@ def annotate_bounds(
         r["bound_family"] = b.family if b else None
         r["bound_links"] = b.links if b else None
         r["frac_bound"] = fraction_of_peak(b.time_us, r["median_us"]) if b else None
+        r["bound_nodes"] = b.nodes if b else None  # what the bound assumed, against the hosts the run used
+        r["bound_nic"] = b.nic if b else None
+        r["bound_intra_measured"] = b.intra_measured if b else None
+        r["hosts"] = hosts.get(job)
 
 
 def reported_table(table: PeakTable, gpu: str | None, peak: LinkPeak | None) -> PeakTable:
@@ -110,7 +125,15 @@ def _routing_of(r: dict[str, Any]) -> RoutingSpec:
 
 
 def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
+    """A row that names its SM count matches a case at that count; one timed kernel-only is not beside an
+    op timed through the library's API."""
     wl = row.workload
+    if (
+        wl is None
+        or row.timing not in (None, "torch-api")
+        or (row.sms is not None and r.get("sms") != row.sms)
+    ):
+        return False
     return (
         r["backend"] in row.backends
         and r["op"] in ((row.op,) if row.op == "combine" else ("dispatch",))
@@ -118,7 +141,7 @@ def _matches(row: PublishedRow, r: dict[str, Any]) -> bool:
         and r["hidden"] == wl.hidden
         and r["tokens_per_rank"] == wl.tokens_per_rank
         and r["topk"] == wl.topk
-        and r["experts_per_rank"] * r["world"] == wl.experts
+        and r["experts_per_rank"] * r["world"] == wl.experts_at(row.ep)
         and r["dtype"] == wl.dtype
         and _routing_key(_routing_of(r), row.ep) == _routing_key(wl.routing, row.ep)
     )
@@ -170,7 +193,7 @@ def _measured_gbps(row: PublishedRow, r: dict[str, Any]) -> float | None:
     }
     if row.definition in stored:
         return stored[row.definition]
-    if row.definition == "ll_selections" and r["median_us"]:
+    if row.definition == "ll_selections" and r["median_us"] and row.workload is not None:
         wl = row.workload
         per_message = bytes_per_row("low_latency", row.op, wl.hidden, wl.dtype, wl.combine_dtype)
         return r["tokens_per_rank"] * r["topk"] * per_message / (r["median_us"] * 1e3)

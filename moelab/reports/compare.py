@@ -1,7 +1,8 @@
 """Side-by-side comparison of measured cases grouped by one key (backend, GPU model, a software version,
 label or run), matched on the workload and SM count.
 
-Bandwidth is also given as a fraction of each group's own link peak (moelab.reports.hardware: what each
+Bandwidth is also given as a fraction of each group's own link peak (`% peak`: nvl_remote, the rows from
+other ranks, over the per-direction peak, whatever `--metric` the GB/s column shows) (moelab.reports.hardware: what each
 run's machine reported, the datasheet of its GPU where it stored no reading), so hardware generations compare by how much of their link they use, not only by GB/s, and
 as a fraction of moelab model's bound for the case's own topology (`% bound`, moelab.reports.bounds).
 When several runs give the same group the same case, the newest run's number is used.
@@ -22,16 +23,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moelab.core import ranking
 from moelab.core.errors import MoelabError
-from moelab.core.intervals import Interval, ratio_interval, ratio_point
+from moelab.core.intervals import Interval
+from moelab.model.above import above_findings
+from moelab.reports import hardware
 from moelab.reports.analysis import fraction_of_peak
 from moelab.reports.hardware import JobLinks
+from moelab.reports.summary import LEGEND, marks
 
 ProcessMedians = dict[tuple[str, str, str, str], tuple[list[float], list[float]]]
 INTERVAL_NOTE = (
-    "ratios: GB/s over the reference's, with a 95% percentile bootstrap interval over processes where both "
-    "ran each job more than once (moelab run --repeat 3); X vs ref: in time, 'indistinguishable' where the "
-    "interval covers 1, ranked only where the slowest and the fastest rank agree"
+    "ratios: GB/s over the reference's, with a 99% interval over processes (t on log per-process medians) "
+    "where both ran each job more than once (moelab run --repeat 3); X vs ref: in time, a winner only where "
+    "the interval excludes 1 and the slowest and the fastest rank agree, 'no interval' is never one; marks: "
+    + LEGEND
 )
 
 BY_KEYS = ("backend", "gpu", "nccl", "driver", "torch", "label", "run")
@@ -58,7 +64,9 @@ class Cell:
     frac_bound: float | None = (
         None  # moelab model's bound time over the measured time (moelab.reports.bounds)
     )
+    marks: str = ""  # unstable, suspect, contended (reports.summary.marks)
     slowest: tuple[float, ...] = ()  # per start of the job: the median of the slowest rank's times
+    findings: tuple[str, ...] = ()  # each figure above 100% of its bound or peak, with its cause
     fastest: tuple[float, ...] = ()  # ... and of the fastest rank's
 
 
@@ -70,12 +78,13 @@ class Ranking:
     interval: Interval | None  # over processes; None with fewer than two a side
     fast_ratio: float | None  # the same ratio of the fastest rank's times
     fast_interval: Interval | None
-    verdict: str  # faster, slower, indistinguishable, or "not ranked: why"
+    verdict: str  # faster, slower, indistinguishable, no interval, or "not ranked: why"
 
 
 def rank(ref: Cell, other: Cell) -> Ranking | None:
-    """`other` against `ref`: the interval of the time ratio, and a ranking only where the slowest-rank and
-    the fastest-rank ratios agree (each outside 1 where it has an interval)."""
+    """`other` against `ref` by the one ranking rule (moelab.core.ranking: a winner only where the 99%
+    interval over processes excludes 1, none without an interval), and only where the slowest-rank and the
+    fastest-rank ratios agree."""
     if not ref.slowest or not other.slowest:
         return None
     if not _valid_times(ref) or not _valid_times(other):  # as the gate calls them: invalid, never ranked
@@ -87,24 +96,23 @@ def rank(ref: Cell, other: Cell) -> Ranking | None:
             verdict="not ranked: times not above zero (invalid)",
         )
     paired = ref.run_id == other.run_id and len(ref.slowest) == len(other.slowest)
-    point, ci = (
-        ratio_point(ref.slowest, other.slowest, paired),
-        ratio_interval(ref.slowest, other.slowest, paired),
-    )
-    fast = fast_ci = None
-    if ref.fastest and other.fastest:
-        fast = ratio_point(ref.fastest, other.fastest, paired)
-        fast_ci = ratio_interval(ref.fastest, other.fastest, paired)
-    word = "faster" if point < 1 else "slower"
-    if point == 1.0 or (ci is not None and ci.covers(1.0)):
-        verdict = "indistinguishable"
-    elif fast is not None and (fast < 1) != (point < 1):
+    slow = ranking.rank_pair(ref.slowest, other.slowest, paired)
+    fast = ranking.rank_pair(ref.fastest, other.fastest, paired) if ref.fastest and other.fastest else None
+    if not slow.winner:
+        verdict = slow.verdict
+    elif fast is not None and fast.ratio == fast.ratio and (fast.ratio < 1) != (slow.ratio < 1):
         verdict = "not ranked: ranks disagree"  # faster on one rank's times, slower on the other's
-    elif fast_ci is not None and fast_ci.covers(1.0):
-        verdict = "not ranked: fastest rank indistinguishable"
+    elif fast is not None and not fast.winner:
+        verdict = f"not ranked: fastest rank {fast.verdict}"
     else:
-        verdict = word
-    return Ranking(ratio=point, interval=ci, fast_ratio=fast, fast_interval=fast_ci, verdict=verdict)
+        verdict = slow.verdict
+    return Ranking(
+        ratio=slow.ratio,
+        interval=slow.interval,
+        fast_ratio=fast.ratio if fast else None,
+        fast_interval=fast.interval if fast else None,
+        verdict=verdict,
+    )
 
 
 def _valid_times(cell: Cell) -> bool:
@@ -155,31 +163,18 @@ class CompareTable:
             return None
         return f"{bw:.3g}" + (f" {ci.text()}" if ci else "")
 
-    def header(self) -> list[str]:
-        cols = ["case", "op", "SMs"]
-        for g in self.groups:
-            cols += [f"{g} µs", f"{g} GB/s", f"{g} % peak", f"{g} % bound"]
-            if g != self.reference:
-                cols += [f"{g} / {self.reference}", f"{g} vs {self.reference}"]
-        return cols
+    def findings(self) -> list[str]:
+        """One line per cell with a figure above 100% of its bound or peak (moelab.model.above)."""
+        return [
+            f"{g} {row.label} {row.op}: {text}"
+            for row in self.rows
+            for g, cell in row.cells.items()
+            for text in cell.findings
+        ]
 
-    def table_rows(self) -> list[list[Any]]:
-        out = []
-        for row in self.rows:
-            line: list[Any] = [row.label, row.op, row.sms if row.sms is not None else "default"]
-            for g in self.groups:
-                c = row.cells.get(g)
-                line += [
-                    c.median_us if c else None,
-                    c.gbps if c else None,
-                    None if c is None or c.frac_peak is None else 100 * c.frac_peak,
-                    None if c is None or c.frac_bound is None else 100 * c.frac_bound,
-                ]
-                if g != self.reference:
-                    r = self.ranking(row, g)
-                    line += [self.ratio_text(row, g), r.verdict if r else None]
-            out.append(line)
-        return out
+    def marks_text(self, row: CompareRow) -> str:
+        """Each group's marks on this row (summary.LEGEND), e.g. `deepep ~; nccl-a2a !#`."""
+        return "; ".join(f"{g} {c.marks}" for g in self.groups if (c := row.cells.get(g)) and c.marks)
 
 
 def _env_index(environment: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -250,10 +245,21 @@ def build(
         gpu = (env or {}).get("gpu_name")
         peak = links.get(r["run_id"], r["backend"]) if r["world"] != 1 else None
         gbps = r[METRICS[metric]] if r["world"] != 1 else None  # one rank: nothing crossed a link
+        # % peak in one definition everywhere: nvl_remote (rows from other ranks) over the per-direction
+        # link peak, whichever metric the GB/s column shows
+        remote = r["remote_gbps"] if r["world"] != 1 else None
         frac = (
-            fraction_of_peak(gbps, peak.gbps if peak else None)
+            fraction_of_peak(remote, peak.gbps if peak else None)
             if r["op"] not in ("roundtrip", "pair", "layout")
             else None
+        )
+        above = above_findings(
+            {
+                **r,
+                "frac_remote": frac,
+                "peak_basis": hardware.basis(peak),
+                "peak_link": peak.link if peak else None,
+            }
         )
         slowest, fastest = (processes or {}).get((r["run_id"], r["backend"], r["case_id"], r["op"]), ([], []))
         row.cells[g] = Cell(
@@ -263,6 +269,8 @@ def build(
             frac_peak=frac,
             gpu_name=gpu,
             frac_bound=r.get("frac_bound"),
+            findings=tuple(f.text() for f in above),
+            marks=marks(r),
             slowest=tuple(float(x) for x in slowest if x is not None),
             fastest=tuple(float(x) for x in fastest if x is not None),
         )
@@ -271,8 +279,10 @@ def build(
         raise MoelabError(
             f"reference {reference!r} is not among the {by} values: {', '.join(groups) or 'none'}"
         )
+    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
+    # a group with no matched case is no use as a column, nor as a default reference
+    groups = [g for g in groups if g == reference or any(g in row.cells for row in matched)] or groups
     ref = reference or (groups[0] if groups else "")
     groups = [ref] + [g for g in groups if g != ref] if groups else []
-    matched = [row for row in rows.values() if len(row.cells) > 1 or len(groups) == 1]
     matched.sort(key=lambda row: (row.label, row.op, row.sms is not None, row.sms or 0))
     return CompareTable(by=by, metric=metric, groups=groups, reference=ref, rows=matched)

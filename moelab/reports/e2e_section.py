@@ -1,7 +1,11 @@
 """The report's end-to-end section: for each MoE-layer workload, tokens/s per rank against the SMs the
 communication holds, every backend and schedule on one chart, each line's best SM count marked, the
 winning backend+S named, and the figures behind it (exposed communication, overlap efficiency, the GEMM
-slowdown the communication's SMs cause, the layer's and its compute's % of roofline). Rows come from the e2e cases' stored metrics (moelab.measure.e2e)."""
+slowdown the communication's SMs cause, the layer's and its compute's % of roofline). Rows come from the e2e cases' stored metrics (moelab.measure.e2e).
+
+Each block also names, per backend, the overlapped schedule with the best speedup over its serial layer
+(moelab.measure.e2e.schedules), forward and forward+backward, each with the bootstrap interval of the
+ratio of the two layers' medians (slowest rank per iteration, from the stored samples)."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from moelab.core.intervals import Interval, ratio_interval
 from moelab.reports import charts
 from moelab.reports.query import select
 
@@ -25,7 +30,45 @@ METRICS = (
     "tokens_per_s_per_rank_fwd_bwd",
     "roofline_share",
     "compute_roofline_share",
+    "speedup_vs_serial_fwd_bwd",
+    "sms_taken_from_gemms",
+    "exposed_comm_share",
+    "serial_exposed_comm_share",
 )
+SPEEDUPS = {"fwd": ("layer_serial", "layer"), "fwd_bwd": ("layer_fwd_bwd_serial", "layer_fwd_bwd")}
+
+
+def speedup_intervals(
+    con: duckdb.DuckDBPyConnection,
+) -> dict[tuple[str, str, str], dict[str, Interval | None]]:
+    """Per overlapped e2e case of the selected runs, the interval of serial / schedule time, forward and
+    forward+backward, from the stored samples (the iteration's time is its slowest rank's)."""
+    ops = sorted({op for pair in SPEEDUPS.values() for op in pair})
+    samples: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    for r in select(
+        con,
+        f"""SELECT run_id, backend, case_id, op, rank, iter, time_us FROM samples SEMI JOIN _sel USING (run_id)
+            WHERE op IN ({", ".join("'" + op + "'" for op in ops)})""",
+    ):
+        samples[(r["run_id"], r["backend"], r["case_id"], r["op"])][r["rank"]][r["iter"]] = r["time_us"]
+    out: dict[tuple[str, str, str], dict[str, Interval | None]] = defaultdict(dict)
+    for (run, backend, case, op), per_rank in samples.items():
+        for name, (serial_op, layer_op) in SPEEDUPS.items():
+            if op != layer_op or (run, backend, case, serial_op) not in samples:
+                continue
+            serial = _slowest(samples[(run, backend, case, serial_op)])
+            layer = _slowest(per_rank)
+            out[(run, backend, case)][name] = ratio_interval(layer, serial) if serial and layer else None
+    return out
+
+
+def _slowest(per_rank: dict[int, dict[int, float]]) -> list[float]:
+    """The slowest rank's time per iteration (iterations every rank has)."""
+    ranks = list(per_rank.values())
+    iters = sorted(set.intersection(*(set(r) for r in ranks))) if ranks else []
+    return [max(r[i] for r in ranks) for i in iters]
 
 
 def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -42,6 +85,7 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)",
     ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
+    intervals = speedup_intervals(con)
     out = []
     for c in cases:
         knobs = _obj(c["knobs"])
@@ -54,12 +98,16 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         extra = {
             k: v
             for k, v in knobs.items()
-            if k not in ("bench", "mode", "intermediate", "profile", "backward")
+            if k not in ("bench", "mode", "intermediate", "profile", "backward", "chunks", "comm")
         }
+        ci = intervals.get((c["run_id"], c["backend"], c["case_id"]), {})
         out.append(
             c
             | {
                 "mode": knobs.get("mode", "serial"),
+                "schedule": e2e.get("schedule", knobs.get("mode", "serial")),
+                "speedup_ci": ci.get("fwd"),
+                "speedup_fwd_bwd_ci": ci.get("fwd_bwd"),
                 "intermediate": e2e.get("intermediate", knobs.get("intermediate")),
                 "knob_text": ", ".join(f"{k}={v}" for k, v in sorted(extra.items())),
                 **{name: m.get(name) for name in METRICS},
@@ -79,7 +127,7 @@ def _obj(text: Any) -> dict[str, Any]:
 
 
 def _series_name(r: dict[str, Any]) -> str:
-    name = f"{r['backend']} {r['mode']} ({r['dtype']})"
+    name = f"{r['backend']} {r.get('schedule', r['mode'])} ({r['dtype']})"
     return f"{name} {r['knob_text']}" if r["knob_text"] else name
 
 
@@ -121,7 +169,7 @@ def _block(n: int, key: tuple[Any, ...], grows: list[dict[str, Any]], draw: bool
         "best": best,
         "winner": {
             "backend": winner["backend"],
-            "mode": winner["mode"],
+            "mode": winner.get("schedule", winner["mode"]),
             "sms": _sms_text(winner["sms"]),
             "knobs": winner["knob_text"],
             "tokens_per_s": winner["tokens_per_s_per_rank"],
@@ -130,11 +178,51 @@ def _block(n: int, key: tuple[Any, ...], grows: list[dict[str, Any]], draw: bool
             winner["tokens_per_s_per_rank"] / runner["tokens_per_s_per_rank"] - 1 if runner else None
         ),
         "other_backend": _series_name(runner) + f" at {_sms_text(runner['sms'])} SMs" if runner else None,
+        "best_schedules": best_schedules(grows),
         "rows": sorted(
             grows,
             key=lambda r: (r["backend"], r["mode"], r["knob_text"], r["sms"] is not None, r["sms"] or 0),
         ),
     }
+
+
+def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per backend, its overlapped case with the highest forward speedup over serial: the schedule, its SMs,
+    the SMs it took from the GEMMs, both speedups with their intervals, and serial's exposed share."""
+    by_backend: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in grows:
+        if r.get("speedup_vs_serial") is not None:
+            by_backend[r["backend"]].append(r)
+    out = []
+    for backend, rows in sorted(by_backend.items()):
+        top = max(rows, key=lambda r: r["speedup_vs_serial"])
+        serial = [
+            r for r in grows if r["backend"] == backend and r["mode"] == "serial" and r["sms"] == top["sms"]
+        ]
+        out.append(
+            {
+                "backend": backend,
+                "schedule": top.get("schedule", top["mode"]),
+                "sms": _sms_text(top["sms"]),
+                "knobs": top["knob_text"],
+                "sms_taken": top.get("sms_taken_from_gemms"),
+                "speedup": top["speedup_vs_serial"],
+                "speedup_ci": _ci_text(top.get("speedup_ci")),
+                "speedup_fwd_bwd": top.get("speedup_vs_serial_fwd_bwd"),
+                "speedup_fwd_bwd_ci": _ci_text(top.get("speedup_fwd_bwd_ci")),
+                "serial_exposed_share": (
+                    top.get("serial_exposed_comm_share")
+                    if top.get("serial_exposed_comm_share") is not None
+                    else (serial[0].get("exposed_comm_share") if serial else None)
+                ),
+                "schedules_tried": len(rows),
+            }
+        )
+    return out
+
+
+def _ci_text(ci: Interval | None) -> str:
+    return ci.text(".3f") if ci is not None else "—"
 
 
 def _best_per_series(

@@ -17,10 +17,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moelab.model.above import PEAK_DEFINITION, TIMING_ARTEFACT, TOPOLOGY_MISMATCH, above_findings
+
 ABOVE_PEAK_NOTE = (
     "nvl_recv counts the rows a rank sends to itself, which never cross NVLink, so it can exceed the link "
     "peak (DeepEP#633); nvl_remote counts only rows from other ranks and is the figure to hold against the peak."
 )
+ABOVE_EXPLAIN = {
+    PEAK_DEFINITION: "the peak is not the capacity of the bytes counted (one neighbour's copy against traffic to "
+    "several peers, NCCL's own exchange as the hardware's): the figure says nothing until the peak is fixed",
+    TOPOLOGY_MISMATCH: "the bound assumed links this machine does not have: it is no bound for this run",
+    TIMING_ARTEFACT: "the bytes cannot cross faster than the link: the time is too short (the slowest rank not "
+    "timed, iterations overlapping)",
+}
 BAD_STATUSES = ("failed", "incorrect", "crashed", "timeout")
 NOT_RUN_NOTE = (
     "not run here, by design: the reason says why (`moelab run --list-cases` shows them before a run)"
@@ -207,18 +216,17 @@ def result_flags(
     groups = into or _Groups()
     for r in results:
         where, badges = case_where(r, several_runs), []
-        if r.get("above_peak") == "remote above peak":
-            text = f"nvl_remote {r['remote_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s"
+        for finding in above_findings(r):
             groups.add(
-                "peak:remote",
+                f"above:{finding.cause}",
                 "fail",
-                "nvl_remote above the link peak",
-                "remote bytes cannot cross faster than the link: check the timing (is the slowest rank timed?)",
+                f"above 100% of its bound or peak: {finding.cause}",
+                ABOVE_EXPLAIN[finding.cause],
                 where,
-                f"{r['op']} {r['remote_gbps']:.0f} GB/s",
+                f"{r['op']} {finding.figure} {100 * finding.fraction:.0f}%: {finding.why}",
             )
-            badges.append(("above peak", "bad", text))
-        elif r.get("above_peak"):
+            badges.append((f"{finding.figure} > 100%", "bad", finding.text()))
+        if r.get("above_peak") == "local traffic counted":  # remote above the peak: flagged above
             text = f"nvl_recv {r['nvl_gbps']:.1f} GB/s is above the {r['peak_link']} peak {r['peak_gbps']:.0f} GB/s"
             groups.add(
                 "peak:local",

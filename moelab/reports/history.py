@@ -20,8 +20,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from moelab.core import steps as step_detect
 from moelab.core.errors import MoelabError
-from moelab.reports import steps as step_detect
 from moelab.reports import svg_chart
 from moelab.store.db import open_db
 
@@ -129,9 +129,17 @@ class History:
                         "after_us": st.after,
                         "change": st.change,
                         "verdict": "slower" if st.change > 0 else "faster",
+                        "changed": _env_change(s.env[i - 1], s.env[i]),
                     }
                 )
         return sorted(out, key=lambda r: (-abs(r["change"]), r["series"]))
+
+
+def _env_change(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """What the runs on either side of a step ran on differently (GPU, driver, NCCL, torch), or ''."""
+    return "; ".join(
+        f"{name} {a} → {b}" for name, a, b in zip(ENV_FIELDS, before, after, strict=True) if a != b
+    )
 
 
 def _query(con: duckdb.DuckDBPyConnection, f: Filters) -> dict[str, np.ndarray]:

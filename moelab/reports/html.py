@@ -6,6 +6,7 @@ that allows no script at all, so a hostile hostname, label or version string is 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,11 @@ import markupsafe
 
 from moelab.core.display import format_number, format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError
-from moelab.health.drift import not_judged
 from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import (
     bounds,
     compare,
+    compare_layout,
     e2e_section,
     flags,
     hardware,
@@ -31,6 +32,7 @@ from moelab.reports import (
 )
 from moelab.store.db import open_db
 from moelab.store.labels import resolve_run
+from moelab.store.run_history import not_judged
 
 latest_run_ids = query.latest_run_ids  # kept importable from here: the CLI's run command uses it
 
@@ -78,11 +80,25 @@ class ReportData:
     def absent(self) -> list[str]:
         """What these runs hold none of, said in one line instead of one empty section each."""
         missing = [
-            (not _swept(self.results, "sms"), "an SM sweep (--sms default,8,16,24)"),
+            (
+                not _swept(self.results, "sms") and not _sms_asked([*self.results, *self.not_measured]),
+                "an SM sweep (--sms default,8,16,24)",
+            ),
             (not _swept(self.results, "tokens_per_rank"), "a token sweep (--tokens-per-rank 1024,4096)"),
             (not self.traces, "traces (--trace torch or nsys)"),
         ]
         return [text for gone, text in missing if gone]
+
+
+def _sms_asked(cases: list[dict[str, Any]]) -> bool:
+    """Whether some backend of one run was asked for two or more SM counts, measured or not (on CPU the
+    counts other than the default are unsupported: a sweep was run, there is none to suggest)."""
+    seen: dict[tuple[Any, ...], set[str]] = {}
+    for c in cases:
+        m = re.search(r"-sm(def|\d+)$", str(c.get("case_id", "")))
+        if m:
+            seen.setdefault((c.get("run_id"), c.get("backend")), set()).add(m.group(1))
+    return any(len(v) > 1 for v in seen.values())
 
 
 def _swept(results: list[dict[str, Any]], axis: str) -> bool:
@@ -135,7 +151,9 @@ def load(
     data.e2e = e2e_section.build(e2e_section.e2e_rows(con), draw)
     several = len(run_ids) > 1
     data.flag_groups = flags.group_flags(results, data.bad_jobs, data.not_measured, data.health, several)
-    data.summary_rows = summary.build(results, data.knees, baseline.verdicts if baseline else None)
+    data.summary_rows = summary.build(
+        results, data.knees, baseline.verdicts if baseline else None, query.process_medians(con)
+    )
     data.baseline = baseline.described if baseline else None
     data.notes = summary.notes(data.summary_rows) + [
         n for r in data.runs if (n := not_judged(con, r["run_id"], exact=False))
@@ -166,6 +184,10 @@ def _comparisons(
     )
     for by in ("backend", "gpu"):
         table = compare.build(results, env, runs, links, by=by, processes=processes)
+        # the reference: the group that measured the most of the matched cases, so ratios have a base
+        best = max(table.groups, key=lambda g: sum(g in row.cells for row in table.rows), default=None)
+        if best is not None and best != table.reference:
+            table = compare.build(results, env, runs, links, by=by, reference=best, processes=processes)
         if len(table.groups) > 1 and table.rows:
             out.append(table)
     return out
@@ -186,6 +208,7 @@ def _env() -> jinja2.Environment:
     env.filters["num"] = format_number
     env.filters["wrapid"] = _wrap_id
     env.globals["fmtnum"] = format_number
+    env.globals["layout"] = compare_layout.layout
     return env
 
 
@@ -216,7 +239,7 @@ def render(data: ReportData, fmt: str = "html") -> str:
 
 def render_history(history: Any, fmt: str = "html") -> str:
     """The history view (reports/history.py): steps table, series table, one chart per series."""
-    from moelab.reports import steps
+    from moelab.core import steps
 
     if fmt not in ("html", "md"):
         raise MoelabError(f"unknown report format {fmt!r}: choose html or md")

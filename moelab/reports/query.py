@@ -84,12 +84,14 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                   json_extract_string(c.backend_record, '$.dispatch_family') AS dispatch_family,
                   c.gpus_per_node, CAST(c.routing_params AS VARCHAR) AS routing_params,
                   c.dispatch_err, c.combine_err, c.suspect, c.suspect_reason,
+                  (SELECT coalesce(x.suspect, false) FROM cases x WHERE x.run_id = c.run_id
+                     AND x.backend = c.backend AND x.case_id = c.case_id) AS contended,
                   r.op, r.n, r.median_us, r.p10_us, r.p90_us, r.p99_us, r.rank_spread_us, r.rel_iqr, r.kernel_us,
                   r.bytes_per_row,
                   r.noise, r.host_sync, r.stability, r.repeats, r.ci_low_us, r.ci_high_us, r.process_cv,
-                  (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name = 'a2a_remote')
+                  (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name IN ('a2a_remote', 'peer_exchange_all'))
                       AS measured_remote_peak_gbps,
-                  (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND p.name LIKE 'peer_copy_shift%')
+                  (SELECT max(p.gbps) FROM measured_peaks p WHERE p.run_id = c.run_id AND (p.name LIKE 'peer_copy_shift%' OR p.name = 'peer_exchange_all'))
                       AS measured_peer_peak_gbps,
                   bw.nvl_gbps, bw.remote_gbps, bw.rdma_gbps, bw.rdma_remote_gbps, bw.nvl_bytes,
                   bw.nvl_bytes / r.p90_us / 1e3 AS nvl_gbps_p90t, bw.nvl_bytes / r.p10_us / 1e3 AS nvl_gbps_p10t

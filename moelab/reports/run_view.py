@@ -9,9 +9,9 @@ from typing import Any
 
 import duckdb
 
-from moelab.health.drift import not_judged
 from moelab.model.links import PeakTable
 from moelab.reports import bounds, flags, hardware, query, sections, summary
+from moelab.store.run_history import not_judged
 
 
 @dataclass(kw_only=True, slots=True)
@@ -30,7 +30,7 @@ def load_view(con: duckdb.DuckDBPyConnection, run_id: str, peaks: PeakTable | No
     sections.annotate_results(results, links)
     bounds.annotate_bounds(results, environment, peaks, links)
     _, knees = sections.sm_sweeps(results, [], draw=False)
-    rows = summary.build(results, knees)
+    rows = summary.build(results, knees, processes=query.process_medians(con))
     notes = summary.notes(rows)
     judged = not_judged(con, run_id)
     groups = flags.result_flags(results, several_runs=False).build()

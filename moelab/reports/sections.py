@@ -26,8 +26,9 @@ ONE_RANK_NOTE = "one rank: nothing crossed a link, so no link bandwidth, link pe
 
 
 def measured_fraction(r: dict[str, Any]) -> float | None:
-    """nvl_remote against what this machine's large all_to_all_single moved to other ranks at the start of
-    the run (moelab.measure.peaks); dispatch and combine only."""
+    """nvl_remote against the most this machine moved to other ranks at the start of the run (the larger of
+    its all_to_all_single and its exchange with every peer at once: moelab.measure.peaks); dispatch and
+    combine only."""
     if r["op"] not in FLAGGED_OPS:
         return None
     return fraction_of_peak(r["remote_gbps"], r.get("measured_remote_peak_gbps"))
@@ -160,8 +161,10 @@ def _chart(chart_ids: list[int], kind: str, op: str, title: str, svg: str) -> di
 def _sm_series(
     op: str, run_id: str, name: str, srows: list[dict[str, Any]], knees: list[dict[str, Any]]
 ) -> charts.Series:
-    """One backend variant's line of an SM chart (sorted by SMs), its knee appended to `knees` where found."""
-    k = knee([(r["sms"], r["nvl_gbps"]) for r in srows])
+    """One backend variant's line of an SM chart (sorted by SMs), its knee appended to `knees` where found.
+    Drawn in nvl_remote (rows from other ranks), the bytes a per-direction link peak bounds: the chart's
+    peak line and the knee's % peak read as the results' % peak does."""
+    k = knee([(r["sms"], r["remote_gbps"]) for r in srows])
     marks: tuple[tuple[float, float, str], ...] = ()
     if k is not None:
         peak = srows[0]["peak_gbps"]
@@ -182,11 +185,17 @@ def _sm_series(
         marks = ((k.sms, k.gbps, f"knee {k.sms} SMs"),)
     return charts.Series(
         xs=[r["sms"] for r in srows],
-        ys=[r["nvl_gbps"] for r in srows],
-        lo=[r["nvl_gbps_p90t"] for r in srows],
-        hi=[r["nvl_gbps_p10t"] for r in srows],
+        ys=[r["remote_gbps"] for r in srows],
+        lo=[_scaled(r, "p90_us") for r in srows],
+        hi=[_scaled(r, "p10_us") for r in srows],
         marks=marks,
     )
+
+
+def _scaled(r: dict[str, Any], time_key: str) -> float:
+    """nvl_remote at another time of the same op (the band's p10 / p90 edge; the median's without one)."""
+    t = r.get(time_key)
+    return float(r["remote_gbps"] * r["median_us"] / t) if t else float(r["remote_gbps"])
 
 
 def sm_sweeps(
@@ -197,7 +206,7 @@ def sm_sweeps(
     with_sms = [r for r in results if r["sms"] is not None]
     out_charts: list[dict[str, Any]] = []
     knees: list[dict[str, Any]] = []
-    for (op, run_id, *_), rows in _groups(with_sms, SWEEP_KEY, keep="nvl_gbps").items():
+    for (op, run_id, *_), rows in _groups(with_sms, SWEEP_KEY, keep="remote_gbps").items():
         by_series: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_series[series_name(r)].append(r)
@@ -211,7 +220,7 @@ def sm_sweeps(
         hline = _common_peak(rows) if op in FLAGGED_OPS else None
         title = f"{op}: bandwidth vs SMs"
         svg = (
-            charts.line_chart(series, title, "SMs", "nvl_recv GB/s (band: p10-p90 time)", hline=hline)
+            charts.line_chart(series, title, "SMs", "nvl_remote GB/s (band: p10-p90 time)", hline=hline)
             if draw
             else ""
         )

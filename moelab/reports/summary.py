@@ -2,12 +2,11 @@
 the ranking honest, the knee in SMs, how close the fastest got to the measured link peak and to moelab
 model's bound, the verdict against a baseline, and the flagged cases counted by kind.
 
-The ranking takes one (low, high) interval per backend and op (`Estimate`) through `rank`, so any interval
-can feed it: `interval(row)`. With repeats (--repeat N) it is the stored interval over the processes (the
-bootstrap interval of the median of the per-process medians, moelab.core.intervals), the variation that
-decides; without, the op's stored median and `noise` (the relative half-width of the median's ~95%
-order-statistics interval, within its one process). Two backends whose intervals overlap are
-indistinguishable, and the summary says so rather than naming a winner the figures cannot separate.
+The ranking is the one rule `moelab compare` uses (moelab.core.ranking): each backend against the fastest
+by the 99% interval of their time ratio over processes (--repeat), a winner only where it excludes 1; a
+backend without two processes a side has no interval and is never beaten or a winner ("no interval").
+Each entry shows its own median with its ~95% interval (`Estimate`, `interval(row)`): over the processes
+with repeats, else the op's stored `noise` within its one process, which ranks nothing.
 """
 
 from __future__ import annotations
@@ -17,16 +16,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from moelab.core import ranking
+from moelab.model.above import above_findings
 from moelab.reports.sections import ONE_RANK_NOTE, series_name, workload_text
 
-UNSTABLE_MARK, SUSPECT_MARK = "~", "!"
+ProcessMedians = Mapping[tuple[str, str, str, str], tuple[list[float], list[float]]]
+
+UNSTABLE_MARK, SUSPECT_MARK, CONTENDED_MARK = "~", "!", "#"
 LEGEND = (
     f"{UNSTABLE_MARK} unstable median (noise above target, more than one mode, ranks differ or moved between "
-    f"runs); {SUSPECT_MARK} suspect case (machine shared, health worsened or spread too wide)"
+    f"runs); {SUSPECT_MARK} suspect case (machine shared, health worsened or spread too wide); "
+    f"{CONTENDED_MARK} contended (measured while it ran: host load, other runs, health)"
 )
 VERDICT_ORDER = (
     "broken",
     "regression",
+    "invalid",
+    "underpowered",
+    "contended",
     "improvement",
     "noise",
     "inconclusive",
@@ -73,16 +80,26 @@ def interval(r: Mapping[str, Any]) -> Estimate | None:
 class Ranked:
     name: str
     estimate: Estimate
-    tie: bool  # indistinguishable from the fastest: the intervals overlap
+    tie: bool  # not told from the fastest: the interval covers equality, or there is none
+    verdict: str = ""  # against the fastest (ranking.rank_pair); "" for the fastest itself
 
 
-def rank(estimates: Mapping[str, Estimate]) -> list[Ranked]:
-    """Fastest median first; each one whose interval overlaps the fastest's is marked `tie`."""
+def rank(
+    estimates: Mapping[str, Estimate], processes: Mapping[str, tuple[Sequence[float], bool]] | None = None
+) -> list[Ranked]:
+    """Fastest median first; each other one against it by ranking.rank_pair on `processes` (name ->
+    (per-process medians, run id)), a `tie` unless it is a winner."""
     ordered = sorted(estimates.items(), key=lambda kv: (kv[1].median_us, kv[0]))
     if not ordered:
         return []
-    first = ordered[0][1]
-    return [Ranked(name=n, estimate=e, tie=i > 0 and e.overlaps(first)) for i, (n, e) in enumerate(ordered)]
+    procs = processes or {}
+    first_meds, first_run = procs.get(ordered[0][0], ((), ""))
+    out = [Ranked(name=ordered[0][0], estimate=ordered[0][1], tie=False)]
+    for name, est in ordered[1:]:
+        meds, run = procs.get(name, ((), ""))
+        verdict = ranking.rank_pair(first_meds, meds, paired=run == first_run).verdict
+        out.append(Ranked(name=name, estimate=est, tie=verdict not in ranking.WINNERS, verdict=verdict))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,6 +110,7 @@ class Entry:
     estimate: Estimate
     tie: bool
     sms: str  # its fastest SM setting
+    verdict: str = ""  # against the fastest: ranking's faster/slower/indistinguishable/no interval
     knee_sms: int | None
     marks: str  # UNSTABLE_MARK and/or SUSPECT_MARK
 
@@ -117,10 +135,10 @@ class SummaryRow:
         if len(self.entries) == 1:
             return f"{self.entries[0].name} (only one)"
         tied = [e.name for e in self.entries if e.tie]
+        if any(e.verdict == ranking.NO_INTERVAL for e in self.entries if e.tie):
+            return f"{', '.join([self.entries[0].name, *tied])}: no interval to rank them (--repeat 3)"
         if tied:
             return f"{', '.join([self.entries[0].name, *tied])}: indistinguishable"
-        if not (self.entries[0].estimate.known and self.entries[1].estimate.known):
-            return f"{self.entries[0].name} fastest (no interval)"
         return f"{self.entries[0].name} fastest"
 
     @property
@@ -129,7 +147,12 @@ class SummaryRow:
 
 
 def marks(r: Mapping[str, Any]) -> str:
-    return (UNSTABLE_MARK if r.get("stability") else "") + (SUSPECT_MARK if r.get("suspect") else "")
+    """The marks of one result row, in every table that shows it (run, report, compare)."""
+    return (
+        (UNSTABLE_MARK if r.get("stability") else "")
+        + (SUSPECT_MARK if r.get("suspect") else "")
+        + (CONTENDED_MARK if r.get("contended") else "")
+    )
 
 
 def group_workload(r: Mapping[str, Any]) -> str:
@@ -143,7 +166,8 @@ def _flag_counts(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     counts["unstable"] = sum(1 for r in rows if r.get("stability"))
     counts["suspect"] = len({(r["run_id"], r["backend"], r["case_id"]) for r in rows if r.get("suspect")})
-    counts["above peak"] = sum(1 for r in rows if r.get("above_peak"))
+    counts["above peak"] = sum(1 for r in rows if r.get("above_peak") and not above_findings(r))
+    counts["above 100%"] = sum(1 for r in rows if above_findings(r))
     return {k: v for k, v in counts.items() if v}
 
 
@@ -167,9 +191,11 @@ def build(
     results: Sequence[dict[str, Any]],
     knees: Sequence[dict[str, Any]] = (),
     verdicts: Mapping[tuple[str, str, str, str], str] | None = None,
+    processes: ProcessMedians | None = None,
 ) -> list[SummaryRow]:
     """One row per (op, payload, workload) over annotated result rows (sections.annotate_results and
-    bounds.annotate_bounds), in the order the rows come (suite order)."""
+    bounds.annotate_bounds), in the order the rows come (suite order); `processes` (query.process_medians):
+    the per-process medians the ranking is on (without them nothing is ranked)."""
     several_runs = len({r["run_id"] for r in results}) > 1
     knee_of = {(k["op"], k["run_id"], k["series"], k["workload"]): k["sms"] for k in knees}
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
@@ -184,8 +210,15 @@ def build(
             if name not in best or r["median_us"] < best[name]["median_us"]:
                 best[name] = r
         estimates = {n: e for n, r in best.items() if (e := interval(r)) is not None}
+        meds = {
+            n: (
+                (processes or {}).get((r["run_id"], r["backend"], r["case_id"], op), ([], []))[0],
+                r["run_id"],
+            )
+            for n, r in best.items()
+        }
         entries = []
-        for ranked in rank(estimates):
+        for ranked in rank(estimates, meds):
             r = best[ranked.name]
             knee = knee_of.get((op, r["run_id"], series_name(r), workload_text(r)))
             sms = "default" if r["sms"] is None else str(r["sms"])
@@ -194,6 +227,7 @@ def build(
                     name=ranked.name,
                     estimate=ranked.estimate,
                     tie=ranked.tie,
+                    verdict=ranked.verdict,
                     sms=sms,
                     knee_sms=knee,
                     marks=marks(r),

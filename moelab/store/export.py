@@ -221,3 +221,30 @@ def _check_file(path: Path, files: object) -> None:
         raise MoelabError(
             f"{path} does not match the export's manifest.json (changed, or from another export): not read"
         )
+
+
+def import_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
+    """An export's runs into a stored database, whole or not at all; refused where the database holds one
+    of them already (a run is imported once, never twice or merged)."""
+    try:
+        manifest = read_json(folder / "manifest.json", cap=64 << 20)
+    except RunDirFileError:
+        manifest = None  # load_export names the problem
+    listed = manifest.get("runs") if isinstance(manifest, dict) else None
+    if isinstance(listed, list) and listed:
+        held = con.execute(
+            "SELECT run_id FROM runs WHERE run_id IN (SELECT UNNEST(?::VARCHAR[])) ORDER BY run_id", [listed]
+        ).fetchall()
+        if held:
+            raise MoelabError(
+                f"the database holds {len(held)} of this export's runs already ({held[0][0]}"
+                f"{', ...' if len(held) > 1 else ''}): nothing imported"
+            )
+    con.begin()
+    try:
+        ids = load_export(con, folder)
+    except BaseException:
+        con.rollback()
+        raise
+    con.commit()
+    return ids

@@ -1,4 +1,4 @@
-"""Judgments (moelab.health.judge) in their own table: made after a run is stored, never written over the
+"""Judgments (moelab.health.judge, on the history moelab.store.run_history reads) in their own table: made after a run is stored, never written over the
 measured rows. `cases_judged` and `results_judged` (views, moelab.store.schema) show each case's suspect
 mark and each op's stability with the judgments joined in; readers use those."""
 
@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
-from moelab.health.judge import Judgment, judge_stored_run
+from moelab.health.judge import Judgment
+from moelab.store.run_history import judge_stored_run
 
 COLUMNS = tuple(f.name for f in fields(Judgment))
 

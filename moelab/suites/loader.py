@@ -19,7 +19,7 @@ import itertools
 import math
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -327,7 +327,7 @@ def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> Cas
         workload.validate(world)
     except SpecError as exc:
         skip = skip or str(exc)
-    return CaseSpec.from_asked(
+    case = CaseSpec.from_asked(
         knobs=knobs,
         case_id=case_id_for(workload, sms, knobs),
         backend=backend,
@@ -335,3 +335,5 @@ def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> Cas
         sms=sms,
         skip_reason=skip,
     )
+    combination = case.e2e.combination_reason(sms) if case.e2e is not None else None
+    return replace(case, skip_reason=combination) if combination and not skip else case

@@ -49,6 +49,15 @@ def suite_toml(plan: TrialPlan, winner: Trial) -> str:
     return "\n".join(lines) + "\n"
 
 
+SCHEDULE_SETTINGS = {
+    "tbo": "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
+    "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap",
+    "chunked": "schedule: the token pipeline over more micro-batches (moelab e2e mode chunked)",
+    "expert": "schedule: expert-chunked pipelining (each group of experts' dispatch/combine under the previous "
+    "group's GEMMs, every expert keeping its rows; moelab e2e mode expert)",
+}
+
+
 def framework_settings(plan: TrialPlan, winner: Trial) -> list[str]:
     """Lines a user of Megatron-Core, torchtitan or the library itself sets for the winning configuration:
     the backend's (its tune space's settings), then the schedule's."""
@@ -56,12 +65,9 @@ def framework_settings(plan: TrialPlan, winner: Trial) -> list[str]:
     k = c.knob_dict()
     tuning = tuning_of(c.backend)
     out = tuning.settings(c.sms, k, plan.workload_for(c.backend)) if tuning is not None else []
-    if c.mode != "tbo":
+    if c.mode == "serial":
         return [*out, "schedule: serial (no micro-batch overlap)"]
-    out.append(
-        "schedule: two-batch overlap (one micro-batch's dispatch/combine under the other's expert GEMMs): "
-        "Megatron-Core --overlap-moe-expert-parallel-comm; SGLang --enable-two-batch-overlap"
-    )
+    out.append(SCHEDULE_SETTINGS.get(c.mode, f"schedule: {c.mode}"))
     held = resolve_carveout(k.get("carveout", "auto"), c.mode, c.sms)
     if held:
         out.append(

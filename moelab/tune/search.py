@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from moelab.core.errors import MoelabError
 from moelab.core.spec import TimingSpec
-from moelab.tune.space import Candidate, coarse, default_candidate, knob_variants, refine
+from moelab.tune.space import SCHEDULES, Candidate, coarse, default_candidate, knob_variants, refine
 
 ROUNDS = 3
 KEEP_FRACTION = 3  # round 1 keeps the best 1/3 ...
@@ -48,6 +48,7 @@ class TuneConfig:
     sms_grid: tuple[int, ...]
     sm_control: bool  # False on CPU ranks: gloo has no SM control
     timings: tuple[TimingSpec, TimingSpec, TimingSpec]  # rounds 1, 2, 3
+    schedules: tuple[str, ...] = SCHEDULES  # the layer schedules searched (moelab.core.e2e_spec.MODES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +93,7 @@ def full_product(config: TuneConfig) -> int:
         sms_values = [None, *config.sms_grid] if config.sm_control else [None]
         for s in sms_values:
             per_backend += 1 + len(knob_variants(Candidate.make(b, "tbo", s)))
-    return per_backend * 2  # x schedules
+    return per_backend * len(config.schedules)
 
 
 def best_of_both(best: Sequence[Trial]) -> Candidate | None:
@@ -111,7 +112,9 @@ def best_of_both(best: Sequence[Trial]) -> Candidate | None:
 def tune(config: TuneConfig, run_round: RoundRunner) -> TuneResult:
     """Successive halving; `run_round(round, candidates, timing)` times candidates and returns one trial each."""
     trials: list[Trial] = []
-    r1 = run_round(1, coarse(config.backends, config.sms_grid, config.sm_control), config.timings[0])
+    r1 = run_round(
+        1, coarse(config.backends, config.sms_grid, config.sm_control, config.schedules), config.timings[0]
+    )
     trials += r1
     best1 = ranked(r1)
     if not best1:

@@ -71,10 +71,12 @@ def default_candidate(backend: str) -> Candidate:
     return Candidate.make(backend, "serial", None)
 
 
-def coarse(backends: Sequence[str], sms_grid: Sequence[int], sm_control: bool) -> list[Candidate]:
+def coarse(
+    backends: Sequence[str], sms_grid: Sequence[int], sm_control: bool, schedules: Sequence[str] = SCHEDULES
+) -> list[Candidate]:
     """Round one: every backend x schedule at the library default and at each SM count of the grid."""
     sms: list[int | None] = [None, *(sms_grid if sm_control else ())]
-    return [Candidate.make(b, m, s) for b in backends for m in SCHEDULES for s in sms]
+    return [Candidate.make(b, m, s) for b in backends for m in schedules for s in sms]
 
 
 def sm_neighbours(sms: int | None, grid: Sequence[int]) -> list[int]:

@@ -208,7 +208,8 @@ def _moelab_gbps(
     if fig.time_us is None:
         return None, "the library line has no time"
     if e.timing == "kernel":
-        t = mf.kernel_us(con, run_id, backend, case_id, e.op)
+        op = mf.first_op(con, run_id, backend, case_id, e.time_ops) if e.time_ops else e.op
+        t = mf.kernel_us(con, run_id, backend, case_id, op) if op else None
         if t is None:
             return None, "moelab has no kernel-only time for this op: run verify with --trace torch"
     else:

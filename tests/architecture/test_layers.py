@@ -49,3 +49,14 @@ def test_a_cycle_between_siblings_breaks_the_contract(tmp_path: Path) -> None:
     done = _lint(root)
     assert done.returncode != 0
     assert "No cycles are allowed in moelab.core" in done.stdout
+
+
+def test_a_new_package_that_no_layer_names_breaks_the_contract(tmp_path: Path) -> None:
+    """exhaustive = true: a package nothing imports (reached only by an importlib string, or not yet at
+    all) still has to be given its layer."""
+    root = _copy(tmp_path)
+    (root / "moelab" / "orphan").mkdir()
+    (root / "moelab" / "orphan" / "__init__.py").write_text('"""Imported by no module of moelab."""\n')
+    done = _lint(root)
+    assert done.returncode != 0
+    assert "moelab.orphan" in done.stdout and "exhaustive" in done.stdout

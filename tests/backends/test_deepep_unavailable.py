@@ -13,7 +13,8 @@ from moelab.backends import deepep_common as common
 from moelab.backends import registry
 from moelab.backends.deepep import DeepEPKnobs
 from moelab.backends.deepep_ll import DeepEPLowLatencyBackend, slot_sources, unit_weights
-from moelab.backends.hybrid_ep import HybridEPBackend, HybridSettings, local_topk
+from moelab.backends.hybrid_ep import HybridEPBackend
+from moelab.backends.hybrid_ep_paths import HybridSettings, local_topk
 from moelab.backends.input_cache import InputCache
 from moelab.core.errors import SpecError
 from tests.deepep_byte_counts import deepep_nvl_figure, deepep_rdma_pairs

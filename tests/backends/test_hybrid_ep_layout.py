@@ -59,4 +59,4 @@ def test_layout_takes_the_routings_token_count(monkeypatch: pytest.MonkeyPatch, 
     idx = torch.randint(0, 8, (micro_tokens, 2))
     handle = backend.layout(idx, torch.ones(micro_tokens, 2))
     assert recorder.calls == [("config", micro_tokens), ("preprocess", micro_tokens)]
-    assert handle.lib[5] == micro_tokens
+    assert handle.lib.num_of_tokens_per_rank == micro_tokens

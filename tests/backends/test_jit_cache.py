@@ -17,6 +17,7 @@ import torch
 import moelab
 from moelab.backends import hybrid_ep as hybrid_ep_module
 from moelab.backends.base import BackendContext, CaseConfig
+from moelab.backends.hybrid_ep_handle import PermuteHandle, PlainHandle
 from moelab.backends.jit_cache import KernelStore, build_identity, hybrid_ep_process_folder
 from moelab.core.errors import SpecError
 from moelab.core.workload import Workload
@@ -132,6 +133,14 @@ def _load_cached_signature(
 ) -> None: ...  # fmt: skip
 
 
+def _fake_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hybrid_ep_cpp as the backend asks it once: a HandleImpl with every field moelab reads."""
+    cpp = types.ModuleType("hybrid_ep_cpp")
+    fields = dict.fromkeys(PlainHandle._fields + PermuteHandle._fields)
+    cpp.HandleImpl = lambda: types.SimpleNamespace(**fields)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hybrid_ep_cpp", cpp)
+
+
 def test_hybrid_ep_buffers_load_seeded_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend seeds its process folder from the store and asks the library to load it."""
     package = tmp_path / "deep_ep"
@@ -142,6 +151,7 @@ def test_hybrid_ep_buffers_load_seeded_kernels(tmp_path: Path, monkeypatch: pyte
     _Buffer.__init__.__signature__ = __import__("inspect").signature(_load_cached_signature)  # type: ignore[attr-defined]
     fake.HybridEPBuffer = _Buffer  # type: ignore[attr-defined]
     monkeypatch.setattr(hybrid_ep_module.common, "import_deep_ep", lambda: (fake, None))
+    _fake_extension(monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setenv("HYBRID_EP_CACHE_DIR", str(tmp_path / "home"))
     ctx = BackendContext(
@@ -178,6 +188,7 @@ def test_an_unwritable_store_costs_only_the_reuse(
     fake.__file__ = str(package / "__init__.py")
     fake.HybridEPBuffer = _Buffer  # type: ignore[attr-defined]
     monkeypatch.setattr(hybrid_ep_module.common, "import_deep_ep", lambda: (fake, None))
+    _fake_extension(monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(hybrid_ep_module, "hybrid_ep_reason", lambda shape, fused=False: None)
     monkeypatch.setenv("HYBRID_EP_CACHE_DIR", str(tmp_path / "home"))

@@ -1,5 +1,7 @@
 """Commands that measure nothing import neither torch nor scipy (each in a fresh process, sys.modules
-read after the command ran). Their start-up time is shown by benchmarks/cli_startup.py, not asserted."""
+read after the command ran). Their start-up time is shown by benchmarks/cli_startup.py, not asserted.
+Two may import scipy, never torch (issue 38): `report --history`, whose steps come from ruptures, and a
+`check` that judges ops, whose noise test takes Student's t quantiles from scipy.stats."""
 
 from __future__ import annotations
 
@@ -88,7 +90,9 @@ def _cases(db: Path, tmp: Path) -> list[list[str]]:
 def test_instant_commands_import_no_torch_or_scipy(db: Path, tmp_path: Path) -> None:
     for args in _cases(db, tmp_path):
         result = _probe(tmp_path, args)
-        assert result["modules"] == [], f"moelab {' '.join(args)} imported {result['modules']}"
+        judges = args[0] == "check" and "--help" not in args or args[:2] == ["report", "--history"]
+        modules = [m for m in result["modules"] if not (judges and m.split(".")[0] == "scipy")]  # type: ignore[attr-defined]
+        assert modules == [], f"moelab {' '.join(args)} imported {result['modules']}"
         # check exits 1 on the regression the history holds; everything else succeeds
         assert result["code"] in ((0, 1) if args[0] == "check" else (0,)), (args, result["stderr"])
 

@@ -5,9 +5,12 @@ offer keeps its group's default, the RunRequest's."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from moelab.cli import options as opt
 from moelab.cli.main import COMMANDS, build_command
@@ -112,3 +115,66 @@ def test_shared_flags_declare_their_metavar() -> None:
     ):
         assert re.search(rf"{re.escape(flag)}\s+(-\w\s+)?{re.escape(meta)}", text), flag
     assert re.search(r"--cpu\s+Run on CPU ranks", text)  # an on/off flag takes nothing
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TimingWithSettle(opt.TimingOptions):
+    """TimingOptions with one flag more, declared as README's Development section shows."""
+
+    settle: float | None = opt.flag(None, "Seconds to wait before timing", "--settle", metavar="SECONDS")
+
+
+def _settle_command(timing: _TimingWithSettle, quiet: bool) -> None:
+    print(f"request {timing.request_fields()}")
+
+
+def test_a_new_flag_is_one_declaration() -> None:
+    """One field with `opt.flag` gives the typer parameter (name, type, default, help, panel) and the request
+    field; no tuple, no second default, no slice to shift. The command lists the group, not the flag."""
+    flags = _TimingWithSettle.flags()
+    assert [f.name for f in flags] == [*(f.name for f in opt.TimingOptions.flags()), "settle"]
+    settle = _TimingWithSettle.flag("settle")
+    assert settle == opt.Flag(
+        "settle",
+        float | None,
+        None,
+        ("--settle",),
+        "Seconds to wait before timing",
+        opt.TIMING_PANEL,
+        _TimingWithSettle,
+        "SECONDS",
+    )
+    app = typer.Typer()
+    quiet = opt.Flag("quiet", bool, False, ("--quiet",), "Say less")
+    app.command()(opt.command(*flags, quiet)(_settle_command))
+    res = CliRunner().invoke(app, ["--settle", "2.5", "--iters", "7"])
+    assert res.exit_code == 0, res.output
+    assert "'iters': 7" in res.stdout and "'settle': 2.5" in res.stdout
+    res = CliRunner().invoke(app, ["--help"])
+    assert "--settle" in res.stdout and "Seconds to wait before timing" in res.stdout
+
+
+def test_every_group_field_is_a_declared_flag_and_fills_a_request_field() -> None:
+    from dataclasses import fields
+
+    groups = [
+        opt.BackendOptions,
+        opt.WorkloadOptions,
+        opt.LaunchOptions,
+        opt.SbatchOptions,
+        opt.TimingOptions,
+        opt.StoreOptions,
+        opt.TraceOptions,
+        opt.HealthOptions,
+    ]
+    request = {f.name for f in fields(RunRequest)}
+    for group in groups:
+        assert [f.name for f in group.flags()] == [f.name for f in fields(group)]
+    for group in (
+        opt.LaunchOptions,
+        opt.TimingOptions,
+        opt.StoreOptions,
+        opt.TraceOptions,
+        opt.HealthOptions,
+    ):
+        assert set(group().request_fields()) <= request, group

@@ -34,7 +34,7 @@ def test_carveout_resolution(knobs: dict[str, object], sms: int | None, expected
 @pytest.mark.parametrize(
     ("knobs", "match"),
     [
-        ({"mode": "serial", "carveout": 8}, "needs mode = tbo or chunked"),
+        ({"mode": "serial", "carveout": 8}, "needs an overlapped mode"),
         ({"mode": "tbo", "carveout": -1}, "auto or a number of SMs"),
         ({"mode": "tbo", "carveout": "half"}, "auto or a number of SMs"),
         ({"mode": "tbo", "carveout": True}, "auto or a number of SMs"),

@@ -3,13 +3,14 @@ against the single-process float32 reference on the gathered tokens and weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from moelab.backends.base import CaseConfig
+from moelab.backends.base import CaseConfig, Dispatched
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.core.case_record import CaseRecord
@@ -20,7 +21,7 @@ from moelab.job.rundir import JobFiles
 from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.bench import run_e2e_case
 from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
-from moelab.measure.e2e.overlap import Streams, forward_pipelined
+from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
@@ -29,11 +30,27 @@ from tests.distributed_helpers import gloo_context, run_ranks
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
 
 INTER = 16
-SCHEDULES = (("serial", 1, "loop"), ("chunked", 3, "loop"), ("tbo", 2, "grouped"))
+SCHEDULES = (
+    ("serial", 1, "loop"),
+    ("chunked", 3, "padded"),  # the batched matmul over experts padded to the largest group
+    ("tbo", 2, "grouped"),
+    ("expert", 2, "loop"),  # expert-chunked: masked routing per group of experts, outputs summed
+    ("hook", 2, "grouped"),  # token micro-batches with the receive deferred to a hook (HookedA2A)
+)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().numpy().copy()
+
+
+class HookedA2A(NcclA2ABackend):
+    """nccl-a2a with a RecvHook: the hook runs the dispatch when called (gloo has no split send/receive),
+    which exercises the hooked schedule's order of sends, receives and combines, and its gradients."""
+
+    def dispatch_hooked(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
+    ) -> Callable[[], Dispatched]:
+        return lambda: self.dispatch(x, topk_idx, topk_weights)
 
 
 def _layer_rank(
@@ -41,7 +58,7 @@ def _layer_rank(
 ) -> list[dict[str, np.ndarray]]:
     """Each schedule: the forward output, then forward+backward's input and local weight gradients."""
     case = CaseConfig(case_id="t", workload=wl)
-    backend = NcclA2ABackend(gloo_context(rank, world), [case])
+    backend = HookedA2A(gloo_context(rank, world), [case])
     backend.prepare(case)
     seed = wl.routing.seed
     r = (routings or route_all(wl, world))[rank]
@@ -59,10 +76,11 @@ def _layer_rank(
         def forward(
             xx: torch.Tensor, layer: MoELayer = layer, mode: str = mode, chunks: int = chunks
         ) -> torch.Tensor:
+            schedule = {"expert": forward_expert_pipelined, "hook": forward_hooked}.get(
+                mode, forward_pipelined
+            )
             if mode != "serial":
-                return forward_pipelined(
-                    layer, xx, r.topk_idx, r.topk_weights, chunks, Streams(torch.device("cpu"))
-                )
+                return schedule(layer, xx, r.topk_idx, r.topk_weights, chunks, Streams(torch.device("cpu")))
             return layer.forward(xx, r.topk_idx, r.topk_weights)
 
         with torch.no_grad():
@@ -182,7 +200,16 @@ def test_run_e2e_case_records_nccl_a2a() -> None:
     serial, overlap, sms, skipped, bad_knob = records
     assert [r.status for r in records] == ["ok", "ok", "unsupported", "skipped", "unsupported"]
     assert "SM control needs NCCL" in str(sms.reason) and "needs mode = chunked" in str(bad_knob.reason)
-    alone = {"layer", "compute_only", "gemm", "gemm_mb", "gemm_mb_under_comm", "dispatch", "combine"}
+    alone = {
+        "layer",
+        "compute_only",
+        "gemm",
+        "permute",
+        "gemm_mb",
+        "gemm_mb_under_comm",
+        "dispatch",
+        "combine",
+    }
     assert {o.op for o in serial.ops} == alone
     assert {o.op for o in overlap.ops} == alone | {
         "layer_serial",

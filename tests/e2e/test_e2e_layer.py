@@ -470,7 +470,14 @@ def test_metrics_definitions() -> None:
 LAYER_METRICS = ["layer_us", "tokens_per_s_per_rank"]
 COMM_METRICS = ["comm_us", "exposed_comm_us", "exposed_comm_share", "overlap_efficiency", "gemm_tflops_per_rank",
                 "gemm_slowdown"]  # fmt: skip
-SPLIT = ["speedup_vs_serial", "split_overhead_us", "split_overhead_share", "schedule_overhead_us"]
+SPLIT = [
+    "sms_taken_from_gemms",
+    "speedup_vs_serial",
+    "serial_exposed_comm_share",
+    "split_overhead_us",
+    "split_overhead_share",
+    "schedule_overhead_us",
+]
 ROOFLINE = [
     "dense_matmul_tflops",
     "hbm_copy_gbps",

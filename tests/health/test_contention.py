@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from moelab.health import contention
+from moelab.health import contention, run_registry
 from moelab.job.rundir import JobFiles
+from moelab.store import run_history
 from moelab.store.db import connect
 from moelab.store.judgments import judge
 from tests.synthetic_runs import RunModel, build_db
@@ -29,7 +30,7 @@ _HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from moelab.health.contention import register
+    from moelab.health.run_registry import register
     with register(sys.argv[2], Path(sys.argv[1])):
         print("registered", flush=True)
         time.sleep(float(sys.argv[3]))
@@ -64,8 +65,8 @@ def test_two_runs_at_once_see_each_other_and_a_dead_one_is_stale(root: Path) -> 
     a = _holder(root, "run-a", 60)
     b = _holder(root, "run-b", 60)
     try:
-        assert {e.run_id for e in contention.running_runs(root)} == {"run-a", "run-b"}
-        others = contention.running_runs(root, exclude="run-a")
+        assert {e.run_id for e in run_registry.running_runs(root)} == {"run-a", "run-b"}
+        others = run_registry.running_runs(root, exclude="run-a")
         assert [(e.run_id, e.pid) for e in others] == [("run-b", b.pid)]
         found = contention.check("run-a", root=root, nvml=_NoGpus())
         assert [f.kind for f in found if f.kind == "moelab-run"] == ["moelab-run"]
@@ -73,11 +74,11 @@ def test_two_runs_at_once_see_each_other_and_a_dead_one_is_stale(root: Path) -> 
         b.send_signal(signal.SIGKILL)  # dies without cleaning up: its entry stays, its lock goes
         b.wait()
         assert (root / f"run-b.{b.pid}.run.json").exists()
-        assert [e.run_id for e in contention.running_runs(root)] == ["run-a"]
+        assert [e.run_id for e in run_registry.running_runs(root)] == ["run-a"]
     finally:
         _end(a)
         _end(b)
-    assert contention.running_runs(root) == []
+    assert run_registry.running_runs(root) == []
 
 
 def test_a_run_that_came_and_went_during_a_job_is_found(root: Path) -> None:
@@ -86,15 +87,15 @@ def test_a_run_that_came_and_went_during_a_job_is_found(root: Path) -> None:
         assert short.stdout is not None and short.stdout.readline().strip() == "done"
         _end(short)
     assert [f.subject for f in monitor.findings if f.kind == "moelab-run"] == ["brief"]
-    later = contention.overlapping_runs(time.time() + 1, time.time() + 2, root, exclude="mine")
+    later = run_registry.overlapping_runs(time.time() + 1, time.time() + 2, root, exclude="mine")
     assert later == []  # it ended before that window
 
 
 def test_registration_ends_cleanly(root: Path) -> None:
-    with contention.register("solo", root) as reg:
+    with run_registry.register("solo", root) as reg:
         assert reg.entry.pid == os.getpid()
-        assert [e.run_id for e in contention.running_runs(root)] == ["solo"]
-    assert contention.running_runs(root) == []
+        assert [e.run_id for e in run_registry.running_runs(root)] == ["solo"]
+    assert run_registry.running_runs(root) == []
     assert list(root.glob("solo.*.run.json")) == []
 
 
@@ -160,8 +161,8 @@ def test_spread_far_above_history_or_target_is_flagged(tmp_path: Path) -> None:
     ])  # fmt: skip
     con = connect(db)
     try:
-        assert contention.spread_flags(con, "calm") == []
-        flags = contention.spread_flags(con, "noisy")
+        assert run_history.spread_flags(con, "calm") == []
+        flags = run_history.spread_flags(con, "noisy")
         assert flags and all(f.basis == "history (5 runs)" for f in flags)
         assert {f.op for f in flags} >= {"dispatch"}
         judged = judge(con, "noisy")
@@ -170,10 +171,10 @@ def test_spread_far_above_history_or_target_is_flagged(tmp_path: Path) -> None:
         assert n >= 1
         assert con.execute("SELECT count(*) FROM cases WHERE run_id = 'noisy' AND suspect").fetchone()[0] == 0
         # no history: the noise target is the bar
-        first = contention.spread_flags(con, "h0", noise_target=0.001)
+        first = run_history.spread_flags(con, "h0", noise_target=0.001)
         assert first and all(f.basis == "noise target" for f in first)
-        assert contention.spread_flags(con, "h0") == []
-        assert contention.spread_flags(con, "noisy", devices=("cpu",)) == []
+        assert run_history.spread_flags(con, "h0") == []
+        assert run_history.spread_flags(con, "noisy", devices=("cpu",)) == []
     finally:
         con.close()
 
@@ -187,7 +188,7 @@ def test_a_run_beside_another_is_marked_suspect_and_says_why(db_path: Path, tmp_
     from moelab.cli.main import app
     from tests.launch.test_crash_isolation import SMALL
 
-    other = _holder(contention.registry_root(), "someone-elses-run", 300)
+    other = _holder(run_registry.registry_root(), "someone-elses-run", 300)
     try:
         args = ["run", "--cpu", "--out", str(tmp_path / "runs"), "--no-health", *SMALL]
         result = CliRunner().invoke(app, args)
@@ -229,9 +230,9 @@ def test_our_processes_include_children_and_processes_naming_the_run() -> None:
 
 
 def test_history_stays_bounded(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(contention, "HISTORY_MAX_BYTES", 2000)
+    monkeypatch.setattr(run_registry, "HISTORY_MAX_BYTES", 2000)
     for i in range(60):
-        with contention.register(f"r{i}", root):
+        with run_registry.register(f"r{i}", root):
             pass
     size = (root / "history.jsonl").stat().st_size
     assert size < 4000

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moelab.health.drift import DRIFT_TOLERANCE, drift_flags
+from moelab.health.drift import DRIFT_TOLERANCE
 from moelab.store.db import connect
 from moelab.store.judgments import judge
+from moelab.store.run_history import drift_flags
 from tests.synthetic_runs import RunModel, build_db
 
 

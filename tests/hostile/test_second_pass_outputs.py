@@ -41,7 +41,7 @@ def test_check_published_over_no_tables_fails(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr("moelab.model.published.dataset_paths", lambda: {})
     out = CliRunner().invoke(app, ["model", "--check-published", "--json"])
     assert out.exit_code == 1
-    assert _strict(out.stdout) == {"ok": False, "rows": []}
+    assert _strict(out.stdout) == {"ok": False, "tables": [], "rows": []}
     assert [ln for ln in out.stderr.splitlines() if ln.startswith("error:")] == [
         "error: no published rows to check: the published tables are missing from this install"
     ]

@@ -9,9 +9,8 @@ from pathlib import Path
 import duckdb
 from typer.testing import CliRunner
 
-from moelab.health import contention
-from moelab.health.drift import drift_flags
 from moelab.store.db import connect
+from moelab.store.run_history import drift_flags, spread_flags, tool_timed_backends
 from tests.synthetic_runs import BackendModel, RunModel, build_db
 
 SMALL = ["--hidden", "256", "--tokens-per-rank", "64", "--experts-per-rank", "4", "--no-health", "--quiet"]
@@ -52,10 +51,10 @@ def test_drift_and_spread_leave_host_jobs_out(plugin_path: Path, tmp_path: Path)
     )
     con = connect(db)
     try:
-        assert contention.tool_timed_backends(con, "c") == ["test-host"]
+        assert tool_timed_backends(con, "c") == ["test-host"]
         flags = drift_flags(con, "c")
         assert flags and {f.backend for f in flags} == {"test-raise"}
-        spread = contention.spread_flags(con, "c", noise_target=1e-6)
+        spread = spread_flags(con, "c", noise_target=1e-6)
         assert spread and {f.backend for f in spread} == {"test-raise"}
     finally:
         con.close()

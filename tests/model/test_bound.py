@@ -145,7 +145,18 @@ def test_flags_and_measured_figures_say_where_they_come_from(tmp_path: Path) -> 
         TopologyRequest(gpu="H200", measured_intra_gbps=305.0, measured_source="measured peer copy of run R"),
         TABLE,
     )
-    assert measured.intra.gbps == 305.0 and measured.intra.source == "measured peer copy of run R"
+    # the larger of the measured figure and the table's rate, so the bound stays a bound
+    assert (
+        measured.intra.gbps == 478.08
+        and "above the measured 305 GB/s (measured peer copy of run R)" in measured.intra.source
+    )
+    faster = resolve(
+        TopologyRequest(gpu="H200", measured_intra_gbps=500.0, measured_source="measured exchange of run R"),
+        TABLE,
+    )
+    assert faster.intra.gbps == 500.0 and faster.intra.source.startswith(
+        "measured exchange of run R, above the table's 478"
+    )
     f = tmp_path / "peaks.toml"
     f.write_text('[gpu."Z9000"]\nlink = "PCIe Gen4"\ngbps = 31.5\nintra = "pcie"\n')
     custom = resolve(TopologyRequest(gpu="Z9000"), load_peaks(f))

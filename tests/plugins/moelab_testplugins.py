@@ -1,6 +1,7 @@
 """Test-only backends, registered through the `moelab.backends` entry point by the `plugin_path` fixture:
 ones that misbehave on one rank, and one that brings its library's own benchmark and tune space (verified
-and tuned with no edit of moelab). They live in the tests and never stand in for a real backend."""
+and tuned with no edit of moelab). Like any plugin they import only moelab.plugin. They live in the tests
+and never stand in for a real backend."""
 
 from __future__ import annotations
 
@@ -14,18 +15,28 @@ from typing import Any
 
 import torch
 
-from moelab.backends.base import Dispatched, HostJob
-from moelab.backends.capabilities import LibraryFigures
-from moelab.backends.library_test import CommandContext, Comparison, LibraryCommand, LibraryTest, VerifyConfig
-from moelab.backends.nccl_a2a import NcclA2ABackend
-from moelab.backends.tuning import TuneSpace
-from moelab.core.case_record import CaseRecord, Figure, OpResult
-from moelab.core.library_figures import LibraryFigure
-from moelab.core.rows import RankRows
-from moelab.core.spec import RunSpec
-from moelab.core.stats import summarize
-from moelab.job.local import JobOutcome
-from moelab.job.rundir import JobFiles, now_iso
+from moelab.plugin import (
+    CaseRecord,
+    CommandContext,
+    Comparison,
+    Dispatched,
+    Figure,
+    HostJob,
+    JobFiles,
+    JobOutcome,
+    LibraryCommand,
+    LibraryFigure,
+    LibraryFigures,
+    LibraryTest,
+    NcclA2ABackend,
+    OpResult,
+    RankRows,
+    RunSpec,
+    TuneSpace,
+    VerifyConfig,
+    now_iso,
+    summarize,
+)
 
 
 class _OneBadRank(NcclA2ABackend):

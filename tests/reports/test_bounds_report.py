@@ -21,7 +21,7 @@ from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from tests.synthetic_runs import BackendModel, RunModel, write_run
 
-PEER_GBPS = 250.0
+PEER_GBPS = 600.0  # above the table's 478 GB/s for H200: the bound takes the measured figure
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,8 @@ def test_every_measured_op_has_its_bound_from_the_runs_measured_peaks(db: Path) 
     assert dispatch["bound_us"] == pytest.approx(expected)
     assert dispatch["frac_bound"] == pytest.approx(expected / dispatch["median_us"])
     assert (
-        "measured peer copy of run measured" in dispatch["bound_links"] and dispatch["bound_family"] == "flat"
+        "measured link capacity of run measured" in dispatch["bound_links"]
+        and dispatch["bound_family"] == "flat"
     )
     roundtrip = next(r for r in rows if r["backend"] == "deepep" and r["op"] == "roundtrip")
     assert roundtrip["bound_family"] == "hierarchical" and roundtrip["bound_us"] == pytest.approx(
@@ -90,9 +91,20 @@ def test_every_measured_op_has_its_bound_from_the_runs_measured_peaks(db: Path) 
     assert all(0 < r["frac_bound"] < 1 for r in rows)
 
 
+def test_a_measured_figure_under_the_tables_rate_leaves_the_tables_rate(db: Path) -> None:
+    """The bound takes the larger of the measured figure and the table's rate, so it stays a bound."""
+    rows = _results(db, ["datasheet"])
+    table = case_bound(rows[0], rows[0]["op"], "NVIDIA H200", None, PeakTable())
+    low = case_bound(rows[0], rows[0]["op"], "NVIDIA H200", 300.0, PeakTable())
+    high = case_bound(rows[0], rows[0]["op"], "NVIDIA H200", 900.0, PeakTable())
+    assert table is not None and low is not None and high is not None
+    assert low.time_us == table.time_us and "above the measured 300 GB/s" in low.links
+    assert not low.intra_measured and high.intra_measured and high.time_us < table.time_us
+
+
 def test_without_measured_peaks_the_datasheet_gives_the_bound(db: Path) -> None:
     rows = _results(db, ["datasheet"])
-    assert all("datasheet H200" in r["bound_links"] for r in rows)
+    assert all("table H200" in r["bound_links"] for r in rows)
     same = case_bound(rows[0], rows[0]["op"], "NVIDIA H200", None, PeakTable())
     assert same is not None and same.time_us == rows[0]["bound_us"]
     assert case_bound(rows[0], rows[0]["op"], None, None, PeakTable()) is None  # a CPU run has no bound
@@ -123,8 +135,8 @@ def test_report_shows_percent_of_bound_beside_percent_measured(db: Path, tmp_pat
     assert res.exit_code == 0, res.output
     text = out.read_text()
     assert "| % measured | bound | % bound |" in text
-    assert "measured: nvlink 250 GB/s: measured peer copy of run measured" in text
-    assert "datasheet: nvlink 478 GB/s: datasheet H200" in text
+    assert "measured: nvlink 600 GB/s: measured link capacity of run measured" in text
+    assert "datasheet: nvlink 478 GB/s: table H200" in text
     html = tmp_path / "r.html"
     assert (
         CliRunner().invoke(app, ["report", "--db", str(db), "--run", "measured", "-o", str(html)]).exit_code

@@ -41,13 +41,13 @@ def _app() -> typer.Typer:
     return app
 
 
-def _table(db: Path, ids: list[str], by: str) -> cmp.CompareTable:
+def _table(db: Path, ids: list[str], by: str, metric: str = "nvl_recv") -> cmp.CompareTable:
     con = connect(db, read_only=True)
     try:
         query.select_runs(con, ids)
         env = query.environment(con)
         links = hardware.job_links(query.health_snapshots(con), env, PeakTable())
-        return cmp.build(query.results(con), env, query.runs(con), links, by=by)
+        return cmp.build(query.results(con), env, query.runs(con), links, by=by, metric=metric)
     finally:
         con.close()
 
@@ -62,7 +62,7 @@ def test_by_backend_matches_cases_across_knobs(db: Path) -> None:
 
 
 def test_by_gpu_normalises_to_each_link_peak(db: Path) -> None:
-    t = _table(db, ["h100", "b200", "h200"], "gpu")
+    t = _table(db, ["h100", "b200", "h200"], "gpu", "nvl_remote")
     assert set(t.groups) == {"NVIDIA H100 80GB HBM3", "NVIDIA B200", "NVIDIA H200"}
     row = next(r for r in t.rows if r.op == "dispatch" and r.sms == 24 and r.label.startswith("nccl-a2a"))
     h100, b200 = row.cells["NVIDIA H100 80GB HBM3"], row.cells["NVIDIA B200"]
@@ -70,6 +70,17 @@ def test_by_gpu_normalises_to_each_link_peak(db: Path) -> None:
     assert b200.frac_peak == pytest.approx(b200.gbps / 900.0)  # type: ignore[operator]
     assert b200.gbps > h100.gbps and b200.frac_peak < h100.frac_peak * 1.2  # type: ignore[operator]
     assert all(c.frac_peak is None for r in t.rows if r.op == "roundtrip" for c in r.cells.values())
+
+
+def test_percent_peak_is_remote_over_the_peak_whatever_the_metric(db: Path) -> None:
+    """One % peak definition everywhere: nvl_remote over the per-direction peak, not the column's metric."""
+    recv, remote = (_table(db, ["h100"], "backend", m) for m in ("nvl_recv", "nvl_remote"))
+    for a, b in zip(recv.rows, remote.rows, strict=True):
+        for g, cell in a.cells.items():
+            assert cell.frac_peak == b.cells[g].frac_peak
+            if cell.frac_peak is not None:
+                assert b.cells[g].frac_peak == pytest.approx(b.cells[g].gbps / 478.08)  # type: ignore[operator]
+                assert cell.gbps > b.cells[g].gbps  # type: ignore[operator]
 
 
 def test_cli_terminal_table_and_html(db: Path, tmp_path: Path) -> None:
@@ -91,9 +102,9 @@ def test_cli_terminal_table_and_html(db: Path, tmp_path: Path) -> None:
         ],
     )
     assert r.exit_code == 0, r.output
-    assert "2.28.9" in r.output and "2.29.1" in r.output and "2.29.1 / 2.28.9" in r.output
+    assert "2.28.9" in r.output and "2.29.1" in r.output and "vs 2.28.9" in r.output
     html = out.read_text()
-    assert '<section id="compare-nccl">' in html and html.count("<tr>") == 1 + 6 and "<script" not in html
+    assert '<section id="compare-nccl">' in html and html.count("<tr>") == 2 + 6 and "<script" not in html
 
 
 def test_cli_default_is_backends_of_newest_run(db: Path) -> None:

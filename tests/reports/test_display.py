@@ -56,3 +56,10 @@ def test_formatted_figure_stays_between_1_and_1000(us: float) -> None:
     value, unit = format_time_us(us).split()
     assert unit in ("ns", "µs", "ms", "s")
     assert 1 <= float(value) < 1000 or unit == "s"
+
+
+def test_a_nan_figure_reads_as_missing() -> None:
+    """`report --history` printed a raw `nan` for the bandwidth of compute-only ops."""
+    from moelab.core.display import format_number
+
+    assert format_number(float("nan")) == "—" and format_number(None) == "—"

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from moelab.cli.report_cmd import report
+from moelab.core.steps import detect_steps
 from moelab.reports import svg_chart
 from moelab.reports.history import parse_since
-from moelab.reports.steps import detect_steps
 from tests.synthetic_history import HistoryModel, build
 
 STEPS = {("deepep", "dispatch"): [(120, 1.10)], ("nccl-a2a", "combine"): [(60, 0.92), (150, 1.05)]}

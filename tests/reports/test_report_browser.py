@@ -127,3 +127,53 @@ def test_every_chart_is_drawn(report: Path, tmp_path: Path) -> None:
             f"{b['id']} looks blank: {coloured} coloured, {inked} inked pixels"
         )
     assert int((chroma[-5:] > 60).sum()) == 0  # control: the margin below the page holds no colour
+
+
+SIDE_BY_SIDE = """<!DOCTYPE html><html><head><title>harness</title></head><body style="margin:0">
+<iframe id="f" src="REPORT" style="width:1400px;height:60000px;border:0;display:block"></iframe><pre id="out">pending</pre>
+<script>
+document.getElementById('f').addEventListener('load', () => {
+  const d = document.getElementById('f').contentDocument;
+  const tables = [...d.querySelectorAll('#compare table.compare')];
+  const cells = tables.flatMap(t => [...t.querySelectorAll('td, th')]).filter(c => c.rowSpan === 1);
+  document.getElementById('out').textContent = JSON.stringify({tables: tables.length,
+    right: Math.max(...tables.map(t => Math.ceil(t.getBoundingClientRect().right))),
+    page: d.documentElement.scrollWidth, rows_layout: d.querySelectorAll('#compare table.rows').length,
+    tallest_cell: Math.max(...cells.map(c => c.getBoundingClientRect().height)),
+    text: tables.map(t => t.innerText).join('\\n')});
+});
+</script></body></html>"""
+
+
+def test_side_by_side_of_the_h200_export_fits_1400px(tmp_path: Path) -> None:
+    """`moelab report --export results/h200x2/export`: six backend variants side by side; with more than
+    three they are rows, and the table fits a 1400 px window with no cell broken letter by letter."""
+    from typer.testing import CliRunner
+
+    from moelab.cli.main import app
+
+    export = Path(__file__).resolve().parents[2] / "results" / "h200x2" / "export"
+    html = tmp_path / "x.html"
+    r = CliRunner().invoke(app, ["report", "--export", str(export), "-o", str(html)])
+    assert r.exit_code == 0, r.output
+    harness = tmp_path / "harness.html"
+    harness.write_text(SIDE_BY_SIDE.replace("REPORT", html.as_uri()))
+    out = _chromium(
+        tmp_path,
+        "--allow-file-access-from-files",
+        "--window-size=1400,900",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        harness.as_uri(),
+    )
+    found = re.search(r'<pre id="out">(.*?)</pre>', out.stdout, re.S)
+    assert found and found.group(1) != "pending", out.stderr[-2000:]
+    import html as html_lib
+
+    seen = json.loads(html_lib.unescape(found.group(1)))
+    assert seen["tables"] >= 1 and seen["rows_layout"] >= 1, seen
+    assert seen["right"] <= 1400, seen  # the side-by-side table (other sections are not this test's)
+    assert seen["tallest_cell"] < 100, seen  # no name broken letter by letter into a tall column
+    text = seen["text"]
+    assert " GB/s" in text and "%" in text and " µs" in text  # units on the numbers
+    assert "(reference)" in text and "×" in text  # ratios against a reference that has figures

@@ -74,3 +74,32 @@ def test_rendered_report_says_who_wins() -> None:
 def test_workloads_are_kept_apart() -> None:
     other = [_row("deepep", "tbo", 24, 1.0) | {"hidden": 4096}]
     assert len(build(ROWS + other, draw=False)) == 2
+
+
+def test_best_overlapped_schedule_per_backend_with_its_interval() -> None:
+    """Per backend the overlapped case with the best forward speedup over serial is named, with both
+    speedups, their intervals, the SMs it took from the GEMMs and serial's exposed share."""
+    from moelab.core.intervals import Interval
+
+    rows = [
+        _row("deepep", "serial", 24, 380e3, schedule="serial", exposed_comm_share=0.2),
+        _row("deepep", "tbo", 24, 400e3, schedule="tbo", speedup_vs_serial=1.05, sms_taken_from_gemms=24),
+        _row("deepep", "expert", 24, 450e3, schedule="expert/4", speedup_vs_serial=1.18,
+             speedup_vs_serial_fwd_bwd=1.1, sms_taken_from_gemms=24, speedup_ci=Interval(1.15, 1.2),
+             speedup_fwd_bwd_ci=Interval(1.08, 1.12)),
+        _row("nccl-a2a", "tbo", None, 300e3, schedule="tbo+zero-sm", speedup_vs_serial=0.97, sms_taken_from_gemms=0),
+    ]  # fmt: skip
+    (block,) = build(rows, draw=False)
+    best = {b["backend"]: b for b in block["best_schedules"]}
+    assert best["deepep"]["schedule"] == "expert/4" and best["deepep"]["speedup_ci"] == "[1.150, 1.200]"
+    assert (
+        best["deepep"]["speedup_fwd_bwd_ci"] == "[1.080, 1.120]"
+        and best["deepep"]["serial_exposed_share"] == 0.2
+    )
+    assert best["deepep"]["schedules_tried"] == 2 and best["nccl-a2a"]["sms_taken"] == 0
+    data = ReportData(runs=[], environment=[], results=[], not_measured=[], jobs=[], definitions=[])
+    data.e2e = [block]
+    md = render(data, "md")
+    assert "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 20% | 2 |" in md
+    assert "| nccl-a2a | tbo+zero-sm | default | 0 | 0.97 | — |" in md
+    assert '<td class="l">expert/4</td>' in render(data, "html")

@@ -60,7 +60,7 @@ def test_hostile_label_in_an_old_database_is_escaped_everywhere(db: Path, tmp_pa
     junit, summary = tmp_path / "j.xml", tmp_path / "s.md"
     r = runner.invoke(app, ["check", "--baseline", HOSTILE + "2", "--run", "rA", "--db", str(db),
                             "--junit", str(junit), "--summary", str(summary)])  # fmt: skip
-    assert r.exit_code in (0, 1), r.output
+    assert r.exit_code in (0, 1, 3), r.output  # 3: roundtrip without history cannot be judged
     _no_control(r.output)
     assert "\\x1b[31mRED" in r.output
     for path in (junit, summary):

@@ -236,6 +236,7 @@ def test_presets_are_the_model_table() -> None:
         (["--preset", "mixtral-8x7b", "--gpus", "3"], "8 experts do not split evenly over 3 ranks"),
         (["--backend", "nope"], "unknown backend"),
         (["--sms", "8,x"], "whole numbers"),
+        (["--schedules", "tbo,zigzag"], "--schedules takes serial, tbo, chunked, expert"),
         (["--intermediate", "0"], "intermediate"),
         (["--topk", "9", "--experts-per-rank", "2", "--gpus", "2"], "topk"),
     ],

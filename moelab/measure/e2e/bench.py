@@ -4,19 +4,29 @@ An e2e case (CaseSpec.kind "e2e", from a suite's `bench = "e2e"`) carries its la
 the backend's knobs (moelab.core.e2e_spec: as asked, then resolved for the case); the layer's inputs and
 check are in moelab.measure.e2e.correctness, the derived figures in moelab.measure.e2e.metrics.
 
-Settings: `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
-experts, moelab.measure.e2e.overlap) or "chunked" (the same pipeline over `chunks` token chunks, default 4);
+Settings (`gemm` "auto" on a GPU picks the fastest expert-GEMM implementation on the case's rows,
+moelab.measure.e2e.gemm_choice, stored with the kernels that ran): `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
+experts, moelab.measure.e2e.overlap), "chunked" (the same pipeline over `chunks` token chunks, default 4)
+or "expert" (expert-chunked: `chunks` groups of experts, moelab.measure.e2e.schedules); `comm` where the
+overlapped schedules' communication runs: "shared" (default), "partition", "zero-sm" or "hook" (a schedule
+the backend cannot run is unsupported, with the reason, before any kernel runs);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
-forward+backward); `gemm` "auto" (default), "grouped" or "loop"; `profile` "full" (default) or "layer"
+forward+backward); `gemm` "auto" (default), "grouped", "padded" (one batched matmul over the experts
+padded to the largest group) or "loop"; `profile` "full" (default) or "layer"
 (time the layer alone: `moelab tune`'s early rounds).
 
 Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split` and `gemm_mb*` on the
 whole batch):
 - layer: dispatch → expert compute → combine in the case's mode (forward, no autograd);
 - layer_serial (tbo, chunked): the serial layer, the baseline the overlap must beat;
-- compute_only: the expert compute alone on already-dispatched rows (grouping, GEMMs, weighting);
-- compute_only_split (tbo, chunked): the same, micro-batch by micro-batch as the overlapped layer does it;
+- compute_only: the expert compute alone on already-dispatched and grouped rows (GEMMs, un-permute and
+  weighting; the grouping runs inside the layer's dispatch step);
+- compute_only_split (overlapped modes): the same, micro-batch by micro-batch (expert group by group) as
+  the overlapped layer does it;
 - gemm: the grouped GEMMs and activation alone, on already-grouped rows;
+- permute: the row movement around the GEMMs alone: the grouping of the received rows (pair map, one host
+  sync, permute) and the un-permute of a fixed expert output (weighted sum per row), timed directly (their
+  bytes are what `permute_over_floor` holds against the copy rate; a difference of two medians is not);
 - gemm_mb: the GEMMs of the first micro-batch alone (half the tokens), on the compute stream;
 - gemm_mb_under_comm: the same GEMMs, timed on the compute stream while the whole batch's dispatch and
   combine run on the communication stream: what the SMs the communication holds cost the GEMMs;
@@ -28,6 +38,7 @@ whole batch):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,21 +47,26 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
+from moelab.backends.capabilities import ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
-from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
+from moelab.core.e2e_spec import E2ESettings
 from moelab.core.errors import SpecError
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
 from moelab.core.spec import CaseSpec, TimingSpec
 from moelab.core.workload import Workload
 from moelab.measure.case_context import CaseContext
+from moelab.measure.e2e.auto_schedule import choose_schedule
 from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
+from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
 from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
-from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked
+from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
+from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.roofline import run_rates
+from moelab.measure.e2e.schedules import schedule_reason
 from moelab.measure.timing import Clock
 
 
@@ -76,8 +92,27 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     if isinstance(prepared, str):
         return CaseRecord.unsupported(case, prepared, **where)
     settings, gemm = prepared
-    inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx)
-    e2e_record = settings.to_record(gemm) | {"permute": inputs.permute, "schedule": inputs.schedule()}
+    zero_sm = (
+        backend.zero_sm_setting() if isinstance(backend, ZeroSmComm) and settings.comm == "zero-sm" else None
+    )
+    inputs = make_layer_inputs(backend, case.workload, settings, gemm, ctx, case.sms)
+    inputs, gemm_record = settle_gemm(inputs, ctx)
+    if settings.mode == "auto":  # the schedule, chosen on the case's rows (moelab.measure.e2e.auto_schedule)
+        inputs, auto_record = choose_schedule(inputs, backend, ctx, case.workload)
+        gemm_record |= auto_record
+        settings = inputs.settings
+    e2e_record = (
+        settings.to_record(inputs.gemm)
+        | gemm_record
+        | {
+            "permute": inputs.permute,
+            "schedule_detail": inputs.schedule(),
+            "gemm_sms": inputs.gemm_sms_note(),
+            "sms_taken_from_gemms": inputs.sms_taken(case.sms),
+        }
+    )
+    if zero_sm is not None:
+        e2e_record["zero_sm"] = zero_sm
     backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if check["messages"]:
@@ -97,6 +132,24 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     samples, pairs = gather_samples(ctx, local, calls.pairs)
     measured = Measured(samples=samples, pairs=pairs, check=check, traces=traces)
     return build_record(cc, case, cfg, settings, inputs, measured, backend_record)
+
+
+def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, dict[str, Any]]:
+    """The expert-GEMM implementation the case runs (auto on a GPU with the grouped kernel: the fastest of
+    the candidates on the case's rows, moelab.measure.e2e.gemm_choice) and, on CUDA, the kernels it
+    launched, for the record. One untimed dispatch of the whole batch, on every rank."""
+    if not inputs.x.is_cuda:
+        return inputs, {}
+    with torch.no_grad():
+        grouped = inputs.layer.dispatch(inputs.x, inputs.topk_idx, inputs.topk_weights).grouped
+    record: dict[str, Any] = {}
+    if inputs.settings.gemm == "auto" and inputs.gemm == "grouped":
+        choice = choose_gemm(inputs.layer, grouped, ctx.group, ctx.world)
+        inputs.layer.gemm = choice.impl
+        inputs = dataclasses.replace(inputs, gemm=choice.impl)
+        record["gemm_trials_us"] = {k: round(v, 2) for k, v in choice.trials_us.items()}
+    record["gemm_kernels"] = gemm_kernels(lambda: inputs.layer.ffn(grouped))
+    return inputs, record
 
 
 def check_result(check: Mapping[str, Any]) -> CheckResult:
@@ -121,7 +174,7 @@ def prepare_case(
     reason = carveout_reason(settings.carveout, ctx.device)
     if reason:
         return reason
-    reason = backend.unsupported_reason(cfg)
+    reason = schedule_reason(backend, settings, ctx.comm_backend) or backend.unsupported_reason(cfg)
     if reason:
         return reason
     backend.prepare(cfg)
@@ -139,10 +192,12 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         full = layer.dispatch(x, idx, w)
         expert_out = layer.experts(full)
         g = full.grouped
-        split = [
-            layer.dispatch(x[a:b], idx[a:b], w[a:b])
-            for a, b in chunk_bounds(wl.tokens_per_rank, settings.chunks)
-        ]
+        parts = (
+            expert_parts(x, idx, w, wl.experts_per_rank, settings.chunks)
+            if settings.mode == "expert"
+            else token_parts(x, idx, w, settings.chunks)
+        )
+        split = [layer.dispatch(p.x, p.topk_idx, p.topk_weights) for p in parts]
         ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
 
@@ -156,15 +211,22 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     def comm_whole() -> object:
         return backend.combine(expert_out, backend.dispatch(x, idx, w).handle)
 
+    with torch.no_grad():
+        pair_out = layer.ffn(g)  # a fixed expert output for the permute op's un-permute
+
+    def permute_only() -> object:
+        return unpermute(pair_out, layer.regroup(full).map, layer.permute)
+
     forward: dict[str, Callable[[], object]] = {
         "layer": lambda: inputs.forward(x),
         "compute_only": lambda: layer.experts(full),
         "gemm": lambda: layer.ffn(g),
+        "permute": permute_only,
         "gemm_mb": gemm_mb,
         "dispatch": lambda: backend.dispatch(x, idx, w),
         "combine": lambda: backend.combine(expert_out, full.handle),
     }
-    if settings.mode in OVERLAPPED:
+    if settings.compares_serial:
         forward["layer_serial"] = lambda: inputs.serial_forward(x)
         forward["compute_only_split"] = lambda: compute_chunked(layer, split)
     if settings.profile == "layer":
@@ -191,7 +253,7 @@ def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Cal
             fwd(x.detach().requires_grad_(True)).backward(gout)
 
     calls: dict[str, Callable[[], object]] = {"layer_fwd_bwd": lambda: fwd_bwd(inputs.forward, True)}
-    if settings.mode in OVERLAPPED and settings.profile == "full":
+    if settings.compares_serial and settings.profile == "full":
         calls["layer_fwd_bwd_serial"] = lambda: fwd_bwd(inputs.serial_forward, False)
     return calls
 
@@ -299,6 +361,7 @@ def build_record(
         rows_per_rank=[r.recv_rows for r in rows],
         rates=rates,
         no_rates_reason=no_rates,
+        sms_taken=inputs.sms_taken(case.sms),
     )
     return CaseRecord(
         case=case,

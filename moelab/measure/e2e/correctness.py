@@ -4,6 +4,7 @@ before anything is timed; every rank agrees on the outcome (moelab.measure.corre
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,10 @@ from moelab.core.routing import Routing, route_all
 from moelab.core.workload import Workload
 from moelab.measure.e2e.carveout import gemm_carveout
 from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
-from moelab.measure.e2e.overlap import Streams, forward_pipelined
+from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.permute import resolve_permute
 from moelab.measure.e2e.reference import ReferenceResult, grad_tolerance, layer_tolerance, reference_layer
+from moelab.measure.e2e.schedules import sms_taken_from_gemms
 from moelab.measure.reference import relative_error
 
 ERRORS = ("layer_err", "grad_x_err", "grad_w_err")
@@ -45,16 +47,45 @@ class LayerInputs:
         hide (one rank: dispatch and combine are local copies) runs the batch whole, as a production layer
         would: splitting it would only cost smaller GEMMs and twice the launches (the record's
         split_overhead_share says how much)."""
-        if self.settings.mode in OVERLAPPED and self.overlaps:
-            with self.carved():
-                return forward_pipelined(
-                    self.layer, x, self.topk_idx, self.topk_weights, self.settings.chunks, self.streams
-                )
-        return self.serial_forward(x)
+        s = self.settings
+        if s.mode not in OVERLAPPED or not self.overlaps:
+            return self.serial_forward(x)
+        forward: Callable[..., torch.Tensor] = forward_pipelined
+        if s.mode == "expert":
+            forward = forward_expert_pipelined
+        elif s.comm == "hook":
+            forward = forward_hooked
+        with self.carved():
+            return forward(self.layer, x, self.topk_idx, self.topk_weights, s.chunks, self.streams)
 
     def carved(self) -> contextlib.AbstractContextManager[None]:
-        """GEMMs launched inside leave the case's carve-out of SMs to the communication."""
+        """GEMMs launched inside leave the case's carve-out of SMs to the communication (none where the
+        streams' green contexts already partition the SMs)."""
+        if self.streams.partitioned:
+            return contextlib.nullcontext()
         return gemm_carveout(self.settings.carveout, self.x.device)
+
+    def sms_taken(self, comm_sms: int | None) -> int | None:
+        """The SMs the schedule takes from the GEMMs: the green partition's as made, else as the settings
+        fix them (moelab.measure.e2e.schedules.sms_taken_from_gemms)."""
+        if self.streams.partitioned and self.streams.gemm_sms is not None:
+            total = torch.cuda.get_device_properties(self.x.device).multi_processor_count
+            return total - self.streams.gemm_sms
+        return sms_taken_from_gemms(self.settings, comm_sms)
+
+    def gemm_sms_note(self) -> str:
+        """How the GEMMs' SMs are bounded while communication runs beside them (for the record)."""
+        s = self.settings
+        if s.mode not in OVERLAPPED or not self.overlaps:
+            return "all (serial)"
+        if self.streams.partitioned:
+            return f"{self.streams.gemm_sms} (CUDA green context; the communication's holds the rest)"
+        if s.carveout:
+            why = f"; {self.streams.partition_note}" if self.streams.partition_note else ""
+            return f"all but {s.carveout} (torch GEMM SM carve-out{why})"
+        if s.comm in ("zero-sm", "hook"):
+            return "all (the communication holds no SM while they run)"
+        return "all, shared with whatever the communication kernels occupy"
 
     def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer.forward(x, self.topk_idx, self.topk_weights)
@@ -65,12 +96,23 @@ class LayerInputs:
             return "serial"
         if not self.overlaps:
             return "unsplit: nothing to overlap on one rank (dispatch and combine are local copies)"
-        return f"{self.settings.chunks} micro-batches, communication beside compute"
+        s = self.settings
+        if s.mode == "expert":
+            return f"{s.chunks} expert groups, each group's communication beside another's GEMMs ({s.comm})"
+        if s.comm == "hook":
+            return f"{s.chunks} micro-batches on one stream, each receive a hook called after the GEMMs before it"
+        return f"{s.chunks} micro-batches, communication beside compute ({s.comm})"
 
 
 def make_layer_inputs(
-    backend: Backend, wl: Workload, settings: E2ESettings, gemm: str, ctx: BackendContext
+    backend: Backend,
+    wl: Workload,
+    settings: E2ESettings,
+    gemm: str,
+    ctx: BackendContext,
+    comm_sms: int | None = None,
 ) -> LayerInputs:
+    """The layer's inputs on this rank; `comm_sms`: the case's communication SMs (the partition's)."""
     seed, device = wl.routing.seed, ctx.device
     permute = resolve_permute("auto", device)
     routings = route_all(wl, ctx.world)
@@ -91,7 +133,7 @@ def make_layer_inputs(
         x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device),
         weights=weights,
         layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute),
-        streams=Streams(device),
+        streams=Streams(device, comm_sms if settings.comm == "partition" and ctx.world > 1 else None),
         settings=settings,
         gemm=gemm,
         permute=permute,

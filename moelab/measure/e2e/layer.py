@@ -33,13 +33,14 @@ layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.la
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from moelab.backends.base import Backend, Dispatched
-from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason
+from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason, RecvHook
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 from moelab.measure.e2e.activation import swiglu
@@ -158,11 +159,21 @@ def resolve_gemm(requested: str, device: torch.device, hidden: int, intermediate
         if not has_grouped:
             raise SpecError(f"gemm = grouped: torch {torch.__version__} has no torch._grouped_mm")
         return "grouped"
-    if requested == "loop":
-        return "loop"
+    if requested in ("loop", "padded"):
+        return requested
     aligned = hidden % GEMM_ALIGN == 0 and intermediate % GEMM_ALIGN == 0
     hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
     return "grouped" if has_grouped and aligned and hopper else "loop"
+
+
+def padded_index(offsets: torch.Tensor, num_pairs: int, max_group: int) -> torch.Tensor:
+    """[P] int64: each expert-sorted pair's row in the padded layout [E, max_group] (expert e's j-th pair
+    at e * max_group + j). No host sync: the sizes come from the grouping's one."""
+    counts = torch.diff(offsets.long(), prepend=offsets.new_zeros(1).long())
+    experts = torch.arange(offsets.numel(), device=offsets.device)
+    expert_of_pair = torch.repeat_interleave(experts, counts, output_size=num_pairs)
+    start = (offsets.long() - counts).index_select(0, expert_of_pair)
+    return expert_of_pair * max_group + (torch.arange(num_pairs, device=offsets.device) - start)
 
 
 def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str) -> torch.Tensor:
@@ -178,10 +189,27 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl
 
 
 def swiglu_ffn(
-    x: torch.Tensor, offsets: torch.Tensor, weights: ExpertWeights, impl: str, act: str = "torch"
+    x: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: ExpertWeights,
+    impl: str,
+    act: str = "torch",
+    max_group: int = 0,
 ) -> torch.Tensor:
     """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's): expert-sorted rows
     [P, H] -> [P, H]."""
+    if impl == "padded":
+        # one batched matmul per projection over every expert padded to `max_group` rows: cuBLAS's batched
+        # GEMM runs near the dense rate where the grouped kernel's tiles go short on few rows per expert;
+        # the zero rows cost (E x max_group - P) / P more FLOPs (small under balanced routing), and the
+        # activation runs on them too (silu(0) * 0 = 0), their outputs dropped by the final gather
+        max_group = max(max_group, 1)
+        index = padded_index(offsets, x.shape[0], max_group)
+        experts, k = weights.w13.shape[0], x.shape[1]
+        padded = x.new_zeros(experts * max_group, k).index_copy(0, index, x).view(experts, max_group, k)
+        h = torch.bmm(padded, weights.w13).view(experts * max_group, -1)
+        y = torch.bmm(swiglu(h, act).view(experts, max_group, -1), weights.w2)
+        return y.view(experts * max_group, -1).index_select(0, index)
     h = grouped_matmul(x, weights.w13, offsets, impl)
     return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl)
 
@@ -209,10 +237,13 @@ class Grouped:
 
 @dataclass(slots=True)
 class Received:
-    """What the expert compute of one chunk needs: its grouped rows and the handle to send them back."""
+    """What the expert compute of one chunk needs: its grouped rows and the handle to send them back, and
+    the rows as they arrived (payload, local expert ids, weights), from which `MoELayer.regroup` times the
+    grouping on its own."""
 
     grouped: Grouped
     handle: Any
+    arrived: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def received_payload(d: Dispatched) -> torch.Tensor:
@@ -281,6 +312,32 @@ class _DispatchFn(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
+class _HookedDispatchFn(torch.autograd.Function):
+    """recv_x = the receive hook of a dispatch of x already sent; backward as _DispatchFn's."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, hook: Callable[[], Dispatched], backend: Backend, out: list[Dispatched]
+    ) -> torch.Tensor:  # type: ignore[override]
+        d = hook()
+        out.append(d)
+        ctx.backend, ctx.handle = backend, d.handle
+        return received_payload(d)
+
+    @staticmethod
+    def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grad_x = ctx.backend.combine(grad_recv.to(torch.bfloat16).contiguous(), ctx.handle)
+        return grad_x, None, None, None
+
+
+@dataclass(slots=True)
+class Sent:
+    """A dispatch whose send is launched and whose receive is a hook (RecvHook)."""
+
+    x: torch.Tensor
+    hook: Callable[[], Dispatched]
+
+
 class _CombineFn(torch.autograd.Function):
     """out = combine(expert_out); backward: the output gradient dispatched along the same handle."""
 
@@ -332,10 +389,37 @@ class MoELayer:
         else:
             d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
             recv_x = received_payload(d)
+        return self._grouped(recv_x, d)
+
+    def _grouped(self, recv_x: torch.Tensor, d: Dispatched) -> Received:
         grouped = group_by_expert(
             recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute
         )
-        return Received(grouped=grouped, handle=d.handle)
+        return Received(
+            grouped=grouped, handle=d.handle, arrived=(recv_x, d.recv_topk_idx, d.recv_topk_weights)
+        )
+
+    def regroup(self, received: Received) -> Grouped:
+        """The grouping (pair map and permute) of rows that arrived, again: the `permute` op times it."""
+        assert received.arrived is not None, "a Received made by MoELayer.dispatch keeps its arrived rows"
+        recv_x, recv_topk_idx, recv_topk_weights = received.arrived
+        return group_by_expert(recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute)
+
+    def send(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Sent:
+        """The first half of a hooked dispatch (the backend has RecvHook): the send, launched now."""
+        assert isinstance(self.backend, RecvHook)
+        return Sent(x=x, hook=self.backend.dispatch_hooked(x, topk_idx, topk_weights))
+
+    def receive(self, sent: Sent) -> Received:
+        """The second half: the receive hook, then the grouping, as dispatch does."""
+        if torch.is_grad_enabled() and sent.x.requires_grad:
+            got: list[Dispatched] = []
+            recv_x = _HookedDispatchFn.apply(sent.x, sent.hook, self.backend, got)
+            d = got[0]
+        else:
+            d = sent.hook()
+            recv_x = received_payload(d)
+        return self._grouped(recv_x, d)
 
     def experts(self, received: Received) -> torch.Tensor:
         """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""
@@ -344,7 +428,7 @@ class MoELayer:
 
     def ffn(self, g: Grouped) -> torch.Tensor:
         """The grouped GEMMs and activation of already-grouped rows: [P, H]."""
-        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute)
+        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group)
 
     def combine(self, expert_out: torch.Tensor, received: Received) -> torch.Tensor:
         if torch.is_grad_enabled() and expert_out.requires_grad:

@@ -1,6 +1,9 @@
-"""Overlap of communication and expert compute: two micro-batches (TBO) or N token chunks.
+"""Overlap of communication and expert compute: two micro-batches (TBO), N token chunks, N expert groups
+(mode expert: `expert_parts`, every token routed to one group of experts at a time, the outputs summed),
+or token micro-batches on one stream with the receive deferred to a hook (`forward_hooked`, comm = hook).
 
-The rank's tokens are split into micro-batches (contiguous token ranges). Dispatch and combine run on a
+The rank's tokens are split into micro-batches (contiguous token ranges; or, for expert groups, parts
+that each carry every token with a masked routing). Dispatch and combine run on a
 communication stream, the expert compute on a compute stream, ordered by events:
 
     comm:     L0 L1 | D0 D1 C0 D2 C1 ... D(n-1) C(n-2) C(n-1)
@@ -37,10 +40,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from moelab.measure.e2e.layer import MoELayer, Received
+from moelab.measure.e2e.layer import MoELayer, Received, Sent
+from moelab.measure.e2e.schedules import expert_group_routing
 
 TBO_MICRO_BATCHES = 2
 
@@ -52,13 +58,68 @@ def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
-class Streams:
-    """A communication and a compute stream on CUDA; no-ops elsewhere."""
+GREEN_SM_STEP = 8  # SMs per green-context partition step on SM90 (cuDevSmResourceSplitByCount's granularity)
 
-    def __init__(self, device: torch.device) -> None:
+
+def green_contexts_available() -> bool:
+    """torch exposes CUDA green contexts (SM partitions with a stream each) in this build."""
+    try:
+        from torch.cuda import green_contexts
+    except ImportError:
+        return False
+    return bool(getattr(green_contexts, "SUPPORTED", False))
+
+
+class Streams:
+    """A communication and a compute stream on CUDA; no-ops elsewhere.
+
+    With `comm_sms` (the `partition` schedule) and green contexts in torch, each stream belongs to its own
+    green context: the communication's holds `comm_sms` SMs, the compute's the rest, so the GEMMs' SM count
+    is fixed whatever the communication kernels ask for (`gemm_sms`). Without green contexts the partition
+    is the backend's SM control plus the GEMM carve-out, and `gemm_sms` stays None here."""
+
+    def __init__(self, device: torch.device, comm_sms: int | None = None) -> None:
         self.cuda = device.type == "cuda"
-        self.comm = torch.cuda.Stream(device) if self.cuda else None
-        self.compute = torch.cuda.Stream(device) if self.cuda else None
+        self.gemm_sms: int | None = None
+        self.comm: torch.cuda.Stream | None = None
+        self.compute: torch.cuda.Stream | None = None
+        self._contexts: tuple[Any, ...] = ()  # the green contexts, kept alive while their streams are
+        self.partition_note = ""  # why the partition is not on green contexts, where asked and not
+        if self.cuda and comm_sms:
+            self._green(device, comm_sms)
+        if self.cuda and self.comm is None:
+            self.comm = torch.cuda.Stream(device)
+            self.compute = torch.cuda.Stream(device)
+
+    def _green(self, device: torch.device, comm_sms: int) -> None:
+        """The two streams on green contexts of `comm_sms` SMs and the rest, each a multiple of the SM
+        granularity a partition takes on Hopper (8); the note says why not where torch or the driver
+        cannot (the partition is then the backend's SM control and the GEMM carve-out)."""
+        if not green_contexts_available():
+            self.partition_note = f"torch {torch.__version__} has no CUDA green contexts"
+            return
+        from torch.cuda.green_contexts import GreenContext
+
+        total = torch.cuda.get_device_properties(device).multi_processor_count
+        comm = -(-comm_sms // GREEN_SM_STEP) * GREEN_SM_STEP
+        gemm = (total - comm) // GREEN_SM_STEP * GREEN_SM_STEP
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            comm_ctx: Any = GreenContext.create(num_sms=comm, device_id=index)
+            compute_ctx: Any = GreenContext.create(num_sms=gemm, device_id=index)
+            streams = comm_ctx.Stream(), compute_ctx.Stream()
+        except Exception as exc:  # the driver refuses the split: say so, fall back to the carve-out
+            self.partition_note = (
+                f"green contexts of {comm} + {gemm} SMs refused: {str(exc).splitlines()[0][:200]}"
+            )
+            return
+        self._contexts = (comm_ctx, compute_ctx)
+        self.comm, self.compute = streams
+        self.gemm_sms = gemm
+
+    @property
+    def partitioned(self) -> bool:
+        return self.gemm_sms is not None
 
     @contextlib.contextmanager
     def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
@@ -99,6 +160,39 @@ class Streams:
             current.wait_stream(self.compute)
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One stage of a pipelined layer: the rows it dispatches and their (possibly masked) routing."""
+
+    x: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+def token_parts(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, n: int) -> list[Part]:
+    """`n` token micro-batches (tbo, chunked): their outputs concatenate to the layer's."""
+    return [Part(x[a:b], topk_idx[a:b], topk_weights[a:b]) for a, b in chunk_bounds(x.shape[0], n)]
+
+
+def expert_parts(
+    x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, experts_per_rank: int, n: int
+) -> list[Part]:
+    """`n` expert groups (mode expert): every token, routed to one group of experts each; their outputs
+    sum to the layer's."""
+    return [Part(x, i, w) for i, w in expert_group_routing(topk_idx, topk_weights, experts_per_rank, n)]
+
+
+def join(outs: list[torch.Tensor], summed: bool) -> torch.Tensor:
+    if len(outs) == 1:
+        return outs[0]
+    if not summed:
+        return torch.cat(outs)
+    total = outs[0]
+    for o in outs[1:]:
+        total = total + o  # not in place: each is a combine's output that autograd may hold
+    return total
+
+
 def forward_pipelined(
     layer: MoELayer,
     x: torch.Tensor,
@@ -108,19 +202,36 @@ def forward_pipelined(
     streams: Streams,
 ) -> torch.Tensor:
     """The layer over `micro_batches` token ranges, communication of one overlapping compute of another."""
-    bounds = chunk_bounds(x.shape[0], micro_batches)
-    n = len(bounds)
+    return join(run_pipeline(layer, token_parts(x, topk_idx, topk_weights, micro_batches), streams), False)
+
+
+def forward_expert_pipelined(
+    layer: MoELayer,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    groups: int,
+    streams: Streams,
+) -> torch.Tensor:
+    """The layer over `groups` expert groups: group g+1's dispatch and g-1's combine under g's GEMMs."""
+    parts = expert_parts(x, topk_idx, topk_weights, layer.experts_per_rank, groups)
+    return join(run_pipeline(layer, parts, streams), True)
+
+
+def run_pipeline(layer: MoELayer, parts: list[Part], streams: Streams) -> list[torch.Tensor]:
+    """Each part's combined output, in order, communication on the comm stream beside the compute."""
+    n = len(parts)
     received: list[Received | None] = [None] * n
     dispatched: list[torch.cuda.Event | None] = [None] * n
     outs: list[torch.Tensor] = []
     streams.begin()
     with streams.on(streams.comm):  # every host sync of the layouts before the first payload
-        layouts = [layer.layout(topk_idx[a:b], topk_weights[a:b]) for a, b in bounds]
+        layouts = [layer.layout(p.topk_idx, p.topk_weights) for p in parts]
 
     def dispatch(i: int) -> None:
-        a, b = bounds[i]
+        p = parts[i]
         with streams.on(streams.comm):
-            received[i] = layer.dispatch(x[a:b], topk_idx[a:b], topk_weights[a:b], layout=layouts[i])
+            received[i] = layer.dispatch(p.x, p.topk_idx, p.topk_weights, layout=layouts[i])
             dispatched[i] = streams.record(streams.comm)
 
     dispatch(0)
@@ -144,7 +255,33 @@ def forward_pipelined(
     current = torch.cuda.current_stream() if streams.cuda else None
     for o in outs:
         streams.hand_over(o, current)
-    return torch.cat(outs) if n > 1 else outs[0]
+    return outs
+
+
+def forward_hooked(
+    layer: MoELayer,
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    micro_batches: int,
+    streams: Streams,
+) -> torch.Tensor:
+    """Token micro-batches on one stream with the receive deferred (`comm = hook`): the send of i+1 is
+    launched before i's expert GEMMs and its receive hook called after them, so between the two no
+    dispatch kernel holds an SM (DeepEP's low-latency overlap, its tests' `return_recv_hook=True`)."""
+    parts = token_parts(x, topk_idx, topk_weights, micro_batches)
+    hooks: list[Sent | None] = [None] * len(parts)
+    outs: list[torch.Tensor] = []
+    hooks[0] = layer.send(parts[0].x, parts[0].topk_idx, parts[0].topk_weights)
+    for i in range(len(parts)):
+        hook = hooks[i]
+        assert hook is not None
+        r = layer.receive(hook)
+        if i + 1 < len(parts):
+            p = parts[i + 1]
+            hooks[i + 1] = layer.send(p.x, p.topk_idx, p.topk_weights)
+        outs.append(layer.combine(layer.experts(r), r))
+    return join(outs, False)
 
 
 def compute_chunked(layer: MoELayer, received: list[Received]) -> list[torch.Tensor]:

@@ -39,6 +39,7 @@ class PairMap:
     pair_row: torch.Tensor  # [P] int64: the received row of each pair (pair_slot // K)
     slot_pair: torch.Tensor  # [R, K] int64: each slot's pair, -1 where its expert is on another rank
     slot_weight: torch.Tensor  # [R, K] float32: each slot's routing weight, 0 where not local
+    max_group: int = 0  # the most pairs any one expert got (read in the same host sync as the pair count)
 
     @property
     def num_pairs(self) -> int:
@@ -70,7 +71,9 @@ def pair_map(
     order = torch.sort(narrow, stable=True).indices
     counts = torch.bincount(key, minlength=experts_per_rank + 1)[:experts_per_rank]
     offsets = torch.cumsum(counts, 0).to(torch.int32)
-    num_pairs = int(offsets[-1].item()) if experts_per_rank else 0  # host sync: sizes the gather
+    num_pairs, max_group = 0, 0
+    if experts_per_rank:  # one host sync: the pair count sizes the gather, the largest group the padded GEMM
+        num_pairs, max_group = (int(v) for v in torch.stack([offsets[-1].long(), counts.max()]).tolist())
     pair_slot = order[:num_pairs]
     slot_pair = torch.full((num_rows * topk,), -1, dtype=torch.int64, device=idx.device)
     slot_pair.scatter_(0, pair_slot, torch.arange(num_pairs, device=idx.device))  # distinct slots: no race
@@ -80,6 +83,7 @@ def pair_map(
         pair_row=torch.div(pair_slot, topk, rounding_mode="floor"),
         slot_pair=slot_pair.view(num_rows, topk),
         slot_weight=weight.view(num_rows, topk),
+        max_group=max_group,
     )
     return m, offsets
 

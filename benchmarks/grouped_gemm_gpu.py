@@ -1,0 +1,277 @@
+"""The expert GEMMs of the e2e layer beside the dense matmul rate, on one GPU (issue 37).
+
+    python benchmarks/grouped_gemm_gpu.py                 # one GPU, about a minute
+    python benchmarks/grouped_gemm_gpu.py --json out.json
+    python benchmarks/grouped_gemm_gpu.py --tiny          # CPU smoke run, tiny shapes
+
+For the DeepSeek-V3, Qwen3-235B-A22B and reference shapes at EP = 2 and 4 (rank 0's local experts and the
+(token, expert) pairs moelab's uniform routing gives them, 4096 tokens per rank, topk 8), it times the
+SwiGLU expert FFN (fc1 [H, 2I], SwiGLU, fc2 [I, H]: 6 x pairs x H x I FLOPs) with each implementation:
+
+- grouped: torch._grouped_mm, bf16 (the CUTLASS grouped kernel on SM90), moelab's `gemm = grouped`;
+- padded: one torch.bmm per projection over the experts padded to the largest group, `gemm = padded`
+  (FLOPs counted are the useful ones: padding rows are overhead);
+- loop: one matmul per expert, `gemm = loop`;
+- fp8-grouped: torch._scaled_grouped_mm with row-wise fp8 scales, the GEMMs alone on pre-quantised
+  operands (what a backend that dispatches FP8 could feed it); its % is of the bf16 dense rate;
+
+and the dense bf16 matmul rate the way `moelab run` measures it (an 8192^3 matmul of random data, median
+of 20). Each variant's output is checked against the loop's first. Prints one table and the acceptance
+lines (best bf16 variant >= 65% of dense at DeepSeek-V3, >= 80% at the reference), with the kernels that
+ran (torch.profiler, one call each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from moelab.core.models import MODELS
+from moelab.core.routing import route_all
+from moelab.core.workload import RoutingSpec, Workload
+from moelab.measure.e2e.gemm_choice import gemm_kernels
+from moelab.measure.e2e.layer import ExpertWeights, swiglu_ffn
+from moelab.measure.e2e.permute import pair_map
+
+TOKENS, TOPK, ITERS, WARMUP = 4096, 8, 20, 3  # --tiny: 64 tokens
+DENSE_N = 8192
+REFERENCE = ("reference", 8192, 2048, 8)  # hidden, intermediate, experts per rank (any EP)
+
+
+@dataclass
+class Row:
+    shape: str
+    ep: int
+    experts_per_rank: int
+    pairs: int
+    rows_per_expert: float
+    max_group: int
+    variant: str
+    us: float | None
+    tflops: float | None
+    pct_dense: float | None
+    kernels: str
+    note: str = ""
+
+
+def median_us(fn: Callable[[], object], device: torch.device) -> float:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(ITERS):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+    else:
+        for _ in range(ITERS):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def dense_tflops(device: torch.device, n: int) -> float:
+    g = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
+    b = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
+    c = torch.empty_like(a)
+    t = median_us(lambda: torch.matmul(a, b, out=c), device)
+    return 2.0 * n**3 / (t * 1e-6) / 1e12
+
+
+def shapes(tiny: bool) -> list[tuple[str, int, int, int, int]]:
+    """(name, hidden, intermediate, experts per rank, EP)."""
+    if tiny:
+        return [("tiny-many", 64, 32, 16, 2), ("tiny-few", 64, 32, 4, 2)]
+    out = []
+    for name in ("deepseek-v3", "qwen3-235b-a22b"):
+        m = MODELS[name]
+        out += [(name, m.hidden, m.intermediate, m.num_experts // ep, ep) for ep in (2, 4)]
+    name, hidden, inter, epr = REFERENCE
+    return out + [(name, hidden, inter, epr, ep) for ep in (2, 4)]
+
+
+def fp8_variant(
+    x: torch.Tensor, weights: ExpertWeights, offsets: torch.Tensor
+) -> tuple[Callable[[], object] | None, str]:
+    """The two GEMMs on fp8 operands with row-wise scales (torch._scaled_grouped_mm), or why not."""
+    if x.device.type != "cuda" or not hasattr(torch, "_scaled_grouped_mm"):
+        return None, "no torch._scaled_grouped_mm on this device"
+    f8 = torch.float8_e4m3fn
+    fmax = torch.finfo(f8).max
+
+    def rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [.., M, K] -> fp8, [.., M] scales
+        scale = t.abs().amax(dim=-1).float().clamp(min=1e-12) / fmax
+        q = torch.empty(t.shape, dtype=f8, device=t.device)
+        for a in range(0, t.shape[0], 16):  # in slices: a float32 copy of every expert would not fit
+            q[a : a + 16] = (t[a : a + 16].float() / scale[a : a + 16].unsqueeze(-1)).to(f8)
+        return q, scale
+
+    xq, xs = rowwise(x)
+    # mat_b column-major [E, K, N]: quantise the transposed weights row-wise per output column
+    w13q, w13s = rowwise(weights.w13.transpose(1, 2).contiguous())
+    w2q, w2s = rowwise(weights.w2.transpose(1, 2).contiguous())
+    inter = weights.intermediate
+    h_probe = torch.empty(x.shape[0], inter, dtype=torch.bfloat16, device=x.device)
+    hq, hs = rowwise(h_probe.normal_())
+
+    def run() -> object:
+        torch._scaled_grouped_mm(
+            xq, w13q.transpose(1, 2), xs, w13s, offs=offsets, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+        return torch._scaled_grouped_mm(
+            hq, w2q.transpose(1, 2), hs, w2s, offs=offsets, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except Exception as exc:  # an unsupported layout or build: say so, keep the other variants
+        return None, f"torch._scaled_grouped_mm: {str(exc).splitlines()[0][:160]}"
+    return run, "GEMMs only, operands pre-quantised (quantisation not timed)"
+
+
+def bench_shape(
+    name: str,
+    hidden: int,
+    inter: int,
+    epr: int,
+    ep: int,
+    device: torch.device,
+    dense: float,
+    tokens: int = TOKENS,
+) -> list[Row]:
+    wl = Workload(
+        hidden=hidden, tokens_per_rank=tokens, topk=TOPK, experts_per_rank=epr, routing=RoutingSpec(seed=0)
+    )
+    idx = torch.cat([r.topk_idx for r in route_all(wl, ep)])  # every rank's tokens: what rank 0 receives
+    local = torch.where(idx < epr, idx, -1)
+    m, offsets = pair_map(local.to(device), torch.ones_like(local, dtype=torch.float32).to(device), epr)
+    pairs = m.num_pairs
+    g = torch.Generator(device=device).manual_seed(0)
+    bf16 = torch.bfloat16
+    x = torch.randn(pairs, hidden, generator=g, device=device, dtype=bf16)
+    w13 = torch.randn(epr, hidden, 2 * inter, generator=g, device=device, dtype=bf16).mul_(hidden**-0.5)
+    w2 = torch.randn(epr, inter, hidden, generator=g, device=device, dtype=bf16).mul_(inter**-0.5)
+    weights = ExpertWeights(w13=w13, w2=w2, first_expert=0)
+    flops = 6.0 * pairs * hidden * inter
+    base = dict(
+        shape=name,
+        ep=ep,
+        experts_per_rank=epr,
+        pairs=pairs,
+        rows_per_expert=pairs / epr,
+        max_group=m.max_group,
+    )
+    rows = []
+    want = None
+    variants: dict[str, tuple[Callable[[], object] | None, str]] = {}
+    for impl in ("loop", "grouped", "padded"):
+        if impl == "grouped" and not hasattr(torch, "_grouped_mm"):
+            variants[impl] = (None, "no torch._grouped_mm")
+            continue
+        variants[impl] = (
+            (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, max_group=m.max_group)),
+            "",
+        )
+    variants["fp8-grouped"] = fp8_variant(x, weights, offsets)
+    for variant, (fn, note) in variants.items():
+        if fn is None:
+            rows.append(
+                Row(**base, variant=variant, us=None, tflops=None, pct_dense=None, kernels="", note=note)
+            )
+            continue
+        with torch.no_grad():
+            out = fn()
+            if variant in ("loop", "grouped", "padded"):
+                if want is None:
+                    want = out.float()
+                else:
+                    err = float((out.float() - want).norm() / want.norm().clamp(min=1e-12))
+                    note = note or f"rel err vs loop {err:.2e}"
+                    if err > 2e-2:
+                        note = f"WRONG: rel err vs loop {err:.2e}"
+            t = median_us(fn, device)
+            kernels = "; ".join(k[:70] for k in gemm_kernels(fn)[:2])
+        tf = flops / (t * 1e-6) / 1e12
+        rows.append(
+            Row(
+                **base,
+                variant=variant,
+                us=t,
+                tflops=tf,
+                pct_dense=tf / dense if dense else None,
+                kernels=kernels,
+                note=note,
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny shapes")
+    ap.add_argument("--json", type=Path, help="write every row here")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    t0 = time.time()
+    dense = dense_tflops(device, 256 if args.tiny else DENSE_N)  # --tiny: a small matmul, CPU
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    n = 256 if args.tiny else DENSE_N
+    print(
+        f"device {name}, torch {torch.__version__}; dense bf16 matmul {dense:.0f} TFLOP/s ({n}^3, median of {ITERS})"
+    )
+    rows: list[Row] = []
+    for shape in shapes(args.tiny):
+        rows += bench_shape(*shape, device=device, dense=dense, tokens=64 if args.tiny else TOKENS)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the shape's weights are gone: the next one gets the memory
+    head = f"{'shape':16} {'EP':>2} {'E/rank':>6} {'rows/E':>7} {'max':>5} {'variant':12} {'us':>9} {'TF/s':>6} {'%dense':>6}  kernel / note"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        us = f"{r.us:9.1f}" if r.us is not None else f"{'-':>9}"
+        tf = f"{r.tflops:6.0f}" if r.tflops is not None else f"{'-':>6}"
+        pct = f"{100 * r.pct_dense:5.0f}%" if r.pct_dense is not None else f"{'-':>6}"
+        print(
+            f"{r.shape:16} {r.ep:>2} {r.experts_per_rank:>6} {r.rows_per_expert:7.0f} {r.max_group:>5} {r.variant:12} {us} {tf} {pct}  {r.kernels or ''} {r.note}"
+        )
+    print()
+    for shape, need in (("deepseek-v3", 0.65), ("qwen3-235b-a22b", 0.65), ("reference", 0.80)):
+        for ep in (2, 4):
+            cand = [
+                r
+                for r in rows
+                if r.shape == shape
+                and r.ep == ep
+                and r.pct_dense is not None
+                and r.variant != "fp8-grouped"
+                and "WRONG" not in r.note
+            ]
+            if not cand:
+                continue
+            best = max(cand, key=lambda r: r.pct_dense or 0)
+            ok = "MET" if (best.pct_dense or 0) >= need else "NOT MET"
+            print(
+                f"acceptance {shape} EP={ep}: best bf16 {best.variant} {100 * (best.pct_dense or 0):.0f}% of dense (need {100 * need:.0f}%): {ok}"
+            )
+    print(f"wall {time.time() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"dense_tflops": dense, "device": name, "rows": [asdict(r) for r in rows]}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What each overlapped schedule of the e2e layer needs from a backend, asked before any kernel runs, and
+the expert groups of the expert-chunked schedule.
+
+Schedules (moelab.core.e2e_spec: `mode` x `comm`):
+- `tbo` / `chunked`: token micro-batches, one's communication under another's expert compute;
+- `expert`: expert-chunked pipelining. The local experts of every rank are split into `chunks` groups
+  (group g: local ids [g*E/G, (g+1)*E/G)); each group is dispatched with the routing masked to its
+  experts (-1 elsewhere), so group g+1's dispatch and group g-1's combine run under group g's GEMMs. Every
+  expert still sees all its rows (a token split, by contrast, halves the rows of each expert's GEMM); the
+  price is that a token with experts in several groups of one rank crosses the wire once per group. The
+  layer's output is the sum of the groups' combines. Needs MaskedRouting.
+- `comm = partition`: the communication held to the case's `sms` by the backend (its SM control), the
+  GEMMs to the rest (a CUDA green context where torch has them, else the GEMM carve-out);
+- `comm = zero-sm`: the payload moved on no SM (ZeroSmComm: NCCL's zero-CTA policy);
+- `comm = hook`: the receive deferred to a hook (RecvHook: DeepEP's return_recv_hook), so no dispatch
+  kernel holds an SM while the GEMMs run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moelab.backends.capabilities import MaskedRouting, RecvHook, ZeroSmComm
+from moelab.core.e2e_spec import E2ESettings
+
+
+def schedule_reason(backend: type | object, settings: E2ESettings, comm_backend: str) -> str | None:
+    """Why `backend` (a backend or its class) cannot run the schedule of `settings`, or None. Kernel-free:
+    the plan asks it for `--list-cases`, each rank again before it prepares the case."""
+    cls = backend if isinstance(backend, type) else type(backend)
+    name = getattr(cls, "name", cls.__name__)
+    if settings.mode == "expert" and not isinstance(cls, MaskedRouting):
+        return (
+            f"e2e mode expert (expert-chunked pipelining) needs a dispatch that takes masked routing "
+            f"(-1 entries in topk_idx, capability MaskedRouting); {name} does not declare one"
+        )
+    if settings.comm == "partition" and getattr(cls, "sm_control", None) is None:
+        return f"e2e comm = partition needs the backend to hold its communication to sms; {name} has no SM control"
+    if settings.comm == "zero-sm":
+        if not isinstance(cls, ZeroSmComm):
+            return f"e2e comm = zero-sm needs a copy-engine (zero-SM) path, capability ZeroSmComm; {name} has none"
+        return cls.zero_sm_reason(comm_backend)
+    if settings.comm == "hook" and not isinstance(cls, RecvHook):
+        return (
+            f"e2e comm = hook needs a dispatch whose receive is a hook (DeepEP low-latency return_recv_hook, "
+            f"capability RecvHook); {name} has none"
+        )
+    if settings.comm == "hook" and settings.mode == "expert":
+        return (
+            "e2e comm = hook runs token micro-batches (tbo, chunked); mode expert masks the routing instead"
+        )
+    return None
+
+
+def sms_taken_from_gemms(settings: E2ESettings, comm_sms: int | None) -> int | None:
+    """The SMs the schedule takes from the expert GEMMs while communication runs beside them: the carve-out
+    (or the partition's communication share), 0 for a schedule whose communication holds no SM, None where
+    it is not fixed (shared SMs at the library's default: whatever its kernels occupy)."""
+    if settings.mode not in ("tbo", "chunked", "expert"):
+        return 0
+    if settings.comm == "partition":
+        return comm_sms
+    if settings.comm in ("zero-sm", "hook"):
+        return settings.carveout
+    return settings.carveout or None  # shared: the carve-out fixes it; without one, whatever comm occupies
+
+
+def expert_group_bounds(experts_per_rank: int, groups: int) -> list[tuple[int, int]]:
+    """`groups` contiguous, non-empty, near-equal ranges of local expert ids."""
+    n = max(1, min(groups, experts_per_rank))
+    edges = [experts_per_rank * i // n for i in range(n + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(n)]
+
+
+def expert_group_routing(
+    topk_idx: torch.Tensor, topk_weights: torch.Tensor, experts_per_rank: int, groups: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per expert group, the routing masked to the group's experts on every rank: topk_idx -1 and weight 0
+    elsewhere. Each (token, expert) pair lands in exactly one group, so the groups' outputs sum to the
+    layer's."""
+    local = topk_idx % experts_per_rank
+    out = []
+    for lo, hi in expert_group_bounds(experts_per_rank, groups):
+        keep = (topk_idx >= 0) & (local >= lo) & (local < hi)
+        out.append((torch.where(keep, topk_idx, -1), torch.where(keep, topk_weights, 0.0)))
+    return out

@@ -1,0 +1,93 @@
+"""tools/gpu_acceptance.py: its verdict logic, and a real run of the tool on one CPU rank (the 1-GPU path:
+the multi-rank steps are skipped, each with its reason)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_acceptance.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", TOOL)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_acceptance"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_runnable_drops_test_plugins_and_honours_backend() -> None:
+    t = _tool()
+    avail = ["deepep", "nccl-a2a", "test-segv", "mxfp8-a2a"]
+    assert t.runnable(avail, ()) == ["deepep", "nccl-a2a", "mxfp8-a2a"]
+    assert t.runnable(avail, ("nccl-a2a",)) == ["nccl-a2a"]
+
+
+def test_markdown_says_what_failed_and_why() -> None:
+    t = _tool()
+    steps = [
+        t.StepResult(
+            name="e2e", command="moelab run", status="failed", rc=1, problems=["exit code 1, expected 0"]
+        ),
+        t.StepResult(name="verify", command="", status="skipped", notes=["needs at least 2 ranks"]),
+    ]
+    summary = {
+        "kind": "h200x2",
+        "gpus": 2,
+        "device": "cuda",
+        "passed": False,
+        "wall_s": 12.0,
+        "facts": {"torch": "2.11"},
+        "steps": [vars(s) for s in steps],
+    }
+    text = t.markdown(summary)
+    assert text.startswith("# GPU acceptance: h200x2 (2 cuda ranks): FAILED")
+    assert "| e2e | failed | 0 | 1 | exit code 1, expected 0 |" in text
+    assert "| verify | skipped | 0 |  | needs at least 2 ranks |" in text
+    assert "## What failed" in text
+
+
+def test_a_missing_gpu_is_one_error_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    t = _tool()
+    assert t.main(["--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"), "--gpus", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: no GPU visible: run with --cpu to try the tool on CPU ranks"]
+
+
+@pytest.mark.slow
+def test_one_rank_skips_the_multi_rank_steps_and_says_why(tmp_path: Path) -> None:
+    """The 1-GPU path on one CPU rank: every step runs through `moelab` and passes, or is skipped with its
+    reason; the summary says so in JSON and Markdown."""
+    t = _tool()
+    out = tmp_path / "out"
+    rc = t.main(
+        [
+            "--cpu",
+            "--gpus",
+            "1",
+            "--backend",
+            "nccl-a2a",
+            "--iters",
+            "3",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "w"),
+        ]
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    steps = {s["name"]: s for s in summary["steps"]}
+    failed = {n: s["problems"] for n, s in steps.items() if s["status"] == "failed"}
+    assert rc == 0 and summary["passed"], failed
+    for name in ("repeat-sigterm", "a2a", "verify"):
+        assert steps[name]["status"] == "skipped" and "2 ranks" in steps[name]["notes"][0]
+    for name in ("doctor", "backends", "e2e", "compare", "report", "model"):
+        assert steps[name]["status"] == "passed", name
+    assert any("ok" in n for n in steps["e2e"]["notes"])
+    assert "(1 cpu ranks): PASSED" in (out / "summary.md").read_text()
