@@ -25,6 +25,7 @@ test-abort = moelab_testplugins:AbortBackend
 test-jit = moelab_testplugins:JitBackend
 test-spawner = moelab_testplugins:SpawnerBackend
 test-stop = moelab_testplugins:StopBackend
+test-exit0 = moelab_testplugins:ExitZeroBackend
 test-lib = moelab_testplugins:LibraryTestedBackend
 test-host = moelab_testplugins:ToolHostJob
 """

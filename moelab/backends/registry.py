@@ -5,18 +5,25 @@ test, its tune space, its capabilities) is read from the class, never from its n
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Iterable, Mapping
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from moelab.backends.base import Backend, HostJob, Registered
 from moelab.core.errors import BackendUnavailable, MoelabError
 from moelab.core.spec import LaunchSpec
+from moelab.core.validate import plain_name_problem
 
 ENTRY_POINT_GROUP = "moelab.backends"
+# a plugin's import and its availability() run under this limit: a plugin that hangs there would hang every
+# command that lists or plans backends, with no output
+PLUGIN_TIME_LIMIT_S = 15.0
 DEFAULT_BACKEND = "nccl-a2a"  # what `moelab run` measures when no --backend is given
 
 BUILTIN: dict[str, str] = {
@@ -37,10 +44,51 @@ class BackendEntry:
     name: str
     target: str  # "module:Class"
     origin: str  # "builtin" or the distribution that registered it
+    problem: str | None = None  # why this plugin is refused: its name is not a plain name (a path, ESC bytes)
+
+
+T = TypeVar("T")
+_FAILED_IMPORTS: dict[str, BackendUnavailable] = {}  # a plugin import that failed or hung is not retried
+
+
+def _bounded(fn: Callable[[], T], what: str) -> T:
+    """`fn()` in a daemon thread, waited for at most PLUGIN_TIME_LIMIT_S: a plugin's code that hangs, calls
+    sys.exit or raises KeyboardInterrupt becomes one BackendUnavailable line, not a hang or an exit code of
+    the plugin's choosing (3 is moelab's own "cannot judge")."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: reported, never obeyed
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="moelab-plugin", daemon=True).start()
+    if not done.wait(PLUGIN_TIME_LIMIT_S):
+        raise BackendUnavailable(f"{what} did not finish in {PLUGIN_TIME_LIMIT_S:g} s")
+    error = box.get("error")
+    if isinstance(error, BackendUnavailable):
+        raise error
+    if isinstance(error, ImportError):
+        raise BackendUnavailable(f"{what} failed: {error}")
+    if error is not None:
+        raise BackendUnavailable(f"{what} failed: {type(error).__name__}: {error}")
+    value: T = box["value"]
+    return value
 
 
 def entries() -> dict[str, BackendEntry]:
-    """Every known backend; a plugin that reuses a built-in's name for another class is rejected."""
+    """Every known backend; a plugin that reuses a built-in's name for another class is rejected. The entry
+    points are scanned once per import path (a scan reads every installed distribution's metadata: once
+    per case, --list-cases over 100,000 cases took minutes)."""
+    return dict(_scan(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=8)
+def _scan(import_path: tuple[str, ...]) -> tuple[tuple[str, BackendEntry], ...]:
     found = {name: BackendEntry(name, target, "builtin") for name, target in BUILTIN.items()}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else "unknown"
@@ -50,8 +98,10 @@ def entries() -> dict[str, BackendEntry]:
                     f"backend name {ep.name!r} registered twice: {found[ep.name].target} and {ep.value} ({dist})"
                 )
             continue
-        found[ep.name] = BackendEntry(ep.name, ep.value, dist)
-    return dict(sorted(found.items()))
+        found[ep.name] = BackendEntry(
+            ep.name, ep.value, dist, plain_name_problem(ep.name, "plugin backend name")
+        )
+    return tuple(sorted(found.items()))
 
 
 def resolve(name: str) -> BackendEntry:
@@ -64,7 +114,12 @@ def resolve(name: str) -> BackendEntry:
 def load(name: str) -> type[Registered]:
     """The class registered as `name`: a Backend or a HostJob."""
     entry = resolve(name)
+    if entry.problem:
+        raise MoelabError(f"{entry.problem}; refused (registered by {entry.origin})")
     module_name, _, attr = entry.target.partition(":")
+    if entry.origin != "builtin":
+        module = _import_plugin(name, module_name)
+        return _registered_class(name, entry, module, attr)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -73,6 +128,19 @@ def load(name: str) -> type[Registered]:
         raise BackendUnavailable(
             f"{name}: importing {module_name} failed: {type(exc).__name__}: {exc}"
         ) from exc
+    return _registered_class(name, entry, module, attr)
+
+
+def _import_plugin(name: str, module_name: str) -> Any:
+    if module_name not in _FAILED_IMPORTS:
+        try:
+            return _bounded(lambda: importlib.import_module(module_name), f"{name}: importing {module_name}")
+        except BackendUnavailable as exc:
+            _FAILED_IMPORTS[module_name] = exc
+    raise _FAILED_IMPORTS[module_name]
+
+
+def _registered_class(name: str, entry: BackendEntry, module: Any, attr: str) -> type[Registered]:
     cls = getattr(module, attr, None)
     if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend | HostJob)):
         raise MoelabError(f"backend {name!r} ({entry.target}) is not a moelab Backend class")
@@ -136,7 +204,12 @@ def availability(name: str, extra_path: str | None = None, launch: LaunchSpec | 
         return unbuilt or _availability_in_child(name, extra_path)
     try:
         cls = load(name)
-        return cls.availability_for(launch) if launch is not None else cls.availability()
+        if resolve(name).origin == "builtin":
+            return cls.availability_for(launch) if launch is not None else cls.availability()
+        return _bounded(
+            lambda: cls.availability_for(launch) if launch is not None else cls.availability(),
+            f"{name}: availability()",
+        )
     except BackendUnavailable as exc:
         return str(exc)
     except Exception as exc:  # a broken plugin must not break the listing

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import duckdb
 import typer
 
-from moelab.cli.common import DB_OPTION_HELP, console, parse_list, print_table, user_errors
+from moelab.cli.common import DB_OPTION_HELP, console, fail, parse_list, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
 from moelab.store.export import export_runs, import_export
 from moelab.store.labels import resolve_run
+from moelab.store.user_query import ROW_CAP, run_query
 
 app = typer.Typer(
     help='Query and export the DuckDB store.\n\nExample: moelab db query "SELECT run_id, label FROM runs"',
@@ -41,14 +42,19 @@ def query(
     con = query_connection(path, write)
     try:
         try:
-            cur = con.execute(sql)
-            rows = cur.fetchall() if cur.description is not None else None
-        except duckdb.Error as exc:
-            raise MoelabError(f"query failed: {str(exc).strip().splitlines()[0][:500]}") from exc
-        if rows is None or cur.description is None:
+            result = run_query(con, sql)
+        except KeyboardInterrupt:
+            raise fail("query interrupted (Ctrl-C); the store is as it was", code=130) from None
+        if result.columns is None:
             console.print("ok")
             return
-        print_table([d[0] for d in cur.description], rows)
+        print_table(result.columns, result.rows)
+        if result.cut:
+            print(
+                f"warning: the query returns more than {ROW_CAP:,} rows: the first {ROW_CAP:,} are shown "
+                "(page with LIMIT ... OFFSET ..., or narrow it)",
+                file=sys.stderr,
+            )
     finally:
         con.close()
 
@@ -82,6 +88,9 @@ def export(
         [], "--run", help="Run ids or labels to export, repeated or comma-separated (default: all)"
     ),
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
+    force: bool = typer.Option(
+        False, "--force", help="Replace --out whole even when it holds files moelab did not write there"
+    ),
 ) -> None:
     """Export runs (every table, filtered by run) to Parquet, CSV or JSON files.
 
@@ -93,7 +102,7 @@ def export(
     with open_db(path, read_only=True) as con:
         names = [r for item in run for r in parse_list(item, name="run") or []]
         ids = list(dict.fromkeys(resolve_run(con, r) for r in names))
-        written = export_runs(con, out, fmt, ids or None)
+        written = export_runs(con, out, fmt, ids or None, force=force)
     for p in written:
         console.print(str(p))
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from moelab.cli.common import console
+from moelab.cli.common import MESSAGE_MAX, console
 from moelab.core.display import safe_text
 from moelab.store.db import open_db
 
@@ -17,9 +17,9 @@ TAIL_SHOWN = 6
 SHOWN_MAX = 500  # characters of a stored description on the console; the rest is in the store and on disk
 
 
-def _capped(text: object) -> str:
+def _capped(text: object, limit: int = SHOWN_MAX) -> str:
     s = str(text or "")
-    return s if len(s) <= SHOWN_MAX else f"{s[:SHOWN_MAX]}… ({len(s) - SHOWN_MAX} more characters)"
+    return s if len(s) <= limit else f"{s[:limit]}… ({len(s) - limit} more characters)"
 
 
 def failure_lines(con: Any, run_id: str, tail_lines: int = TAIL_SHOWN) -> list[str]:
@@ -49,7 +49,8 @@ def failure_lines(con: Any, run_id: str, tail_lines: int = TAIL_SHOWN) -> list[s
                 said.append(f"{'stuck' if trigger == 'timeout' else 'stack'} at {where}")
             out.append(f"  rank {rank}: {safe_text('; '.join(said)) or 'no exception recorded'}")
             lines = [line for line in (tail or "").splitlines() if line.strip()][-tail_lines:]
-            out += [f"    | {safe_text(line)}" for line in lines]
+            # a rank's line is cut like an error line: one 80,000-character line was printed whole
+            out += [f"    | {safe_text(_capped(line, MESSAGE_MAX))}" for line in lines]
     return out
 
 

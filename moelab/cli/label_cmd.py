@@ -31,7 +31,7 @@ def label(
     if list_ or remove:
         if run or name:
             raise MoelabError("--list and --remove take no RUN NAME arguments")
-        with open_db(path) as con:
+        with open_db(path, read_only=not remove) as con:  # a listing never migrates the store
             if remove:
                 console.print(
                     safe_text(f"removed label {remove} (was run {labels.remove_label(con, remove)})")
@@ -41,7 +41,7 @@ def label(
         return
     if not run or not name:
         raise MoelabError("give RUN and NAME (e.g. moelab label latest main), or --list")
-    validate_label(name)  # before the database is opened: a name the store cannot hold changes nothing
+    name = validate_label(name)  # before the database is opened: a name the store cannot hold changes nothing
     require_text(run, "run or label")
     with open_db(path) as con:
         if run == "latest" and not con.execute("SELECT 1 FROM labels WHERE label = 'latest'").fetchone():
@@ -53,4 +53,4 @@ def label(
             run_id = labels.resolve_run(con, run)
         before = labels.set_label(con, run_id, name)
     moved = f" (moved from run {before})" if before and before != run_id else ""
-    console.print(f"label {name.strip()} -> run {run_id}{moved}")
+    console.print(safe_text(f"label {name} -> run {run_id}{moved}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,11 @@ from moelab.model.published import TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
 
+# the sizes `moelab model` takes: a world past MAX_WORLD is no machine built, and routing other than the
+# uniform closed form is generated token by token (about 0.1 s per rank at 4096 tokens): past
+# MAX_GENERATED_SELECTIONS (ranks x tokens per rank x topk) it ran for minutes with no output
+MAX_WORLD = 65_536
+MAX_GENERATED_SELECTIONS = 1 << 21
 DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
@@ -158,6 +164,14 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
     tables = check_tables(load_rows(), table, latency)
     checked = [c for t in tables for c in t.checked]
     problems = [p for t in tables for p in t.problems]
+    if not checked:  # a pass over nothing checked is no pass
+        if json_out:
+            print(strict_json({"ok": False, "tables": [], "rows": []}))
+        print(
+            "error: no published rows to check: the published tables are missing from this install",
+            file=sys.stderr,
+        )
+        raise typer.Exit(1)
     if json_out:
         held = [c for t in tables for c in t.held]
         summary = {
@@ -176,7 +190,7 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
             "tables": [t.to_dict() for t in tables],
             "rows": [c.to_dict() for c in checked],
         }
-        print(json.dumps(doc, indent=2))
+        print(strict_json(doc))
     else:
         _print_tables(tables)
     if problems:  # a finding, not a user error: exit 1
@@ -306,7 +320,7 @@ class ModelWorkloadOptions(opt.Options):
             if experts < 1 or experts % world:
                 raise SpecError(f"--experts {experts} does not divide over {world} ranks")
             epr = experts // world
-        topk = self.topk or base.topk
+        topk = base.topk if self.topk is None else self.topk
         if epr is None and stored is None and DEFAULT_EXPERTS_PER_RANK * world < topk:
             # moelab run's rule for the same case (a 2-rank topology): the nearest variant
             from moelab.plan.planning import NEAREST_EXPERTS_PER_RANK  # planning imports torch: not at start
@@ -329,10 +343,10 @@ class ModelWorkloadOptions(opt.Options):
                 topk_groups=self.topk_groups,
             )
         wl = Workload(
-            hidden=self.hidden or base.hidden,
-            tokens_per_rank=self.tokens_per_rank or base.tokens_per_rank,
+            hidden=base.hidden if self.hidden is None else self.hidden,
+            tokens_per_rank=base.tokens_per_rank if self.tokens_per_rank is None else self.tokens_per_rank,
             topk=topk,
-            experts_per_rank=epr or base.experts_per_rank,
+            experts_per_rank=base.experts_per_rank if epr is None else epr,
             routing=routing,
             dtype=self.dtype or base.dtype,
         )
@@ -458,8 +472,7 @@ def model(
 
     Example: moelab model --nodes 4 --gpus-per-node 8 --gpu H100 --nic ConnectX-7 --hidden 7168 --experts 256 --dtype fp8
     """
-    if latency_us is not None and latency_us < 0:
-        raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
+    check_model_inputs(topo, workload, latency_us)
     latency = Latency(override_us=latency_us)
     if check_published:
         return _check_published(json_out, topo.peaks, latency)
@@ -468,6 +481,7 @@ def model(
     topology = topo.topology(facts)
     stored = facts.workloads[0] if facts and facts.workloads else None
     wl = workload.workload(topology.world, stored)
+    _check_generated_size(wl, topology.world, count)
     if facts and len(facts.workloads) > 1:  # a note, on stderr: --json's stdout stays JSON
         print(
             f"run {facts.run_id} has {len(facts.workloads)} workloads: modelled its first, {stored.label() if stored else ''}"
@@ -485,9 +499,75 @@ def model(
         latency=latency,
     )
     if json_out:
-        print(json.dumps(_as_json(est, wl, workload.combine_dtype), indent=2))
+        print(strict_json(_as_json(est, wl, workload.combine_dtype)))
     else:
         _print_estimate(est, wl, workload.combine_dtype)
+
+
+def check_model_inputs(
+    topo: TopologyOptions, workload: ModelWorkloadOptions, latency_us: float | None
+) -> None:
+    """Every count at least 1 and every figure a finite number, before anything is modelled: `--nodes 0` was
+    modelled as one node, `--experts-per-rank 0` as two, and an `inf` link speed printed `inf` bounds."""
+    counts = {
+        "--nodes": topo.nodes,
+        "--gpus-per-node": topo.gpus_per_node,
+        "--nics-per-node": topo.nics_per_node,
+        "--experts-per-rank": workload.experts_per_rank,
+        "--experts": workload.experts,
+    }
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise SpecError(f"{flag} must be at least 1, got {value}")
+    world = (topo.nodes or 1) * (topo.gpus_per_node or 8)
+    if world > MAX_WORLD:
+        raise SpecError(
+            f"--nodes x --gpus-per-node = {world:,} ranks is above the largest modelled, {MAX_WORLD:,}"
+        )
+    figures = {
+        "--nvlink-gbps": topo.nvlink_gbps,
+        "--pcie-gbps": topo.pcie_gbps,
+        "--nic-gbps": topo.nic_gbps,
+        "--latency-us": latency_us,
+        "--zipf-s": workload.zipf_s,
+        "--hot-share": workload.hot_share,
+    }
+    for flag, figure in figures.items():
+        if figure is not None and not math.isfinite(figure):
+            raise SpecError(f"{flag} must be a finite number, got {figure}")
+    for flag in ("--nvlink-gbps", "--pcie-gbps", "--nic-gbps"):
+        if (speed := figures[flag]) is not None and speed <= 0:
+            raise SpecError(f"{flag} must be > 0, got {speed}")
+    if latency_us is not None and latency_us < 0:
+        raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
+
+
+def _check_generated_size(wl: Workload, world: int, counted: bool) -> None:
+    if wl.routing.kind == "uniform" and not counted:
+        return  # the closed form: no token is generated
+    selections = world * wl.tokens_per_rank * wl.topk
+    if selections > MAX_GENERATED_SELECTIONS:
+        raise SpecError(
+            f"{wl.routing.kind} routing is generated token by token: {world:,} ranks x {wl.tokens_per_rank:,} "
+            f"tokens x topk {wl.topk} = {selections:,} choices is above the {MAX_GENERATED_SELECTIONS:,} moelab "
+            "model generates; model fewer ranks or tokens per rank (the bound is per rank)"
+        )
+
+
+def strict_json(doc: Any) -> str:
+    """`doc` as JSON that strict parsers read: a non-finite figure (no bound on that link) becomes null,
+    never `Infinity` or `NaN`."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean(doc), indent=2, allow_nan=False)
 
 
 def _as_json(est: Estimate, wl: Workload, combine: str) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from moelab.backends.base import HostJob
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
-from moelab.core.display import format_pct, format_time_us
+from moelab.cli.output_check import check_output_file
+from moelab.core.display import format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
 from moelab.core.spec import CaseSpec, LaunchSpec, RunSpec
 from moelab.job import launchers
+from moelab.job.limits import ensure_open_files
 from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, PlannedRun, RunRequest, plan_run
@@ -156,11 +158,14 @@ def run(
     spec = planned.spec
     if list_cases:
         return print_case_list(spec.cases, spec.launch)
+    if store.report is not None and not dry_run:
+        check_output_file(Path(store.report), "--report")
     for note in planned.notes:
         console.print(note)
     if spec.launch.device == "cpu":
         console.print(f"no GPU in use: running {spec.launch.world} CPU ranks on gloo")
     if not dry_run:
+        ensure_open_files()  # before anything opens: `ulimit -n 12` hung the job for its whole --timeout
         check_available(spec)
     if dry_run or sbatch.sbatch:
         return _print_or_submit(spec, store.runs_root(), dry_run, sbatch)
@@ -432,6 +437,9 @@ def print_answer(view: RunView) -> None:
         console.print(note)
 
 
+LIST_TABLE_MAX = 2_000  # cases --list-cases shows as a table; more are printed as tab-separated lines
+
+
 def print_case_list(cases: Sequence[CaseSpec], launch: LaunchSpec) -> None:
     """A table of `case_rows` on the console; case ids stay on one line, and each reason a case will not
     run (skipped, unsupported here) is said once under the table, by its number."""
@@ -442,7 +450,12 @@ def print_case_list(cases: Sequence[CaseSpec], launch: LaunchSpec) -> None:
         if why:
             plan = f"{what} [{reasons.setdefault(why, len(reasons) + 1)}]"
         rows.append((backend, case_id, workload, plan))
-    print_table(["backend", "case", "workload", "plan"], rows)
+    header = ["backend", "case", "workload", "plan"]
+    if len(rows) <= LIST_TABLE_MAX:
+        print_table(header, rows)
+    else:  # a rich table lays out every row first: 100,000 cases took minutes; one tab-separated line each
+        sys.stdout.write("\n".join("\t".join(safe_text(v) for v in r) for r in [header, *rows]) + "\n")
+        sys.stdout.flush()
     for why, n in reasons.items():
         console.print(f"[{n}] {why}")
     runs = sum(1 for r in rows if r[3] == "to run")

@@ -11,6 +11,7 @@ from pathlib import Path
 from moelab.backends import registry
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
+from moelab.cli.output_check import check_output_file
 from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
@@ -173,6 +174,8 @@ def tune_command(
         db_path=db_path,
         tune_id=secrets.token_hex(3),
     )
+    if suite_out is not None:
+        check_output_file(suite_out, "--suite-out")
     check_writable(db_path)
     console.print(
         f"tune {plan.tune_id}: hidden {wl.hidden}, intermediate {inter}, {wl.tokens_per_rank} tokens/rank, topk {wl.topk}, "

@@ -17,6 +17,11 @@ from moelab.core.workload import Workload
 SPEC_VERSION = 1
 
 
+# starts of each backend job: the job order is planned, written and stored whole, and each start is a whole
+# process launch (seconds); a thousand starts of a job is days of a machine, more is a typo
+MAX_REPEATS = 1000
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingSpec:
     """How long to time: warm-up, then batches until the median's noise is under `noise_target` (after
@@ -96,8 +101,8 @@ class LaunchSpec:
     repeats: int = 1
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if not 1 <= self.repeats <= MAX_REPEATS:
+            raise ValueError(f"repeats must be from 1 to {MAX_REPEATS:,}, got {self.repeats}")
 
     @property
     def world(self) -> int:

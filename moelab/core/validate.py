@@ -6,6 +6,7 @@ Each refusal is a `SpecError` with one line, raised before any directory is made
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 
 from moelab.core.errors import SpecError
@@ -55,6 +56,18 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def plain_name_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot name a backend (a folder under the run directory, a word on every progress line), or
+    None: the same rule as a run id (letters, digits, `.`, `_`, `-`; no path separator, no `..`, no
+    control character)."""
+    if RUN_ID_RE.match(name) and ".." not in name:
+        return None
+    return (
+        f"{what} {shown(name)!r} is not a plain name: use letters, digits, '.', '_' and '-' "
+        "(starting with a letter or digit, no '..', at most 128 characters)"
+    )
+
+
 def shown(text: str, limit: int = 60) -> str:
     """`text` for an error line: control characters and undecodable bytes escaped, at most `limit` long."""
     return text.encode("unicode_escape").decode("ascii")[:limit]
@@ -73,9 +86,10 @@ def require_text(text: str, what: str) -> str:
 
 def validate_label(label: str) -> str:
     """A label is printed on terminals and in reports and stored: valid UTF-8, no control characters
-    (ESC, BEL, newlines...), not empty, at most LABEL_MAX characters. Returns it stripped of surrounding
-    spaces."""
-    name = require_text(label, "label").strip()
+    (ESC, BEL, newlines...), no invisible ones, not empty, at most LABEL_MAX characters. Returns it in NFC,
+    stripped of surrounding spaces: `café` typed composed or decomposed is one label, and `night\u200bly`
+    (a zero-width space) cannot pose as `nightly`."""
+    name = normalized_name(require_text(label, "label"))
     if not name:
         raise SpecError("a label cannot be empty")
     bad = [c for c in name if _is_control(c)]
@@ -84,9 +98,41 @@ def validate_label(label: str) -> str:
             f"label {shown(name)!r} holds control characters "
             f"({', '.join(sorted({f'U+{ord(c):04X}' for c in bad}))})"
         )
+    hidden = invisible_characters(name)
+    if hidden:
+        raise SpecError(
+            f"label {shown(name)!r} holds invisible characters ({', '.join(hidden)}): "
+            "a label must look like what it is"
+        )
     if len(name) > LABEL_MAX:
         raise SpecError(f"label is {len(name)} characters long: at most {LABEL_MAX}")
     return name
+
+
+def normalized_name(text: str) -> str:
+    """A name as it is stored and looked up: NFC, surrounding spaces stripped."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
+# fillers that render as blank space although they are letters (Hangul fillers, braille blank)
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def invisible_characters(text: str) -> list[str]:
+    """The code points of `text` that print as nothing (format characters: zero-width spaces, bidi
+    overrides, BOM, soft hyphen; blank fillers), as U+XXXX. A zero-width joiner between two symbols is
+    part of an emoji sequence and is kept."""
+    out = set()
+    for i, c in enumerate(text):
+        if c == "\u200d" and 0 < i < len(text) - 1 and _emoji_part(text[i - 1]) and _emoji_part(text[i + 1]):
+            continue
+        if unicodedata.category(c) == "Cf" or c in _BLANK_LETTERS:
+            out.add(f"U+{ord(c):04X}")
+    return sorted(out)
+
+
+def _emoji_part(c: str) -> bool:
+    return unicodedata.category(c) in ("So", "Sk", "Mn") or 0x1F3FB <= ord(c) <= 0x1F3FF or c == "\ufe0f"
 
 
 def _is_control(c: str) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from moelab.job.heartbeat import first_silent
 from moelab.job.rundir import JobFiles
 from moelab.job.safe_read import RunDirFileError, read_json, read_tail
 
@@ -135,7 +136,7 @@ def record_worker_error(argv: Sequence[str], exc: BaseException) -> None:
             "message": str(exc)[:MAX_TEXT],
             "traceback": "".join(traceback.format_exception(exc))[-MAX_TEXT:],
         }
-        files.dir.mkdir(parents=True, exist_ok=True)
+        files.ensure_dir()
         path = files.error_file(rank)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2))
@@ -192,6 +193,30 @@ class JobDiagnosis:
     errors: tuple[RankError, ...] = ()
     stacks: tuple[RankStack, ...] = ()
     tails: dict[int, str] = field(default_factory=dict)
+    last_beats: dict[int, float] = field(default_factory=dict)  # each rank's last heartbeat (file mtime)
+
+    @property
+    def stopped_first(self) -> tuple[int, float] | None:
+        """(rank, seconds before the next) of the rank whose heartbeat ended first, when one stands out."""
+        return first_silent(self.last_beats)
+
+    def culprit(self) -> tuple[int, str] | None:
+        """(rank, line) of a rank that caused the failure without saying so, when the errors name only
+        consequences: the rank whose heartbeat ended first (SIGSTOP, a hang of its whole process), else
+        the one rank that left neither an error nor a stack while its peers lost it (an exit mid-job)."""
+        cause = self.root_cause
+        blamed = cause.rank if isinstance(cause, RankError) and not cause.is_consequence else None
+        silent = self.stopped_first
+        if silent is not None and silent[0] != blamed:
+            return silent[0], (
+                f"rank {silent[0]} stopped first (its heartbeat ended {silent[1]:.0f} s before the other ranks')"
+            )
+        if blamed is None and self.errors and all(e.is_consequence for e in self.errors):
+            said = {e.rank for e in self.errors} | {s.rank for s in self.stacks}
+            quiet = [r for r in self.ranks() if r not in said]
+            if len(quiet) == 1:
+                return quiet[0], f"rank {quiet[0]} ended first, leaving no error (it exited or died mid-job)"
+        return None
 
     @property
     def root_cause(self) -> RankError | RankStack | None:
@@ -206,9 +231,11 @@ class JobDiagnosis:
     def headline(self) -> str | None:
         """One line saying why: `rank 1: RuntimeError: ...`, or `rank 0 stuck at x.py:53 in dispatch`."""
         cause = self.root_cause
+        culprit = self.culprit()
+        first = [culprit[1]] if culprit is not None else []
         if cause is None:
-            return None
-        parts = [cause.line()]
+            return first[0] if first else None
+        parts = [*first, cause.line()]
         if isinstance(cause, RankError):
             parts += [e.line() for e in self.errors if e is not cause and not e.is_consequence][:2]
         else:
@@ -331,6 +358,10 @@ def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
             stacks[rank] = RankStack(
                 rank=rank, trigger="timeout", text=text, where=main_thread_frame(parse_faulthandler(text))
             )
+    beats = {}
+    for rank, path in files.rank_files("heartbeat").items():
+        with contextlib.suppress(OSError):
+            beats[rank] = path.lstat().st_mtime
     for rank, log in files.rank_files("log").items():
         tails[rank] = "".join(_tail(log).splitlines(keepends=True)[-tail_lines:])
         fatal, stopped = _from_log(rank, log)
@@ -343,6 +374,7 @@ def read_diagnosis(job_dir: Path, tail_lines: int = TAIL_LINES) -> JobDiagnosis:
         errors=tuple(errors[r] for r in sorted(errors)),
         stacks=tuple(stacks[r] for r in sorted(stacks)),
         tails=dict(sorted(tails.items())),
+        last_beats=beats,
     )
 
 
@@ -360,12 +392,13 @@ def diagnosis_rows(run_id: str, job_dir: Path) -> list[tuple[Any, ...]]:
     if not _job_failed(job_dir):
         return []
     diag = read_diagnosis(job_dir)
-    cause = diag.root_cause
+    cause, culprit = diag.root_cause, diag.culprit()
+    cause_rank = culprit[0] if culprit is not None else (cause.rank if cause is not None else None)
     headline = diag.headline()
     errors = {e.rank: e for e in diag.errors}
     stacks = {s.rank: s for s in diag.stacks}
     rows = []
-    for rank in diag.ranks():
+    for rank in sorted(set(diag.ranks()) | ({cause_rank} if cause_rank is not None else set())):
         e, s = errors.get(rank), stacks.get(rank)
         rows.append(
             (
@@ -379,7 +412,7 @@ def diagnosis_rows(run_id: str, job_dir: Path) -> list[tuple[Any, ...]]:
                 s.where if s else None,
                 s.text if s else None,
                 diag.tails.get(rank),
-                cause is not None and cause.rank == rank,
+                cause_rank == rank,
                 headline,
             )
         )

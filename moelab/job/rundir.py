@@ -30,6 +30,7 @@ Every name is written here and nowhere else: other modules ask JobFiles and RunD
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -53,6 +54,7 @@ RANK_FILES = {
     "log": ".log",
     "error": ".error.json",
     "stack": ".stack.txt",
+    "heartbeat": ".heartbeat",  # touched every second while the rank lives (moelab.job.heartbeat)
 }  # rank<R><suffix> in a job's folder
 
 
@@ -114,6 +116,15 @@ class JobFiles:
         base = self.run_dir / self.backend
         return base if self.repeat == 0 else base / f"r{self.repeat}"
 
+    def ensure_dir(self) -> None:
+        """Make the job's folder inside the run directory, never the run directory itself: a run directory
+        moved or deleted mid-run was re-created at its old path, without spec.json, by the next write."""
+        if not self.run_dir.is_dir():
+            raise FileNotFoundError(
+                errno.ENOENT, "the run directory is gone (moved or deleted)", str(self.run_dir)
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+
     @property
     def worker_args(self) -> tuple[str, ...]:
         """What a rank of this job is started with (moelab.measure.worker RUN_DIR BACKEND [REPEAT])."""
@@ -169,6 +180,9 @@ class JobFiles:
     def stack_file(self, rank: int | str) -> Path:
         return self.dir / f"rank{rank}{RANK_FILES['stack']}"
 
+    def heartbeat_file(self, rank: int | str) -> Path:
+        return self.dir / f"rank{rank}{RANK_FILES['heartbeat']}"
+
     @property
     def traces_dir(self) -> Path:
         return self.dir / "traces"
@@ -183,7 +197,7 @@ class JobFiles:
         return self.traces_dir / self.backend
 
     def write_health(self, phase: str, snapshot_json: str, verdict: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir()
         (self.dir / f"health_{phase}.json").write_text(snapshot_json)
         _write_json_atomic(self.dir / f"health_{phase}_verdict.json", verdict)
 
@@ -202,7 +216,7 @@ class JobFiles:
 
     def write_contention(self, findings: list[dict[str, Any]]) -> Path:
         path = self.dir / "contention.json"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir()
         _write_json_atomic(path, {"findings": findings})
         return path
 
@@ -218,7 +232,7 @@ class JobFiles:
         return self.read_json_file("nsys_traces.json") or {}
 
     def append_result(self, record: CaseRecord | dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir()
         line = (
             record.to_json() if isinstance(record, CaseRecord) else json.dumps(record, default=_json_default)
         )
@@ -252,7 +266,7 @@ class JobFiles:
         return scan
 
     def write_env(self, envs: list[dict[str, Any]]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir()
         _write_json_atomic(self.dir / "env.json", envs)
 
     def read_env(self) -> list[dict[str, Any]]:
@@ -261,7 +275,7 @@ class JobFiles:
         return [expect(e, dict, f"{p} (an entry)") for e in envs]
 
     def write_job(self, job: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ensure_dir()
         _write_json_atomic(self.job_file, job)
 
     def read_job(self) -> dict[str, Any] | None:

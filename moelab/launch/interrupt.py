@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during `moelab run`: stop the running job, keep and store what finished.
+"""Ctrl-C, SIGTERM and SIGHUP during `moelab run`: stop the running job, keep and store what finished.
 
     with RunInterrupt(rd) as stop:
         for backend in backends:
@@ -8,7 +8,7 @@
         rd.set_status("interrupted" if stop.requested else ...)
         ... ingest ...
 
-First SIGINT/SIGTERM: `requested` becomes true and every job this process started (each child that
+First SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session): `requested` becomes true and every job this process started (each child that
 leads its own session: torchrun and its ranks) gets SIGTERM, so the launcher's wait returns, the session
 is reaped as after a timeout, and the runner stores every finished case and job and marks the run
 `interrupted`. A job launched after the signal (it came during a health snapshot) is stopped as it starts. A second signal does not wait for any of that: the jobs get SIGKILL, run.json says
@@ -31,7 +31,9 @@ from typing import Any
 
 from moelab.job.rundir import JobFiles, RunDir
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP is a stop like the others: left at its default it ended the run at once, nothing stored and
+# run.json left `running`
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LATE_JOB_POLL_S = 0.2
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
+from moelab.core.display import safe_text
 from moelab.core.terminal import terminal_console
 from moelab.job.events import PROGRESS_FILE, read_events
 from moelab.plan.case_list import NOT_RUN
@@ -191,7 +192,7 @@ class JobWatch:
             self.state.apply(event)
             if self.quiet:
                 continue
-            line = self._line(event)
+            line = safe_text(self._line(event) or "") or None  # a rank's event text may hold ESC/OSC bytes
             if self._bar is not None:
                 if event.get("event") == "setup" and line:
                     self._bar.console.print(line)
@@ -237,7 +238,9 @@ class JobWatch:
             self._bar.stop()
         if not self.quiet and self.state.setup_s:
             parts = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in sorted(self.state.setup_s.items()))
-            self.console.print(f"[{self.backend}] one-time costs (not in any measurement): {parts}")
+            self.console.print(
+                safe_text(f"[{self.backend}] one-time costs (not in any measurement): {parts}")
+            )
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from moelab.job.local import JobOutcome, run_job
 from moelab.job.rundir import JobFiles, RunDir
 from moelab.launch.interrupt import RunInterrupt, note_interrupted_job
 from moelab.launch.progress import watch_job
+from moelab.launch.run_dir_anchor import RunDirAnchor
 from moelab.plan.case_list import planned_kind
 from moelab.store.db import open_db
 from moelab.store.ingest import ingest
@@ -199,6 +200,18 @@ def _run_dir_unwritable(
     )
 
 
+def _check_in_place(anchor: RunDirAnchor, db_path: Path, registration: run_registry.Registration) -> None:
+    """Stop, with advice naming where the run directory is now, when it was moved or deleted mid-run."""
+    now = anchor.moved_to()
+    if now is None:
+        return
+    registration.close()
+    raise MoelabError(
+        f"run directory {anchor.path} was moved to {now} while the run went on: nothing more is run there; "
+        f"store what finished with `moelab ingest {now} --db {db_path}`"
+    )
+
+
 def is_launching_host(spec: RunSpec) -> bool:
     """Only one host writes the database: the single host, node 0 under torchrun, task 0's host under SLURM."""
     if spec.launch.launcher == "torchrun":
@@ -223,11 +236,13 @@ def execute(
         raise MoelabError(f"run directory {root / spec.run_id} already exists: give a new --run-id") from None
     jobs: dict[str, JobOutcome] = {}
     trace_notes: dict[str, str] = {}
+    anchor = RunDirAnchor(rd.path)
     registration = run_registry.start_registration(spec.run_id)  # other moelab runs on this host see this one
-    with RunInterrupt(rd) as stop:  # SIGINT/SIGTERM: stop the running job, store what finished
+    with RunInterrupt(rd) as stop, contextlib.closing(anchor):  # SIGINT/SIGTERM: stop, store what finished
         for backend, repeat in spec.job_order():
             if stop.requested:
                 break
+            _check_in_place(anchor, db_path, registration)
             files, name = rd.job(backend, repeat), job_name(spec, backend, repeat)
             progress(
                 f"[{name}] {len(spec.cases_for(backend))} cases on {spec.launch.world} {spec.launch.device} ranks …"
@@ -239,6 +254,7 @@ def execute(
                 else:
                     outcome = run_backend(spec, rd, backend, quiet, repeat)
             except OSError as exc:  # the run directory cannot be written (a full disk): say so, stop here
+                _check_in_place(anchor, db_path, registration)  # or it was moved away mid-job
                 done = list(dict.fromkeys(name.split(" ")[0] for name in jobs))  # backends that ran
                 raise _run_dir_unwritable(rd, spec, backend, done, db_path, exc) from exc
             if stop.requested:
@@ -256,6 +272,7 @@ def execute(
             rd.set_status("complete" if all(j.ok for j in jobs.values()) else "failed")
         ingested = is_launching_host(spec)
         if ingested:
+            _check_in_place(anchor, db_path, registration)
             try:
                 with open_db(db_path) as con:
                     ingest(con, rd.path)

@@ -25,6 +25,7 @@ from moelab.backends.base import BackendContext, CaseConfig
 from moelab.core.spec import RunSpec
 from moelab.job.diagnosis import install_stack_dumps
 from moelab.job.events import ProgressEvents
+from moelab.job.heartbeat import start_heartbeat
 from moelab.job.rundir import JobFiles, RunDir
 from moelab.measure import environment
 from moelab.measure.case_context import CaseContext
@@ -51,7 +52,6 @@ def dist_env(spec: RunSpec) -> tuple[int, int, int]:
 
 
 def _redirect_output(log_path: Path) -> None:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -93,9 +93,11 @@ def main(argv: list[str]) -> int:
     run_dir, backend_name = files.run_dir, files.backend
     spec = RunDir(run_dir).spec
     rank, world, local_rank = dist_env(spec)
+    files.ensure_dir()  # never the run directory itself: one moved away mid-run is not re-created
     events = ProgressEvents.for_job(files.dir, enabled=local_rank == 0)
     _redirect_output(files.rank_log(rank))
     install_stack_dumps(files.dir, rank)  # faulthandler on SIGUSR1 (the launcher's timeout) and SIGTERM
+    start_heartbeat(files.heartbeat_file(rank))  # which rank stopped first, when the job fails
     print(f"moelab worker rank {rank}/{world} backend {backend_name} pid {os.getpid()}", flush=True)
     binding = None
     if spec.launch.bind == "numa":

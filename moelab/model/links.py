@@ -27,6 +27,7 @@ nothing, and says so.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,15 +286,18 @@ def _match(entries: tuple[LinkPeak, ...], name: str | None) -> LinkPeak | None:
 
 def _positive(body: dict[str, Any], key: str) -> bool:
     value = body.get(key)
-    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    # a finite number: `gbps = inf` (TOML reads inf and nan) would make every bound on that link zero
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
 
 
 def _entry(kind: str, pattern: str, body: Any, path: Path) -> LinkPeak:
     where = f"{path}: [{kind}.{pattern!r}]"
     if not isinstance(body, dict) or not _positive(body, "gbps"):
-        raise MoelabError(f"{where} needs gbps = a positive number (GB/s per direction)")
+        raise MoelabError(f"{where} needs gbps = a positive finite number (GB/s per direction)")
     if "host_gbps" in body and not _positive(body, "host_gbps"):
-        raise MoelabError(f"{where}: host_gbps must be a positive number (GB/s per direction)")
+        raise MoelabError(f"{where}: host_gbps must be a positive finite number (GB/s per direction)")
     intra = body.get("intra", "nvlink")
     if intra not in INTRA_KINDS:
         raise MoelabError(f"{where}: intra must be one of {', '.join(INTRA_KINDS)}, got {intra!r}")

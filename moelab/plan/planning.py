@@ -18,7 +18,15 @@ from moelab.backends.base import HostJob
 from moelab.backends.capabilities import DefaultWorkload
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import ModelShape, model_shape
-from moelab.core.spec import CaseSpec, HealthSpec, LaunchSpec, RunSpec, TimingSpec, TraceSpec
+from moelab.core.spec import (
+    MAX_REPEATS,
+    CaseSpec,
+    HealthSpec,
+    LaunchSpec,
+    RunSpec,
+    TimingSpec,
+    TraceSpec,
+)
 from moelab.core.validate import dedupe_backends, validate_label, validate_run_id
 from moelab.job import launchers
 from moelab.job.rundir import now_iso
@@ -90,6 +98,22 @@ class PlannedRun:
         return [c for c in self.spec.cases if not c.skip_reason]
 
 
+# the largest value each count and time flag takes: each is planned, stored and waited for whole, so a value
+# past these is a typo (a day of iterations, a week of timeout), refused at planning instead of after hours
+FLAG_LIMITS: dict[str, float] = {
+    "--gpus": 4096,
+    "--gpus-per-node": 64,
+    "--nodes": 4096,
+    "--iters": 1_000_000,
+    "--warmup": 1_000_000,
+    "--max-iters": 1_000_000,
+    "--trace-iters": 10_000,
+    "--timeout": 7 * 24 * 3600,
+    "--collective-timeout": 7 * 24 * 3600,
+    "--repeat": MAX_REPEATS,
+}
+
+
 def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     if value is None:
         return
@@ -97,6 +121,9 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
         raise SpecError(f"{name} must be a finite number, got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         raise SpecError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    limit = FLAG_LIMITS.get(name)
+    if limit is not None and value > limit:
+        raise SpecError(f"{name} {value} is above the largest this moelab plans, {limit:,.0f}")
 
 
 KERNEL_CACHE_OFF = "off"
@@ -357,7 +384,9 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
             kernel_cache=resolve_kernel_cache(req.kernel_cache),
             repeats=req.repeat or suite.repeat,
         ),
-        label=req.label,
+        label=validate_label(req.label)
+        if req.label is not None
+        else None,  # stored in NFC, as it is looked up
         command=tuple(req.command),
         trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
         health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy),

@@ -18,6 +18,7 @@ faster only on its slowest rank, or only on its fastest, is not ranked, and the 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,14 @@ def rank(ref: Cell, other: Cell) -> Ranking | None:
     fastest-rank ratios agree."""
     if not ref.slowest or not other.slowest:
         return None
+    if not _valid_times(ref) or not _valid_times(other):  # as the gate calls them: invalid, never ranked
+        return Ranking(
+            ratio=math.nan,
+            interval=None,
+            fast_ratio=None,
+            fast_interval=None,
+            verdict="not ranked: times not above zero (invalid)",
+        )
     paired = ref.run_id == other.run_id and len(ref.slowest) == len(other.slowest)
     slow = ranking.rank_pair(ref.slowest, other.slowest, paired)
     fast = ranking.rank_pair(ref.fastest, other.fastest, paired) if ref.fastest and other.fastest else None
@@ -104,6 +113,13 @@ def rank(ref: Cell, other: Cell) -> Ranking | None:
         fast_interval=fast.interval if fast else None,
         verdict=verdict,
     )
+
+
+def _valid_times(cell: Cell) -> bool:
+    """Every figure a ranking reads is a time above zero: all-zero samples are what the gate calls invalid
+    (NULL, NaN, infinite or not above zero), and a ratio over them ranked such a run "faster"."""
+    times = (cell.median_us, *cell.slowest, *cell.fastest)
+    return all(isinstance(t, int | float) and math.isfinite(t) and t > 0 for t in times)
 
 
 @dataclass(kw_only=True, slots=True)

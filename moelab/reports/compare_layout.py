@@ -124,7 +124,12 @@ def leads(table: cmp.CompareTable) -> list[tuple[str, Lead]]:
     """(op, lead) for each row that more than one group measured."""
     out = []
     for row in table.rows:
-        timed = sorted((c.median_us, g) for g, c in row.cells.items() if c.median_us is not None)
+        # a time not above zero (or NaN, inf) is invalid, as the gate says: it leads nothing (and divided by zero)
+        timed = sorted(
+            (c.median_us, g)
+            for g, c in row.cells.items()
+            if c.median_us is not None and 0 < c.median_us < float("inf")
+        )
         if len(timed) < 2:
             continue
         (t1, first), (t2, second) = timed[0], timed[1]

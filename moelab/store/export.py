@@ -16,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 
+from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.job.safe_read import RunDirFileError, read_json
 from moelab.store.schema import EXPORT_TABLES, LATEST_VERSION
@@ -24,7 +25,9 @@ EXPORT_VERSION = 1
 FORMATS = {"parquet": "(FORMAT PARQUET)", "csv": "(FORMAT CSV, HEADER)", "json": "(FORMAT JSON, ARRAY true)"}
 
 
-def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: list[str] | None) -> list[Path]:
+def export_runs(
+    con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: list[str] | None, force: bool = False
+) -> list[Path]:
     if fmt not in FORMATS:
         raise MoelabError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
     known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
@@ -32,7 +35,7 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
         missing = [r for r in run_ids if r not in known]
         if missing:
             raise MoelabError(f"no such run(s): {', '.join(missing)}")
-    _check_replaceable(out)
+    _check_replaceable(out, force)
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)
@@ -52,12 +55,43 @@ def export_runs(con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: li
     return [out / name for name in names]
 
 
-def _check_replaceable(out: Path) -> None:
-    """An export replaces its folder whole: only an earlier export (or an empty folder) is replaced."""
+def _check_replaceable(out: Path, force: bool) -> None:
+    """An export replaces its folder whole: only a folder moelab wrote (an earlier export: its manifest and
+    the files that manifest names, nothing else) or an empty one is replaced, unless `force`. A folder
+    that merely holds a file called manifest.json beside others is someone else's."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise MoelabError(f"{out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not (out / "manifest.json").is_file():
-        raise MoelabError(f"{out} holds other files and is not a moelab export: give a new or empty folder")
+    if force or not out.is_dir():
+        return
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    foreign = [name for name in present if name not in _export_files(out)]
+    if foreign:
+        shown = ", ".join(safe_text(n) for n in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise MoelabError(
+            f"{out} is not a moelab export (it holds {shown}, which moelab did not write there): "
+            "give a new or empty folder, or --force to replace it whole"
+        )
+
+
+def _export_files(folder: Path) -> set[str]:
+    """The names an earlier export in `folder` wrote (its manifest and the files the manifest names); empty
+    when the folder holds no readable moelab manifest."""
+    try:
+        manifest = read_json(folder / "manifest.json", cap=64 << 20)
+    except RunDirFileError:
+        return set()
+    if not isinstance(manifest, dict) or manifest.get("export_version") != EXPORT_VERSION:
+        return set()
+    files, tables, fmt = manifest.get("files"), manifest.get("tables"), manifest.get("format")
+    if isinstance(files, dict):
+        names = {str(n) for n in files}
+    elif isinstance(tables, list) and isinstance(fmt, str):  # written before manifests held hashes
+        names = {f"{t}.{fmt}" for t in tables}
+    else:
+        return set()
+    return names | {"manifest.json"}
 
 
 def _write_tables(con: duckdb.DuckDBPyConnection, folder: Path, fmt: str, selected: list[str]) -> list[str]:
@@ -162,7 +196,20 @@ def load_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
             raise MoelabError(
                 f"{path}: not a readable {fmt} export table ({str(exc).splitlines()[0]})"
             ) from None
+    _check_runs_held(con, folder, runs)
     return list(runs)
+
+
+def _check_runs_held(con: duckdb.DuckDBPyConnection, folder: Path, runs: list[str]) -> None:
+    """Every run the manifest lists is in the export's runs table: a manifest naming a run that none of its
+    files hold describes another export (or was edited), and a baseline read from it would be empty."""
+    held = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+    missing = [r for r in runs if r not in held]
+    if missing:
+        names = ", ".join(safe_text(r) for r in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise MoelabError(
+            f"{folder}: manifest.json lists run(s) {names} that none of its files hold: not read"
+        )
 
 
 def _check_file(path: Path, files: object) -> None:

@@ -252,6 +252,10 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
     check = rec.check
     measured = rec.status == "ok" and rec.nccl_tests is None
     suspect = rec.suspect_reason or (job_suspect if measured else None)
+    ragged = ragged_reason(rec) if measured else None
+    if ragged is not None:  # a median over unequal ranks is not the case's median: marked and said
+        suspect = f"{ragged}; {suspect}" if suspect else ragged
+        rows.problems.append(f"{rec.backend} case {rec.case_id}: {ragged}")
     rows.add(
         "cases",
         backend=rec.backend,
@@ -285,6 +289,20 @@ def case_rows(rows: RunRows, spec: RunSpec, rec: CaseRecord, job_suspect: str | 
     for op in rec.ops:
         op_rows(rows, rec, op)
     attachment_rows(rows, rec)
+
+
+def ragged_reason(rec: CaseRecord) -> str | None:
+    """Why a measured case's samples are ragged (its ranks hold different numbers of samples of one op, as
+    a rank that stopped timing early leaves them), or None when every rank holds as many."""
+    for op in rec.ops:
+        counts = [len(r) for r in op.samples_us]
+        if len(set(counts)) > 1:
+            short = min(range(len(counts)), key=lambda r: counts[r])
+            return (
+                f"ragged samples: {op.op} has {min(counts)} to {max(counts)} samples per rank "
+                f"(rank {short} holds {counts[short]})"
+            )
+    return None
 
 
 def attachment_rows(rows: RunRows, rec: CaseRecord) -> None:

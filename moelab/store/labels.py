@@ -7,7 +7,7 @@ from __future__ import annotations
 import duckdb
 
 from moelab.core.errors import MoelabError
-from moelab.core.validate import require_text, validate_label
+from moelab.core.validate import normalized_name, require_text, validate_label
 
 
 def _check_name(label: str) -> str:
@@ -27,7 +27,7 @@ def set_label(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> str | 
 
 
 def remove_label(con: duckdb.DuckDBPyConnection, label: str) -> str:
-    require_text(label, "label")
+    label = normalized_name(require_text(label, "label"))
     row = con.execute("SELECT run_id FROM labels WHERE label = ?", [label]).fetchone()
     if not row:
         raise MoelabError(f"no such label: {label}")
@@ -57,8 +57,9 @@ def names_by_run(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
-    """A label (labels table), else a run's own label (newest such run), else a run id."""
-    require_text(ref, "run or label")
+    """A label (labels table), else a run's own label (newest such run), else a run id; in NFC, as labels
+    are stored."""
+    ref = normalized_name(require_text(ref, "run or label"))
     row = con.execute("SELECT run_id FROM labels WHERE label = ?", [ref]).fetchone()
     if row:
         return str(row[0])

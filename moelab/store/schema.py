@@ -254,6 +254,7 @@ RUN_TABLES = (
     "traces", "trace_kernels", "health", "ib_counters", "nccl_tests", "case_metrics", "library_figures", "measured_peaks",
     "failure_diagnosis", "measured_rates", "processes", "process_results", "process_metrics",
 )  # fmt: skip
-# an export carries the judgments too; ingest leaves them to moelab.store.judgments (judging replaces them)
-EXPORT_TABLES = (*RUN_TABLES, "judgments")
+# an export carries the judgments and the labels too; ingest leaves them to moelab.store.judgments (judging
+# replaces them) and moelab.store.labels
+EXPORT_TABLES = (*RUN_TABLES, "judgments", "labels")
 LATEST_VERSION = MIGRATIONS[-1].version

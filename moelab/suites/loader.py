@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from moelab.core.errors import SpecError
-from moelab.core.spec import CaseSpec
+from moelab.core.spec import MAX_REPEATS, CaseSpec
 from moelab.core.workload import RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
@@ -140,8 +140,8 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         if key in data and not isinstance(data[key], str):
             raise SpecError(f"{source}: {key} must be a string, got {data[key]!r}")
     repeat = data.get("repeat", 1)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-        raise SpecError(f"{source}: repeat must be a whole number of at least 1, got {repeat!r}")
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= MAX_REPEATS:
+        raise SpecError(f"{source}: repeat must be a whole number from 1 to {MAX_REPEATS:,}, got {repeat!r}")
     workload = dict(data.get("workload", {}))
     for key in workload:
         if key not in CASE_KEYS - {"sms"}:
@@ -171,6 +171,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
                 raise SpecError(f"{source}: unknown workload key {key!r} in [backend.{bname}.workload]")
         backend_axes[bname] = {k: _as_list(k, v) for k, v in dict(section.get("axes", {})).items()}
     _check_exclude(exclude, set(axes) | {k for a in backend_axes.values() for k in a} | CASE_KEYS, source)
+    _check_every_value(source, "workload", workload, axes)
+    for bname in backend_workload:
+        _check_every_value(source, f"backend.{bname}", backend_workload[bname], backend_axes[bname])
     return Suite(
         name=str(data.get("name", Path(source).stem)),
         description=str(data.get("description", "")),
@@ -182,6 +185,33 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
         source=source,
         repeat=repeat,
     )
+
+
+def _check_every_value(
+    source: str, where: str, workload: Mapping[str, Any], axes: Mapping[str, list[Any]]
+) -> None:
+    """Each workload value and axis value of the file on its own, as a case would check it: a flag that
+    replaces an axis at run time (--experts-per-rank) must not hide a value the file could never run
+    (`experts_per_rank = 1.5`). Knobs (keys that are no case key) are the backend's to check."""
+    pairs = [(f"[{where}]", k, v) for k, v in workload.items()]
+    pairs += [
+        (f"[{where}.axes]" if where != "workload" else "[axes]", k, v) for k, vs in axes.items() for v in vs
+    ]
+    for section, key, value in pairs:
+        if key not in CASE_KEYS:
+            continue
+        try:
+            if key == "sms":
+                _parse_sms(value)
+            elif key == TOTAL_EXPERTS_KEY:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise SpecError(f"experts must be a positive integer (total experts), got {value!r}")
+            else:
+                _build_workload({key: value}).check_values()
+        except SpecError as exc:
+            raise SpecError(f"{source}: {section} {key}: {exc}") from None
+        except TypeError as exc:
+            raise SpecError(f"{source}: {section} {key} = {value!r}: {exc}") from None
 
 
 def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) -> None:

@@ -37,8 +37,11 @@ overlap: kernels of the process that started inside the range's span.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 from dataclasses import dataclass, field
@@ -63,6 +66,26 @@ NAME_COLUMNS = ("shortName", "demangledName")
 NS_PER_US = 1e3
 
 
+VERSION_PROBE_S = 20.0  # `nsys --version` answers in well under a second
+
+
+def run_in_session(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """subprocess.run in a session of its own: on a timeout the whole session is killed and reaped. Killing
+    only the direct child (subprocess.run's way) left what it had started running (a wrapper script's
+    own child), holding the output pipe open."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def nsys_available(nsys: str = "nsys") -> tuple[str | None, str | None]:
     """(path, None) when `nsys` runs here, else (None, one line saying why).
 
@@ -76,7 +99,7 @@ def nsys_available(nsys: str = "nsys") -> tuple[str | None, str | None]:
             f"{nsys} not found on PATH: install Nsight Systems (or pass its path) to use --trace nsys",
         )
     try:
-        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        proc = run_in_session([path, "--version"], VERSION_PROBE_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{path} --version failed: {exc}"
     if proc.returncode != 0:
@@ -158,7 +181,7 @@ def export_sqlite(rep_path: Path, nsys: str = "nsys", timeout_s: float = 600.0) 
     out = rep_path.with_suffix(".sqlite")
     argv = [path, "export", "--type=sqlite", f"--output={out}", "--force-overwrite=true", str(rep_path)]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_in_session(argv, timeout_s)
     except subprocess.TimeoutExpired:
         raise MoelabError(f"nsys export of {rep_path} took more than {timeout_s:.0f} s") from None
     if proc.returncode != 0 or not out.exists():
@@ -166,7 +189,27 @@ def export_sqlite(rep_path: Path, nsys: str = "nsys", timeout_s: float = 600.0) 
         raise MoelabError(
             f"nsys export of {rep_path} failed ({proc.returncode}): {tail[-1] if tail else 'no output'}"
         )
+    check_sqlite_export(out)
     return out
+
+
+def check_sqlite_export(path: Path) -> None:
+    """A file nsys's export wrote is an SQLite database with tables, or one MoelabError line: a garbage
+    report (or a broken nsys) left a file that was registered as a trace and failed only when read."""
+    with contextlib.suppress(OSError), path.open("rb") as fh:
+        if fh.read(16) == b"SQLite format 3\x00":
+            try:
+                con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+                try:
+                    if _tables(con):
+                        return
+                finally:
+                    con.close()
+            except sqlite3.Error:
+                pass
+    raise MoelabError(
+        f"{path} is not an SQLite export with tables (a garbage report, or a broken nsys): not registered"
+    )
 
 
 def _tables(con: sqlite3.Connection) -> set[str]:

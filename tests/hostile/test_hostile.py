@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.hostile.second_pass  # noqa: F401  (adds the second pass's rows to CASES)
 from tests.hostile.cases import CASES, Hostile
 from tests.hostile.world import (
     Outcome,
@@ -59,6 +60,7 @@ def test_hostile_input(tmp_path: Path, template: World, c: Hostile) -> None:
     said = f"exit {out.code}\nstdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-3000:]}"
     assert out.exception is None, f"{type(out.exception).__name__}: {out.exception}\n{said}"
     assert "Traceback" not in out.stdout + out.stderr, said
+    assert "\x1b" not in out.stdout + out.stderr, f"a raw ESC byte printed\n{said}"
     assert out.code == c.code, said
     if c.expect == "error":
         assert len(out.error_lines) == 1 and c.says in out.error_lines[0], said

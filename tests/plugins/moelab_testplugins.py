@@ -155,6 +155,15 @@ class StopBackend(_OneBadRank):
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
+class ExitZeroBackend(_OneBadRank):
+    """One rank exits 0 in the middle of dispatch, leaving no record: its peers time out waiting for it."""
+
+    name = "test-exit0"
+
+    def misbehave(self) -> None:
+        os._exit(0)
+
+
 # --- a plugin library that brings its own benchmark and tune space ----------------------------------------
 
 LIB_FIGURE = "test_lib_rank0_bytes_over_mean_time"

@@ -283,7 +283,8 @@ def test_export_sqlite_runs_nsys_export(tmp_path: Path) -> None:
         "nsys",
         'if [ "$1" = "--version" ]; then echo 2025.1; exit 0; fi\n'
         'for a in "$@"; do case "$a" in --output=*) out="${a#--output=}";; esac; done\n'
-        'echo "$@" > "$out.args"; : > "$out"\n',
+        'echo "$@" > "$out.args"; '
+        f'{sys.executable} -c "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute(\'CREATE TABLE StringIds (id INTEGER)\')" "$out"\n',
     )
     assert nsys_available(str(nsys)) == (str(nsys), None)
     rep = tmp_path / "traces" / "deepep_rank0.nsys-rep"
@@ -300,6 +301,24 @@ def test_export_sqlite_runs_nsys_export(tmp_path: Path) -> None:
     ]
     with pytest.raises(MoelabError, match="no report"):
         export_sqlite(tmp_path / "missing.nsys-rep", nsys=str(nsys))
+
+
+def test_a_garbage_export_is_not_registered(tmp_path: Path) -> None:
+    """An nsys that exits 0 but leaves garbage where the SQLite export should be (issue 41): refused in one
+    line, so collect_reports does not register it as a trace."""
+    root = tmp_path / "ns"
+    _fake_tool(root, "QdstrmImporter", "exit 0\n")
+    nsys = _fake_tool(
+        root,
+        "nsys",
+        'if [ "$1" = "--version" ]; then exit 0; fi\n'
+        'for a in "$@"; do case "$a" in --output=*) out="${a#--output=}";; esac; done\n'
+        'head -c 5000 /dev/urandom > "$out"\n',
+    )
+    rep = tmp_path / "a.nsys-rep"
+    rep.write_bytes(b"garbage report")
+    with pytest.raises(MoelabError, match="is not an SQLite export with tables"):
+        export_sqlite(rep, nsys=str(nsys))
 
 
 @pytest.mark.skipif(os.name != "posix", reason="shell scripts stand in for nsys")
