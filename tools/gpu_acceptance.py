@@ -196,9 +196,15 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else b
 
 
+NCCL_TESTS_DIR: list[str] = []  # --nccl-tests-bin's folder: on PATH, so `moelab backends` finds alltoall_perf
+
+
 def child_env() -> dict[str, str]:
-    """The environment of every command: multicast off (the lent machines' rule), output unbuffered."""
+    """The environment of every command: multicast off (the lent machines' rule), output unbuffered, the
+    nccl-tests build on PATH (as a user who built it has it)."""
     env = dict(os.environ)
+    if NCCL_TESTS_DIR:
+        env["PATH"] = os.pathsep.join([*NCCL_TESTS_DIR, env.get("PATH", "")])
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("COLUMNS", "160")
@@ -676,6 +682,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         if not sep:
             p.error(f"--backend-path takes NAME=DIR, got {v!r}")
         paths[name] = str(Path(path).resolve())
+    if a.nccl_tests_bin:
+        found = Path(a.nccl_tests_bin)
+        NCCL_TESTS_DIR[:] = [str((found if found.is_dir() else found.parent).resolve())]
     gpus = a.gpus
     if gpus is None:
         gpus = 2 if a.cpu else visible_gpus()

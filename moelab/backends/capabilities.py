@@ -42,6 +42,16 @@ class HandleDispatchReason(Protocol):
 
 
 @runtime_checkable
+class ReusedReceiveBuffer(Protocol):
+    """Dispatch returns the received rows (and their routing) as views of one receive buffer that the next
+    dispatch overwrites, so two dispatches cannot be in flight at once: an overlapped schedule of the e2e
+    layer (two or more micro-batches dispatched before the first is consumed) would compute on the second's
+    rows. `reused_receive_buffer` says where the buffer lives (for the reason the layer gives)."""
+
+    reused_receive_buffer: ClassVar[str]
+
+
+@runtime_checkable
 class MaskedRouting(Protocol):
     """Dispatch takes -1 entries in topk_idx (no expert: the token goes nowhere for that slot; a token with
     no expert left is sent nowhere) and combine gives zeros for a token sent nowhere. The e2e layer's

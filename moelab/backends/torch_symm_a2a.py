@@ -107,6 +107,9 @@ class SymmHandle:
 
 class TorchSymmA2ABackend(Backend, ChainedPairs):
     name = "torch-symm-a2a"
+    # one set of symmetric buffers per case (self._current): received rows are views of `recv` (seen on
+    # 4xH200: the tbo layer's output error 1 on every rank, serial correct)
+    reused_receive_buffer = "one symmetric recv buffer per case, reused by every dispatch"
     dispatch_family = "flat"
     dispatch_family_source = (
         "torch symmetric memory all_to_all_vdev: each rank writes each peer's rows into its buffer directly"

@@ -271,3 +271,15 @@ def test_moelab_tune_searches_the_schedules_asked(tmp_path: Path) -> None:
     modes = {("mode=expert" in c, s) for c, s in trials}
     assert (True, "ok") in modes and (False, "ok") in modes
     assert not any("mode=tbo" in c for c, _ in trials)
+
+
+@pytest.mark.parametrize("mode", ["tbo", "chunked", "expert", "auto"])
+def test_a_backend_with_one_reused_receive_buffer_runs_serial_only(mode: str) -> None:
+    """torch-symm-a2a's received rows are views of one symmetric buffer the next dispatch overwrites: its
+    tbo layer read output error 1 on every rank of 4xH200 (serial correct). Every overlapped schedule is
+    refused before any kernel runs; serial is not."""
+    from moelab.backends.torch_symm_a2a import TorchSymmA2ABackend
+
+    got = schedule_reason(TorchSymmA2ABackend, _resolve(mode=mode), "nccl")
+    assert got is not None and "one receive buffer the next dispatch overwrites" in got
+    assert schedule_reason(TorchSymmA2ABackend, _resolve(mode="serial"), "nccl") is None

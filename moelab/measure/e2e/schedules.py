@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from moelab.backends.capabilities import MaskedRouting, RecvHook, ZeroSmComm
-from moelab.core.e2e_spec import E2ESettings
+from moelab.backends.capabilities import MaskedRouting, RecvHook, ReusedReceiveBuffer, ZeroSmComm
+from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 
 
 def schedule_reason(backend: type | object, settings: E2ESettings, comm_backend: str) -> str | None:
@@ -29,6 +29,12 @@ def schedule_reason(backend: type | object, settings: E2ESettings, comm_backend:
     the plan asks it for `--list-cases`, each rank again before it prepares the case."""
     cls = backend if isinstance(backend, type) else type(backend)
     name = getattr(cls, "name", cls.__name__)
+    if settings.mode in OVERLAPPED and isinstance(cls, ReusedReceiveBuffer):
+        return (
+            f"e2e mode {settings.mode} keeps several micro-batches' dispatches in flight, and {name}'s dispatch "
+            f"returns views of one receive buffer the next dispatch overwrites ({cls.reused_receive_buffer}); "
+            "run it serial"
+        )
     if settings.mode == "expert" and not isinstance(cls, MaskedRouting):
         return (
             f"e2e mode expert (expert-chunked pipelining) needs a dispatch that takes masked routing "
