@@ -34,6 +34,7 @@ Example (2 or 4 GPUs):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -48,6 +49,26 @@ from pathlib import Path
 from typing import Any
 
 MOELAB = [sys.executable, "-m", "moelab.cli.main"]
+MIN_STEP_S = 20.0  # a step is not started with less time than this left (--time-limit)
+CHILDREN: set[int] = set()  # process groups of the moelab commands in flight
+
+
+def stop_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """SIGTERM to the command's process group (moelab stores what finished), SIGKILL after `grace_s`: a
+    step stopped by its limit or by a signal to the tool leaves nothing running on the GPUs (a run left
+    behind measured as contention in the next call)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 LIBRARY_BACKENDS = ("deepep", "hybrid-ep", "nccl-tests")  # the ones `moelab verify` holds to their own tests
 HOST_JOBS = ("nccl-tests",)  # timed by their own tool: no e2e layer
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
@@ -82,6 +103,7 @@ class Settings:
     small: bool
     only: tuple[str, ...] = ()  # --backend: these of the available ones (empty: every one)
     sms: str = "default"  # the a2a run's SM counts
+    time_limit_s: float | None = None  # --time-limit: steps that would start past it are skipped, said so
 
     @property
     def db(self) -> Path:
@@ -137,19 +159,31 @@ class Runner:
         shown = " ".join(["moelab", *argv])
         res = StepResult(name=name, command=shown, status="passed")
         log = self.s.out / f"{name}.log"
+        left = self.remaining()
+        if left < MIN_STEP_S:
+            res.status, res.command = "skipped", shown
+            res.notes.append(f"not run: the time limit (--time-limit {self.s.time_limit_s:.0f} s) is spent")
+            return self.record(res)
+        limit = min(timeout_s, left)
+        proc = subprocess.Popen(
+            [*MOELAB, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+            start_new_session=True,  # its own process group: stopped whole, torchrun's ranks included
+        )
+        CHILDREN.add(proc.pid)
         try:
-            proc = subprocess.run(
-                [*MOELAB, *argv],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=child_env(),
-                start_new_session=True,
-            )
-            stdout, output, res.rc = proc.stdout, proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            stdout, output = _text(exc.stdout), _text(exc.stdout) + _text(exc.stderr)
-            res.problems.append(f"did not finish in {timeout_s:.0f} s")
+            stdout, stderr = proc.communicate(timeout=limit)
+            res.rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+            stdout, stderr = proc.communicate()
+            res.problems.append(f"did not finish in {limit:.0f} s (stopped, with every process it started)")
+        finally:
+            CHILDREN.discard(proc.pid)
+        output = stdout + stderr
         log.write_text(f"$ {shown}\n{output}")
         res.seconds = time.monotonic() - t0
         if res.rc is not None and res.rc not in expect:
@@ -163,6 +197,11 @@ class Runner:
             except Exception as exc:  # a check that cannot read what it checks is a finding, not a crash
                 res.problems.append(f"its check failed: {type(exc).__name__}: {exc}")
         return self.record(res)
+
+    def remaining(self) -> float:
+        if self.s.time_limit_s is None:
+            return float("inf")
+        return self.s.time_limit_s - (time.monotonic() - self.started)
 
     def skip(self, name: str, why: str) -> StepResult:
         return self.record(StepResult(name=name, command="", status="skipped", notes=[why]))
@@ -361,6 +400,7 @@ def step_repeat_sigterm(r: Runner) -> None:
         env=child_env(),
         start_new_session=True,
     )
+    CHILDREN.add(proc.pid)
     deadline = t0 + 300
     while proc.poll() is None and not third.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -374,9 +414,10 @@ def step_repeat_sigterm(r: Runner) -> None:
     try:
         out, _ = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, grace_s=0.0)
         out, _ = proc.communicate()
         res.problems.append("did not stop within 180 s of SIGTERM")
+    CHILDREN.discard(proc.pid)
     res.rc = proc.returncode
     res.seconds = time.monotonic() - t0
     (s.out / "repeat-sigterm.log").write_text(f"$ {shown}\n{out}")
@@ -620,8 +661,10 @@ def gpu_facts(r: Runner) -> None:
         r.facts["facts error"] = repr(exc)
 
 
-def run_all(s: Settings) -> Runner:
+def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
     r = Runner(s)
+    if keep is not None:
+        keep.append(r)
     gpu_facts(r)
     multi = s.gpus >= 2
     why_single = "needs at least 2 ranks: one GPU moves nothing over a link (this machine has 1)"
@@ -671,6 +714,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--wait-for", type=Path, default=None, metavar="FILE", help="wait for this build marker")
     p.add_argument("--wait-timeout", type=float, default=330.0, metavar="SECONDS")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per op (outcomes, not timings)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="skip the steps that would start past it",
+    )
     p.add_argument("--sms", default="default", metavar="N|default[,…]", help="the a2a run's SM counts")
     p.add_argument(
         "--backend", default="", metavar="NAME[,NAME…]", help="only these of the available backends"
@@ -705,6 +755,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         small=a.small or a.cpu,
         only=tuple(b for b in a.backend.split(",") if b),
         sms=a.sms,
+        time_limit_s=a.time_limit,
     )
 
 
@@ -735,7 +786,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if s.gpus < 1:
         print("error: no GPU visible: run with --cpu to try the tool on CPU ranks", file=sys.stderr)
         return 2
-    r = run_all(s)
+    runner: list[Runner] = []
+
+    def stopped(signum: int, _frame: object) -> None:
+        for pid in list(CHILDREN):  # each command leads its own process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        time.sleep(5.0)
+        for pid in list(CHILDREN):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        if runner:
+            runner[0].facts["stopped"] = f"by {signal.Signals(signum).name}: the steps after it did not run"
+            runner[0].write_summary()
+        print(f"stopped by {signal.Signals(signum).name}: {s.out / 'summary.md'}", file=sys.stderr)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stopped)
+    r = run_all(s, runner)
     passed = all(x.status != "failed" for x in r.results)
     print(f"{'PASSED' if passed else 'FAILED'}: {s.out / 'summary.md'}")
     return 0 if passed else 1

@@ -91,3 +91,53 @@ def test_one_rank_skips_the_multi_rank_steps_and_says_why(tmp_path: Path) -> Non
         assert steps[name]["status"] == "passed", name
     assert any("ok" in n for n in steps["e2e"]["notes"])
     assert "(1 cpu ranks): PASSED" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_tool_and_every_command_it_started(tmp_path: Path) -> None:
+    """On 4xH200 the call's timeout killed the tool in its e2e step and the `moelab run` it had started kept
+    running into the next call (measured there as contention): a signal to the tool now stops each command's
+    process group and writes the summary."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(TOOL),
+            "--cpu",
+            "--backend",
+            "nccl-a2a",
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "w"),
+        ],
+        start_new_session=True,
+    )
+    log = out / "repeat-sigterm.log"
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "w" / "runs" / "acc-repeat").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    time.sleep(1.0)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "w")], capture_output=True, text=True).stdout.split()
+    assert [p for p in left if int(p) != os.getpid()] == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert "SIGTERM" in summary["facts"]["stopped"]
+    assert not log.exists() or "Traceback" not in log.read_text()
+
+
+def test_a_spent_time_limit_skips_the_step_and_says_so(tmp_path: Path) -> None:
+    t = _tool()
+    s = t.parse_args(
+        ["--cpu", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"), "--time-limit", "5"]
+    )
+    r = t.Runner(s)
+    res = r.command("report", ["--help"])
+    assert res.status == "skipped" and "time limit" in res.notes[0]
