@@ -58,7 +58,7 @@ def _judge(
         if cand_id == base.run_id and base.where == "database":
             raise MoelabError(f"the run to check and the baseline are the same run ({cand_id})")
         cand = load_side(con, cand_id, leave_out=(base.run_id,))
-        flags = above_bound_flags(load_view(con, cand_id).results)
+        flags = above_bound_flags(load_view(con, cand_id, judged_note=False).results)
     return decide(base, cand, policy, described, env_differences(base, cand)), described, cand_id, flags
 
 

@@ -22,7 +22,11 @@ class RunView:
     notes: list[str] = field(default_factory=list)
 
 
-def load_view(con: duckdb.DuckDBPyConnection, run_id: str, peaks: PeakTable | None = None) -> RunView:
+def load_view(
+    con: duckdb.DuckDBPyConnection, run_id: str, peaks: PeakTable | None = None, judged_note: bool = True
+) -> RunView:
+    """`judged_note`: add the note on drift not judged (it asks the backend classes, so it imports torch;
+    the gate's above-bound flags need only the annotated rows)."""
     peaks = peaks or PeakTable()
     query.select_runs(con, [run_id])
     results, environment = query.results(con), query.environment(con)
@@ -32,7 +36,7 @@ def load_view(con: duckdb.DuckDBPyConnection, run_id: str, peaks: PeakTable | No
     _, knees = sections.sm_sweeps(results, [], draw=False)
     rows = summary.build(results, knees, processes=query.process_medians(con))
     notes = summary.notes(rows)
-    judged = not_judged(con, run_id)
+    judged = not_judged(con, run_id) if judged_note else None
     groups = flags.result_flags(results, several_runs=False).build()
     return RunView(
         results=results, summary_rows=rows, flag_groups=groups, notes=notes + ([judged] if judged else [])
