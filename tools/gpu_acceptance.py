@@ -126,14 +126,32 @@ class Settings:
     def launch_args(self) -> list[str]:
         return ["--cpu", "--gpus", str(self.gpus)] if self.cpu else ["--gpus", str(self.gpus)]
 
+    @property
+    def experts_per_rank(self) -> int:
+        """The reference workload at its real shape from 4 ranks (2 experts per rank), else the 8-per-rank
+        variant (2 x ranks < topk 8)."""
+        return 2 if self.gpus >= 4 else 8
+
+    @property
+    def hidden_tokens(self) -> tuple[int, int]:
+        """The reference's hidden size and tokens per rank; `--small` (CPU ranks) shrinks them to what gloo
+        moves in seconds."""
+        return (256, 128) if self.small else (8192, 4096)
+
     def workload_args(self) -> list[str]:
-        """The reference workload, at its real shape from 4 ranks (2 experts per rank), else the 8-per-rank
-        variant; `--small` (CPU ranks) shrinks it to what gloo moves in seconds."""
-        epr = "2" if self.gpus >= 4 else "8"
-        args = ["--experts-per-rank", epr]
+        """The flags that set it where the suite's reference workload is not it already."""
+        args = ["--experts-per-rank", str(self.experts_per_rank)]
         if self.small:
-            args += ["--hidden", "256", "--tokens-per-rank", "128"]
+            hidden, tokens = self.hidden_tokens
+            args += ["--hidden", str(hidden), "--tokens-per-rank", str(tokens)]
         return args
+
+    def nccl_tests_args(self, backends: Sequence[str]) -> list[str]:
+        return (
+            ["--nccl-tests-bin", self.nccl_tests_bin]
+            if self.nccl_tests_bin and "nccl-tests" in backends
+            else []
+        )
 
 
 class Runner:
@@ -319,6 +337,7 @@ def beyond_bound(db: Path, run_id: str) -> list[str]:
     console and report show, and e2e ratios outside their physical range."""
     import duckdb
 
+    from moelab.measure.e2e.metrics import BOUNDED
     from moelab.reports.run_view import load_view
 
     problems: list[str] = []
@@ -344,12 +363,10 @@ def beyond_bound(db: Path, run_id: str) -> list[str]:
         [run_id],
     )
     for backend, case_id, name, value, _ in rows:
-        if value is None:
-            continue
-        if name == "permute_over_floor" and value < 1.0:
-            problems.append(f"{backend} {case_id}: permute_over_floor {value:.2f}, below its floor of 1")
-        if name in ("gemm_roofline_share", "compute_roofline_share") and value > 1.0:
-            problems.append(f"{backend} {case_id}: {name} {value:.2f}, above its bound of 1")
+        bounded = BOUNDED.get(name)  # the range the metric's own definition declares (MetricDef.outside)
+        outside = bounded.outside(value) if bounded is not None else None
+        if outside:
+            problems.append(f"{backend} {case_id}: {name} {outside}")
     return problems
 
 
@@ -460,12 +477,21 @@ def runnable(available: Sequence[str], only: Sequence[str]) -> list[str]:
     return [b for b in available if not b.startswith("test-") and (not only or b in only)]
 
 
+def measuring_run(r: Runner, name: str, run_id: str, argv: list[str], timeout_s: float) -> str | None:
+    """A `moelab run` step: exit 0, then every stored case explained and no figure beyond its bound; the run
+    id when it passed, for the readers."""
+
+    def check(res: StepResult, out: str) -> None:
+        check_cases(res, r.s.db, run_id)
+        res.problems += beyond_bound(r.s.db, run_id)
+
+    res = r.command(name, argv, expect=(0,), timeout_s=timeout_s, check=check)
+    return run_id if res.rc == 0 else None
+
+
 def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
     s = r.s
     run_id = "acc-a2a"
-    nccl_tests = (
-        ["--nccl-tests-bin", s.nccl_tests_bin] if s.nccl_tests_bin and "nccl-tests" in backends else []
-    )
     argv = [
         "run",
         "--backend",
@@ -487,23 +513,18 @@ def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
         *s.launch_args(),
         *s.workload_args(),
         *s.path_args(backends),
-        *nccl_tests,
+        *s.nccl_tests_args(backends),
         *s.store_args(),
     ]
 
-    def check(res: StepResult, out: str) -> None:
-        check_cases(res, s.db, run_id)
-        res.problems += beyond_bound(s.db, run_id)
-
-    res = r.command("a2a", argv, expect=(0,), timeout_s=420, check=check)
-    return run_id if res.rc == 0 else None
+    return measuring_run(r, "a2a", run_id, argv, timeout_s=420)
 
 
-def e2e_suite(path: Path, backends: Sequence[str], experts_per_rank: int, small: bool) -> None:
+def e2e_suite(path: Path, backends: Sequence[str], s: Settings) -> None:
     """The MoE layer for each backend: serial and tbo, forward and forward+backward, library-default SMs;
     each backend at the payload it runs (DeepEP V1 traps on bf16 at hidden 8192: fp8)."""
     payload = {"deepep": "fp8", "mxfp8-a2a": "mxfp8"}
-    hidden, tokens = (256, 128) if small else (8192, 4096)
+    hidden, tokens = s.hidden_tokens
     lines = [
         'name = "gpu-acceptance-e2e"',
         'description = "MoE layer, serial and tbo, forward and forward+backward (tools/gpu_acceptance.py)"',
@@ -512,7 +533,7 @@ def e2e_suite(path: Path, backends: Sequence[str], experts_per_rank: int, small:
         f"hidden = {hidden}",
         f"tokens_per_rank = {tokens}",
         "topk = 8",
-        f"experts_per_rank = {experts_per_rank}",
+        f"experts_per_rank = {s.experts_per_rank}",
         'routing = "uniform"',
         "seed = 0",
         'dtype = "bf16"',
@@ -538,7 +559,7 @@ def step_e2e(r: Runner, backends: Sequence[str]) -> str | None:
     run_id = "acc-e2e"
     layer = [b for b in backends if b not in HOST_JOBS]
     suite = s.work / "e2e.toml"
-    e2e_suite(suite, layer, 2 if s.gpus >= 4 else 8, s.small)
+    e2e_suite(suite, layer, s)
     argv = [
         "run",
         "--suite",
@@ -560,12 +581,7 @@ def step_e2e(r: Runner, backends: Sequence[str]) -> str | None:
         *s.store_args(),
     ]
 
-    def check(res: StepResult, out: str) -> None:
-        check_cases(res, s.db, run_id)
-        res.problems += beyond_bound(s.db, run_id)
-
-    res = r.command("e2e", argv, expect=(0,), timeout_s=480, check=check)
-    return run_id if res.rc == 0 else None
+    return measuring_run(r, "e2e", run_id, argv, timeout_s=480)
 
 
 def step_verify(r: Runner, backends: Sequence[str]) -> None:
@@ -576,13 +592,12 @@ def step_verify(r: Runner, backends: Sequence[str]) -> None:
             "verify", "no library with its own benchmark is available here (deepep, hybrid-ep, nccl-tests)"
         )
         return
-    nccl_tests = ["--nccl-tests-bin", s.nccl_tests_bin] if s.nccl_tests_bin and "nccl-tests" in libs else []
     argv = [
         "verify",
         "--backend",
         ",".join(libs),
         "--experts-per-rank",
-        "2" if s.gpus >= 4 else "8",
+        str(s.experts_per_rank),
         "--label",
         "acc-verify",
         "--timeout",
@@ -591,7 +606,7 @@ def step_verify(r: Runner, backends: Sequence[str]) -> None:
         "200",
         "--no-health",
         *s.path_args(libs),
-        *nccl_tests,
+        *s.nccl_tests_args(libs),
         *s.store_args(),
     ]
     # verify's exit code 1 says a figure is outside ±5% of the library's: a finding it reports, not a crash

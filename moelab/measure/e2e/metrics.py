@@ -371,6 +371,21 @@ OVERLAP_BACKWARD = (
     ),
 )
 
+# every metric whose reading has a physical range (at_least / at_most), by name: what a stored value is held to
+BOUNDED = {
+    d.name: d
+    for d in LAYER
+    + COMM
+    + ROOFLINE
+    + LAYER_CHECK
+    + OVERLAP
+    + BACKWARD
+    + GRAD_CHECK
+    + ROOFLINE_BACKWARD
+    + OVERLAP_BACKWARD
+    if d.at_least is not None or d.at_most is not None
+}
+
 
 def metric_defs(settings: E2ESettings) -> tuple[MetricDef, ...]:
     """The metrics a case with these settings gets, in the order they are stored."""
