@@ -23,7 +23,11 @@ own bound (a % of peak or bound above 100, an e2e ratio beyond its physical rang
 
 DeepEP and Hybrid-EP come from `--backend-path NAME=DIR` folders built beforehand (the README's development
 section has the commands); `--wait-for FILE` waits for a marker the build writes, so the steps that need no
-library run while the libraries compile.
+library run while the libraries compile: a2a and e2e first for the backends available before the build
+(runs acc-a2a, acc-e2e), then, once the marker is there, for the ones the build made available (acc-a2a-lib,
+acc-e2e-lib). The e2e runs take no health snapshots (`--no-health`: the a2a runs prove that path, and two
+probes per backend job cost a minute and a half). A step that `--time-limit` leaves no time for is `cut`,
+and the verdict is then INCOMPLETE, not PASSED.
 
 Example (2 or 4 GPUs):
   python tools/gpu_acceptance.py --out results/gpu-acceptance/h200x4 \\
@@ -80,7 +84,7 @@ EXPLAINED_STATUSES = ("unsupported", "skipped")
 class StepResult:
     name: str
     command: str
-    status: str  # passed | failed | skipped
+    status: str  # passed | failed | skipped | cut (not started: the --time-limit was spent)
     rc: int | None = None
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -179,7 +183,7 @@ class Runner:
         log = self.s.out / f"{name}.log"
         left = self.remaining()
         if left < MIN_STEP_S:
-            res.status, res.command = "skipped", shown
+            res.status, res.command = "cut", shown
             res.notes.append(f"not run: the time limit (--time-limit {self.s.time_limit_s:.0f} s) is spent")
             return self.record(res)
         limit = min(timeout_s, left)
@@ -216,6 +220,16 @@ class Runner:
                 res.problems.append(f"its check failed: {type(exc).__name__}: {exc}")
         return self.record(res)
 
+    def passed(self) -> bool:
+        """Every step passed or was skipped for a reason of the machine (one GPU, no library): a step the
+        time limit cut is not a pass, since what it proves was not shown."""
+        return all(r.status in ("passed", "skipped") for r in self.results)
+
+    def verdict(self) -> str:
+        if any(r.status == "failed" for r in self.results):
+            return "FAILED"
+        return "PASSED" if self.passed() else "INCOMPLETE"
+
     def remaining(self) -> float:
         if self.s.time_limit_s is None:
             return float("inf")
@@ -229,7 +243,7 @@ class Runner:
             res.status = "failed"
         self.results.append(res)
         self.write_summary()
-        mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip"}[res.status]
+        mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip", "cut": "CUT "}[res.status]
         print(f"[{mark}] {res.name} ({res.seconds:.0f} s) {'; '.join(res.problems + res.notes)}", flush=True)
         return res
 
@@ -238,7 +252,8 @@ class Runner:
             "kind": self.s.kind,
             "gpus": self.s.gpus,
             "device": "cpu" if self.s.cpu else "cuda",
-            "passed": all(r.status != "failed" for r in self.results),
+            "passed": self.passed(),
+            "verdict": self.verdict(),
             "wall_s": round(time.monotonic() - self.started, 1),
             "facts": self.facts,
             "steps": [asdict(r) for r in self.results],
@@ -269,7 +284,7 @@ def child_env() -> dict[str, str]:
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    verdict = "PASSED" if summary["passed"] else "FAILED"
+    verdict = summary["verdict"]
     lines = [
         f"# GPU acceptance: {summary['kind']} ({summary['gpus']} {summary['device']} ranks): {verdict}",
         "",
@@ -454,7 +469,7 @@ def step_repeat_sigterm(r: Runner) -> None:
     r.record(res)
 
 
-def step_backends(r: Runner) -> list[str]:
+def step_backends(r: Runner, name: str = "backends") -> list[str]:
     """The backends that can run here, with the --backend-path folders."""
     found: list[str] = []
 
@@ -467,7 +482,7 @@ def step_backends(r: Runner) -> list[str]:
                 res.notes.append(f"{row['name']} unavailable: {(row['reason'] or '')[:140]}")
         r.facts["available backends"] = ", ".join(found)
 
-    r.command("backends", ["backends", "--json", *r.s.path_args()], timeout_s=180, check=check)
+    r.command(name, ["backends", "--json", *r.s.path_args()], timeout_s=180, check=check)
     return found
 
 
@@ -489,9 +504,8 @@ def measuring_run(r: Runner, name: str, run_id: str, argv: list[str], timeout_s:
     return run_id if res.rc == 0 else None
 
 
-def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
+def step_a2a(r: Runner, backends: Sequence[str], run_id: str = "acc-a2a", name: str = "a2a") -> str | None:
     s = r.s
-    run_id = "acc-a2a"
     argv = [
         "run",
         "--backend",
@@ -517,7 +531,7 @@ def step_a2a(r: Runner, backends: Sequence[str]) -> str | None:
         *s.store_args(),
     ]
 
-    return measuring_run(r, "a2a", run_id, argv, timeout_s=420)
+    return measuring_run(r, name, run_id, argv, timeout_s=420)
 
 
 def e2e_suite(path: Path, backends: Sequence[str], s: Settings) -> None:
@@ -554,11 +568,13 @@ def e2e_suite(path: Path, backends: Sequence[str], s: Settings) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def step_e2e(r: Runner, backends: Sequence[str]) -> str | None:
+def step_e2e(r: Runner, backends: Sequence[str], run_id: str = "acc-e2e", name: str = "e2e") -> str | None:
     s = r.s
-    run_id = "acc-e2e"
     layer = [b for b in backends if b not in HOST_JOBS]
-    suite = s.work / "e2e.toml"
+    if not layer:
+        r.skip(name, f"no backend here runs the MoE layer ({', '.join(backends) or 'none available'})")
+        return None
+    suite = s.work / f"{run_id}.toml"
     e2e_suite(suite, layer, s)
     argv = [
         "run",
@@ -576,12 +592,14 @@ def step_e2e(r: Runner, backends: Sequence[str]) -> str | None:
         "acc-e2e",
         "--timeout",
         "300",
+        # the a2a step proves the health snapshots; here they would cost two probes per backend job
+        "--no-health",
         *s.launch_args(),
         *s.path_args(layer),
         *s.store_args(),
     ]
 
-    return measuring_run(r, "e2e", run_id, argv, timeout_s=480)
+    return measuring_run(r, name, run_id, argv, timeout_s=480)
 
 
 def step_verify(r: Runner, backends: Sequence[str]) -> None:
@@ -613,11 +631,13 @@ def step_verify(r: Runner, backends: Sequence[str]) -> None:
     r.command("verify", argv, expect=(0, 1), timeout_s=420)
 
 
-def step_readers(r: Runner, run_id: str, baseline: str | None) -> None:
-    """compare, report, model --from-run and check on what the runs stored."""
+def step_readers(r: Runner, run_ids: Sequence[str], baseline: str | None) -> None:
+    """compare, report, model --from-run and check on what the runs stored (the runs of both phases
+    together where the libraries built while the first ran)."""
     s = r.s
     db = ["--db", str(s.db)]
-    r.command("compare", ["compare", "--run", run_id, *db], timeout_s=120)
+    runs = ",".join(run_ids)
+    r.command("compare", ["compare", "--run", runs, *db], timeout_s=120)
     report = s.work / "report.html"
 
     def report_written(res: StepResult, out: str) -> None:
@@ -625,19 +645,24 @@ def step_readers(r: Runner, run_id: str, baseline: str | None) -> None:
             res.problems.append(f"{report} not written")
 
     r.command(
-        "report", ["report", "--run", run_id, "-o", str(report), *db], timeout_s=180, check=report_written
+        "report", ["report", "--run", runs, "-o", str(report), *db], timeout_s=180, check=report_written
     )
 
     def model_json(res: StepResult, out: str) -> None:
         json.loads(out)  # the whole output is one JSON document
 
-    r.command("model", ["model", "--from-run", run_id, "--json", *db], timeout_s=120, check=model_json)
+    for i, run_id in enumerate(run_ids):
+        name = "model" if i == 0 else f"model-{run_id}"
+        r.command(name, ["model", "--from-run", run_id, "--json", *db], timeout_s=120, check=model_json)
     # the gate on real samples: the interrupted repeat run (same workload, nccl-a2a, minutes earlier, same
     # code) as the baseline. 0 pass, 3 cannot judge (noise too wide), 4 not judged (contended); a regression
     # verdict (1) between the same code minutes apart is a false alarm, a finding
     if baseline:
         r.command(
-            "check", ["check", "--run", run_id, "--baseline", baseline, *db], expect=(0, 3, 4), timeout_s=120
+            "check",
+            ["check", "--run", run_ids[0], "--baseline", baseline, *db],
+            expect=(0, 3, 4),
+            timeout_s=120,
         )
     else:
         r.skip(
@@ -677,6 +702,9 @@ def gpu_facts(r: Runner) -> None:
 
 
 def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
+    """The steps in order. With --wait-for and the libraries still compiling, the backends that need no
+    build run their a2a and e2e steps first (runs acc-a2a, acc-e2e), and the built ones after the wait
+    (acc-a2a-lib, acc-e2e-lib, same labels): the call's ten minutes hold the builds and the steps."""
     r = Runner(s)
     if keep is not None:
         keep.append(r)
@@ -688,22 +716,42 @@ def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
         step_repeat_sigterm(r)
     else:
         r.skip("repeat-sigterm", why_single)
-    wait_for_builds(r)
-    backends = runnable(step_backends(r), s.only)
-    a2a_run = step_a2a(r, backends) if multi else None
-    if not multi:
-        r.skip("a2a", why_single)
-    e2e_run = step_e2e(r, backends)
+    runs: list[tuple[str | None, str | None]] = []  # (a2a run, e2e run) of each phase
+    building = s.wait_for is not None and not s.wait_for.exists()
+    done: list[str] = []
+    if building:
+        early = runnable(step_backends(r, "backends-before-build"), s.only)
+        runs.append(measure(r, early, "", multi, why_single))
+        done = early
+        wait_for_builds(r)
+    backends = [b for b in runnable(step_backends(r), s.only) if b not in done]
+    if backends or not building:
+        runs.append(measure(r, backends, "-lib" if building else "", multi, why_single))
     if multi:
-        step_verify(r, backends)
+        step_verify(r, [*done, *backends])
     else:
         r.skip("verify", "each library's own test needs at least 2 ranks")
-    baseline = "acc-repeat" if multi else None
-    if a2a_run:
-        step_readers(r, a2a_run, baseline)
-    elif e2e_run:
-        step_readers(r, e2e_run, None)
+    a2a_runs = [a for a, _ in runs if a]
+    e2e_runs = [e for _, e in runs if e]
+    if a2a_runs:
+        # the gate holds the first a2a run (nccl-a2a is in it) against the repeat run of the same cases
+        step_readers(r, a2a_runs, "acc-repeat" if multi else None)
+    elif e2e_runs:
+        step_readers(r, e2e_runs, None)
     return r
+
+
+def measure(
+    r: Runner, backends: Sequence[str], suffix: str, multi: bool, why_single: str
+) -> tuple[str | None, str | None]:
+    """The a2a and e2e steps for these backends: their run ids where they passed."""
+    a2a = e2e = None
+    if multi:
+        a2a = step_a2a(r, backends, f"acc-a2a{suffix}", f"a2a{suffix}")
+    else:
+        r.skip(f"a2a{suffix}", why_single)
+    e2e = step_e2e(r, backends, f"acc-e2e{suffix}", f"e2e{suffix}")
+    return a2a, e2e
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -820,8 +868,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stopped)
     r = run_all(s, runner)
-    passed = all(x.status != "failed" for x in r.results)
-    print(f"{'PASSED' if passed else 'FAILED'}: {s.out / 'summary.md'}")
+    passed = r.passed()
+    print(f"{r.verdict()}: {s.out / 'summary.md'}")
     return 0 if passed else 1
 
 
