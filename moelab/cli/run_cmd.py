@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -27,7 +28,7 @@ from moelab.launch.runner import execute, is_launching_host, new_run_id
 from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, PlannedRun, RunRequest, plan_run
 from moelab.store.db import check_writable, open_db, resolve_db_path
-from moelab.store.labels import set_label
+from moelab.store.labels import label_conflict, set_label
 
 if TYPE_CHECKING:
     from moelab.reports.run_view import RunView
@@ -176,12 +177,26 @@ def run(
     _measure(planned, store, quiet, allow_empty)
 
 
+def _check_label_free(db_path: Path, run_id: str, label: str) -> None:
+    """`--label` that is another run's id is refused before measuring (set after ingest, it would fail
+    once the GPU time was spent). A store this moelab cannot read yet is left to the write path."""
+    if not db_path.exists():
+        return
+    conflict = None
+    with contextlib.suppress(MoelabError), open_db(db_path, read_only=True) as con:
+        conflict = label_conflict(con, run_id, label)
+    if conflict:
+        raise MoelabError(conflict)
+
+
 def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_empty: bool) -> None:
     """Run the planned jobs, store them, print the results; the exit code says how it went."""
     spec, runs_root = planned.spec, store.runs_root()
     db_path = resolve_db_path(store.db)
     if is_launching_host(spec):
         check_writable(db_path)  # fail now, not after measuring; other nodes never open the database
+        if store.label:
+            _check_label_free(db_path, spec.run_id, store.label)
     skipped = len(spec.cases) - len(planned.runnable)
     console.print(
         f"run {spec.run_id}: {len(planned.runnable)} cases ({skipped} skipped), run directory {runs_root / spec.run_id}"

@@ -160,10 +160,14 @@ def judge_processes(
     held_to = f"CV {100 * noise.cv:.2g}% between processes, {noise.source}"
     note = f"noise: {held_to}"
     if shift.status == noise_model.UNDERPOWERED:
-        note = (
-            f"cannot judge: {100 * shift.change:+.1f}% is within this op's noise ({held_to}); "
-            f"use --repeat {noise.repeats_needed(policy.threshold)}"
+        need = noise.repeats_needed(policy.threshold)
+        advice = (
+            f"use --repeat {need}"
+            if need < noise_model.MAX_REPEAT_ADVICE
+            else f"more starts than --repeat allows ({noise_model.MAX_REPEAT_ADVICE:,}): bring this op's noise "
+            "down first (its spread is the finding)"
         )
+        note = f"cannot judge: {100 * shift.change:+.1f}% is within this op's noise ({held_to}); {advice}"
     return Verdict(
         case=case,
         op=op,

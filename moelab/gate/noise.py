@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moelab.core.spec import MAX_REPEATS
+
 KERNEL_BOUND, HOST_SYNC = "kernel-bound", "host-sync"
 OP_CLASS = {
     "layout": HOST_SYNC,
@@ -46,7 +48,7 @@ ALPHA = 0.001  # one-sided false-alarm rate per direction
 POWER = 0.99  # chance a significant slowdown of the threshold's size is called a regression
 MIN_HISTORY_RUNS = 3  # fewer earlier runs than this: the prior, not the history
 HISTORY_RUNS = 20  # the newest earlier runs the noise is learned from (older ones may predate a change)
-MAX_REPEAT_ADVICE = 10_000
+MAX_REPEAT_ADVICE = MAX_REPEATS  # advice never names a count `--repeat` refuses
 
 UNCHANGED, REGRESSION, IMPROVEMENT, UNDERPOWERED = "unchanged", "regression", "improvement", "underpowered"
 

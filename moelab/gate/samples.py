@@ -98,7 +98,10 @@ def _cases(
         by_id[(r[0], r[11])] = side
     if has_table(con, "judgments"):
         for backend, case_id, reasons in con.execute(
-            """SELECT backend, case_id, string_agg(rule || ': ' || reason, '; ' ORDER BY judged_at, seq)
+            # a rule's reason often begins with the rule's name already ("spread: ..."): said once
+            """SELECT backend, case_id, string_agg(
+                   CASE WHEN starts_with(reason, rule || ':') THEN reason ELSE rule || ': ' || reason END,
+                   '; ' ORDER BY judged_at, seq)
                FROM judgments WHERE run_id = ? AND verdict = 'suspect' AND op IS NULL GROUP BY ALL""",
             [run_id],
         ).fetchall():

@@ -1,6 +1,7 @@
 """Names for runs. A label names one run at a time (`moelab label RUN NAME` moves it); the run's own
 `runs.label` (from `moelab run --label`) is what it was called when it ran. A name resolves through the
-labels table first, then runs.label (the newest run so called), then as a run id."""
+run ids first, then the labels table, then runs.label (the newest run so called); a label may not be
+another run's id, so a name set with `moelab label` is never hidden by one."""
 
 from __future__ import annotations
 
@@ -14,11 +15,23 @@ def _check_name(label: str) -> str:
     return validate_label(label)
 
 
+def label_conflict(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> str | None:
+    """Why `label` cannot name `run_id`: it is another run's id (a run id names one run for good; the
+    label would hide it, or be hidden by it)."""
+    name = normalized_name(label)
+    if name != run_id and con.execute("SELECT 1 FROM runs WHERE run_id = ?", [name]).fetchone():
+        return f"label {name!r} is the id of another run: a label may not hide a run id (choose another name)"
+    return None
+
+
 def set_label(con: duckdb.DuckDBPyConnection, run_id: str, label: str) -> str | None:
     """Point `label` at `run_id`; returns the run it named before (None if it is new)."""
     name = _check_name(label)
     if not con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone():
         raise MoelabError(f"no such run: {run_id}")
+    conflict = label_conflict(con, run_id, name)
+    if conflict:
+        raise MoelabError(conflict)
     row = con.execute("SELECT run_id FROM labels WHERE label = ?", [name]).fetchone()
     con.execute(
         "INSERT OR REPLACE INTO labels (label, run_id, created_at) VALUES (?, ?, now())", [name, run_id]
@@ -57,20 +70,19 @@ def names_by_run(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
-    """A label (labels table), else a run's own label (newest such run), else a run id; in NFC, as labels
-    are stored."""
+    """A run id, else a label (labels table), else a run's own label (newest such run); in NFC, as labels
+    are stored. A run id names one run for good, so it goes first: `check --run acc-a2a` checked the newest
+    run labelled acc-a2a (run acc-a2a-lib), not run acc-a2a. A label that is another run's id is refused
+    when it is set (`label_conflict`); one stored before that rule loses to the run id."""
     ref = normalized_name(require_text(ref, "run or label"))
-    row = con.execute("SELECT run_id FROM labels WHERE label = ?", [ref]).fetchone()
-    if row:
-        return str(row[0])
-    row = con.execute(
-        "SELECT run_id FROM runs WHERE label = ? ORDER BY created_at DESC, run_id DESC LIMIT 1", [ref]
-    ).fetchone()
-    if row:
-        return str(row[0])
-    row = con.execute("SELECT run_id FROM runs WHERE run_id = ?", [ref]).fetchone()
-    if row:
-        return str(row[0])
+    for sql in (
+        "SELECT run_id FROM runs WHERE run_id = ?",
+        "SELECT run_id FROM labels WHERE label = ?",
+        "SELECT run_id FROM runs WHERE label = ? ORDER BY created_at DESC, run_id DESC LIMIT 1",
+    ):
+        row = con.execute(sql, [ref]).fetchone()
+        if row:
+            return str(row[0])
     names = [r[0] for r in con.execute("SELECT label FROM labels ORDER BY label LIMIT 20").fetchall()]
     known = f" (labels: {', '.join(names)})" if names else ""
     raise MoelabError(f"no such run: {ref!r} is neither a label nor a run id{known}")

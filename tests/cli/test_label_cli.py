@@ -94,3 +94,35 @@ def test_label_lands_in_report(db: Path, tmp_path: Path) -> None:
         con.close()
     text = write_report(db, ["r3"], tmp_path / "r.html").read_text()
     assert "release-1.0" in text
+
+
+def test_a_run_id_goes_before_another_runs_own_label(tmp_path: Path) -> None:
+    """The GPU acceptance stored run acc-a2a and, later, run acc-a2a-lib, both with --label acc-a2a:
+    `check --run acc-a2a` checked acc-a2a-lib (the label pointed at the newest run) and found no case to
+    match. A run id names one run for good."""
+    path = tmp_path / "a.duckdb"
+    build_db(path, tmp_path / "runs", [
+        RunModel(run_id="acc-a2a", created_at="2026-11-20T07:00:00+00:00", label="acc-a2a", iters=5),
+        RunModel(run_id="acc-a2a-lib", created_at="2026-11-20T07:05:00+00:00", label="acc-a2a", iters=5),
+    ])  # fmt: skip
+    assert _resolve(path, "acc-a2a") == "acc-a2a"
+    assert _resolve(path, "acc-a2a-lib") == "acc-a2a-lib"
+    # a label may not be another run's id (it would hide that run, or be hidden by it)
+    result = CliRunner().invoke(_app(), ["label", "acc-a2a-lib", "acc-a2a", "--db", str(path)])
+    assert result.exit_code != 0 and "is the id of another run" in result.output
+    assert _resolve(path, "acc-a2a") == "acc-a2a"
+
+
+def test_run_refuses_a_label_that_is_another_runs_id_before_measuring(db: Path, tmp_path: Path) -> None:
+    from moelab.cli.main import app
+
+    argv = ["run", "--cpu", "--gpus", "1", "--backend", "nccl-a2a", "--hidden", "64", "--tokens-per-rank", "16"]
+    argv += ["--iters", "2", "--warmup", "1", "--label", "r1", "--db", str(db), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code != 0 and "is the id of another run" in result.output
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing measured
+    con = connect(db, read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
+    finally:
+        con.close()
