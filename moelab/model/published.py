@@ -9,11 +9,19 @@ traffic counted where it crosses no link) and fails the check; a row under 0.5 m
 and so must a row under 0.7 whose bottleneck is the NIC (there the bound is the port rate, which the
 best published kernels reach to within 70%). A row the model cannot express (a workload its source does
 not state, a fabric it has no figure for) says why in `unexpressed` and is listed, not checked.
+
+A low row is not taken on trust as link-bound: where a row of the same table, ranks and link differing in
+one setting (more SMs, kernel-only timing, more bytes per row, the dispatch of a combine) reaches a larger
+share of the same bound, the link was shown to carry more, and the row is classified by that setting
+(`Limiter`: SMs, time outside the kernel, per-row cost, the combine's own work) with that row named as the
+evidence. Only rows with no such evidence stay link-bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -34,6 +42,9 @@ else:  # pragma: no cover
 
 LOW_RATIO = 0.5  # under this a row must carry its reason
 NIC_TIGHT = 0.7  # a row whose bottleneck is the NIC must reach this, or carry its reason
+# a row of the same table must reach this much more of its bound to show the link carried more: published
+# medians of one configuration differ by a few percent from run to run
+SIBLING_MARGIN = 1.05
 ROUTING_FIELDS = ("routing", "seed", "group_ranks", "topk_groups", "zipf_s", "hot_experts", "hot_share")
 TABLE_OPTIONAL = {"history", "unexpressed"}
 TABLE_KEYS = {
@@ -264,10 +275,54 @@ def parse_dataset(name: str, doc: dict[str, Any], where: str) -> list[PublishedR
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Limiter:
+    """What sets a row's time where its own table shows the link carrying more: the setting by which the
+    evidence row differs, that row, and the share of its bound it reaches."""
+
+    kind: str  # a key of LIMITERS
+    evidence: str  # the row id that reaches more of the same link
+    evidence_ratio: float
+
+    @property
+    def text(self) -> str:
+        return f"{LIMITERS[self.kind]}: {self.evidence} reaches {self.evidence_ratio:.2f} of its bound"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "evidence": self.evidence,
+            "evidence_ratio": self.evidence_ratio,
+            "why": self.text,
+        }
+
+
+LIMITERS = {
+    "sms": "SM-limited: the same table at more SMs reaches more of the same link",
+    "api-overhead": (
+        "time outside the kernel (the torch API timing adds a device copy and flag updates): the kernel-only "
+        "time of the same configuration reaches more of the same link"
+    ),
+    "per-token": (
+        "per-token work: a row moving more bytes per token through the same ranks and link reaches more of "
+        "it, so the bytes do not set this row's time"
+    ),
+    "per-message": (
+        "per-message cost: messages of more bytes through the same ranks and link reach more of it (the "
+        "low-latency kernels send one message per (token, expert)), so the bytes do not set this row's time"
+    ),
+    "combine-path": (
+        "the combine's own work (its reduction and the reverse forwarding): the dispatch of the same "
+        "configuration, with no more bytes per row, reaches more of the same link"
+    ),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckedRow:
     row: PublishedRow
     bound: Bound
     traffic_method: str
+    limiter: Limiter | None = None  # set by check_tables from the row's own table
 
     @property
     def bound_gbps(self) -> float:
@@ -285,13 +340,19 @@ class CheckedRow:
 
     @property
     def nic_bound(self) -> bool:
-        return self.bound.bottleneck.startswith("nic")
+        """The bound's time is the NIC's and the row's own table gives no evidence of another limit."""
+        return self.bound.bottleneck.startswith("nic") and self.limiter is None
+
+    @property
+    def bottleneck(self) -> str:
+        """What sets the row's time: the limit its table shows, else the bound's slowest link."""
+        return self.limiter.kind if self.limiter else self.bound.bottleneck
 
     @property
     def problem(self) -> str | None:
         if self.ratio > 1.0:
             return f"{self.row.row_id}: published {self.row.gbps:g} GB/s is above its bound {self.bound_gbps:.1f} GB/s"
-        if self.ratio < LOW_RATIO and not self.row.reason:
+        if self.ratio < LOW_RATIO and not (self.row.reason or self.limiter):
             return f"{self.row.row_id}: published/bound {self.ratio:.2f} is under {LOW_RATIO} and the row gives no reason"
         if self.nic_bound and self.ratio < NIC_TIGHT and not self.row.reason:
             return f"{self.row.row_id}: NIC-bound, published/bound {self.ratio:.2f} is under {NIC_TIGHT} and the row gives no reason"
@@ -317,7 +378,9 @@ class CheckedRow:
             "bound_gbps": self.bound_gbps,
             "bound_time_us": self.bound.time_us,
             "ratio": self.ratio,
-            "bottleneck": self.bound.bottleneck,
+            "bottleneck": self.bottleneck,
+            "link_bottleneck": self.bound.bottleneck,
+            "limited_by": self.limiter.to_dict() if self.limiter else None,
             "nic_bound": self.nic_bound,
             "implied_bytes": self.implied_bytes,
             "model_bytes": self.bound.definitions[r.definition],
@@ -376,6 +439,53 @@ def check_row(row: PublishedRow, table: PeakTable, latency: Latency | None = Non
     return CheckedRow(row=row, bound=est.get(row.family, row.op), traffic_method=tr.method)
 
 
+def _differs_by(row: CheckedRow, other: CheckedRow) -> str | None:
+    """The one setting by which `other` differs from `row` that would explain `row` reaching less of the same
+    link (a key of LIMITERS), or None when they differ otherwise."""
+    a, b = row.row, other.row
+    assert a.workload is not None and b.workload is not None
+    same_payload = a.op == b.op and a.workload.dtype == b.workload.dtype
+    if same_payload and a.timing == b.timing and a.sms is not None and b.sms is not None and b.sms > a.sms:
+        return "sms"
+    if same_payload and a.sms == b.sms and a.timing == "torch-api" and b.timing == "kernel":
+        return "api-overhead"
+    if a.sms != b.sms or a.timing != b.timing:
+        return None
+    if other.bound.bytes_per_row > row.bound.bytes_per_row:
+        return "per-message" if a.family == "low_latency" else "per-token"
+    if (
+        a.op == "combine"
+        and b.op == "dispatch"
+        and a.workload.dtype == b.workload.dtype
+        and other.bound.bytes_per_row <= row.bound.bytes_per_row
+    ):
+        return "combine-path"
+    return None
+
+
+def limiter(row: CheckedRow, table_rows: Sequence[CheckedRow]) -> Limiter | None:
+    """The limit the row's own table shows: among the rows of the same table and ranks whose bound is set by
+    the same link and which differ from it in one setting, the one reaching the most of its bound, if it
+    reaches SIBLING_MARGIN times the row's share."""
+    best: Limiter | None = None
+    for other in table_rows:
+        if (
+            other.row.ep != row.row.ep
+            or other.bound.bottleneck != row.bound.bottleneck
+            or other.ratio < row.ratio * SIBLING_MARGIN
+        ):
+            continue
+        kind = _differs_by(row, other)
+        if kind and (best is None or other.ratio > best.evidence_ratio):
+            best = Limiter(kind=kind, evidence=other.row.row_id, evidence_ratio=other.ratio)
+    return best
+
+
+def classify(table_rows: Sequence[CheckedRow]) -> list[CheckedRow]:
+    """Each row of one table with the limit its siblings show (moelab.model.published.limiter)."""
+    return [dataclasses.replace(c, limiter=limiter(c, table_rows)) for c in table_rows]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TableCheck:
     """One published table held against the model: its rows that hold, their ratio range, and the rows the
@@ -414,6 +524,9 @@ class TableCheck:
             "ratio_max": span[1] if span else None,
             "nic_bound_rows": len(nic),
             "nic_bound_ratio_min": min(nic) if nic else None,
+            "limited_elsewhere": {
+                k: sum(1 for c in self.checked if c.limiter and c.limiter.kind == k) for k in LIMITERS
+            },
             "above_bound": [c.row.row_id for c in self.checked if c.ratio > 1.0],
             "problems": self.problems,
             "unexpressed": [{"id": r.row_id, "reason": r.unexpressed} for r in self.unexpressed],
@@ -437,7 +550,7 @@ def check_tables(
             table=t,
             title=f"{first.library}: {first.title}",
             source=f"{first.source}; {first.version}",
-            checked=tuple(c),
+            checked=tuple(classify(c)),
             unexpressed=tuple(u),
         )
         for (ds, t), (c, u, first) in out.items()
