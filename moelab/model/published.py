@@ -4,7 +4,9 @@ workload, and each row held against the bound of its own hardware.
 A row's figure is a bandwidth in a named byte definition (moelab.core.definitions: `nvl_recv` is DeepEP's
 "NVL", `rdma_pairs` its "RDMA", `ll_selections` its low-latency bytes); the bound in that definition is
 the definition's bytes over the bound time, so published / bound is the bound time over the published
-time whatever the definition. A row above 1.0 is a modelling error (a byte definition that differs, own
+time whatever the definition. A row that gives only a time (a table whose bytes are counted in a way no
+stored definition matches) is held by its time: published / bound is then the bound time over its time; a
+`roundtrip` row is one dispatch and one combine timed together, its bound the sum of the two. A row above 1.0 is a modelling error (a byte definition that differs, own
 traffic counted where it crosses no link) and fails the check; a row under 0.5 must say why in `reason`,
 and so must a row under 0.7 whose bottleneck is the NIC (there the bound is the port rate, which the
 best published kernels reach to within 70%). A row the model cannot express (a workload its source does
@@ -45,10 +47,12 @@ NIC_TIGHT = 0.7  # a row whose bottleneck is the NIC must reach this, or carry i
 # a row of the same table must reach this much more of its bound to show the link carried more: published
 # medians of one configuration differ by a few percent from run to run
 SIBLING_MARGIN = 1.05
+ROW_OPS = (*OPS, "roundtrip")  # a published row's op: one of the model's, or both in turn
 ROUTING_FIELDS = ("routing", "seed", "group_ranks", "topk_groups", "zipf_s", "hot_experts", "hot_share")
-TABLE_OPTIONAL = {"history", "unexpressed"}
+TABLE_OPTIONAL = {"history", "unexpressed", "reason"}
 TABLE_KEYS = {
     "unexpressed",
+    "reason",
     "title",
     "document",
     "commit",
@@ -140,8 +144,8 @@ class PublishedRow:
     workload: PublishedWorkload | None  # None: its source states none (the row is unexpressed)
     ep: int
     op: str
-    gbps: float
-    definition: str
+    gbps: float | None  # None: the row gives only a time
+    definition: str | None  # None with gbps
     time_us: float | None
     reason: str | None
     sms: int | None = None  # the SM count the row was measured at, where the table gives one
@@ -223,6 +227,18 @@ def _row_workload(where: str, w: dict[str, Any] | None, dtype: str | None) -> Pu
     return _workload(where, w if dtype is None else {**w, "dtype": dtype})
 
 
+def _figure(where: str, row: dict[str, Any]) -> None:
+    """A row gives a bandwidth in a stored definition, or a time alone; a roundtrip only a time (no stored
+    definition counts a dispatch and a combine together)."""
+    if "gbps" in row:
+        if row.get("definition") not in DEFINITION_ROWS or row["op"] == "roundtrip":
+            raise MoelabError(
+                f"{where}: a bandwidth needs a known definition and a dispatch or combine: {row}"
+            )
+    elif "definition" in row or not isinstance(row.get("time_us"), (int, float)):
+        raise MoelabError(f"{where}: a row gives gbps with its definition, or time_us alone: {row}")
+
+
 def parse_dataset(name: str, doc: dict[str, Any], where: str) -> list[PublishedRow]:
     ds = _keys(f"{where} [dataset]", doc.get("dataset"), DATASET_KEYS, DATASET_KEYS)
     tables = {
@@ -231,12 +247,13 @@ def parse_dataset(name: str, doc: dict[str, Any], where: str) -> list[PublishedR
     }
     rows = []
     for i, raw in enumerate(doc.get("rows", [])):
-        row = _keys(f"{where} rows[{i}]", raw, ROW_KEYS, {"table", "ep", "op", "gbps", "definition"})
+        row = _keys(f"{where} rows[{i}]", raw, ROW_KEYS, {"table", "ep", "op"})
         t = tables.get(row["table"])
         if t is None:
             raise MoelabError(f"{where} rows[{i}]: no table {row['table']!r}")
-        if row["op"] not in OPS or row["definition"] not in DEFINITION_ROWS or t["family"] not in FAMILIES:
-            raise MoelabError(f"{where} rows[{i}]: op, definition or family unknown: {row}")
+        if row["op"] not in ROW_OPS or t["family"] not in FAMILIES:
+            raise MoelabError(f"{where} rows[{i}]: op or family unknown: {row}")
+        _figure(f"{where} rows[{i}]", row)
         rows.append(
             PublishedRow(
                 dataset=name,
@@ -261,10 +278,10 @@ def parse_dataset(name: str, doc: dict[str, Any], where: str) -> list[PublishedR
                 ),
                 ep=row["ep"],
                 op=row["op"],
-                gbps=float(row["gbps"]),
-                definition=row["definition"],
+                gbps=float(row["gbps"]) if "gbps" in row else None,
+                definition=row.get("definition"),
                 time_us=row.get("time_us"),
-                reason=row.get("reason"),
+                reason=row.get("reason") or t.get("reason"),
                 sms=row.get("sms"),
                 timing=row.get("timing"),
                 dtype=row.get("dtype"),
@@ -320,38 +337,61 @@ LIMITERS = {
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckedRow:
     row: PublishedRow
-    bound: Bound
+    bound: Bound  # a roundtrip's dispatch
     traffic_method: str
     limiter: Limiter | None = None  # set by check_tables from the row's own table
+    then: Bound | None = None  # a roundtrip's combine
 
     @property
-    def bound_gbps(self) -> float:
-        return self.bound.gbps(self.row.definition)
+    def bound_time_us(self) -> float:
+        return self.bound.time_us + (self.then.time_us if self.then else 0.0)
+
+    @property
+    def link_bottleneck(self) -> str:
+        """The link that sets the bound's time (a roundtrip's: that of its longer op)."""
+        longer = max((self.bound, self.then or self.bound), key=lambda b: b.time_us)
+        return longer.bottleneck
+
+    @property
+    def bound_gbps(self) -> float | None:
+        return None if self.row.definition is None else self.bound.gbps(self.row.definition)
 
     @property
     def ratio(self) -> float:
+        if self.row.gbps is None or self.bound_gbps is None:
+            assert self.row.time_us is not None  # parse_dataset: a row without gbps gives its time
+            return self.bound_time_us / self.row.time_us
         return self.row.gbps / self.bound_gbps
 
     @property
     def implied_bytes(self) -> float | None:
         """A row that gives both a time and a bandwidth implies its bytes: against the model's, a check of
         the byte definition."""
-        return None if self.row.time_us is None else self.row.gbps * self.row.time_us * 1e3
+        if self.row.time_us is None or self.row.gbps is None:
+            return None
+        return self.row.gbps * self.row.time_us * 1e3
 
     @property
     def nic_bound(self) -> bool:
         """The bound's time is the NIC's and the row's own table gives no evidence of another limit."""
-        return self.bound.bottleneck.startswith("nic") and self.limiter is None
+        return self.link_bottleneck.startswith("nic") and self.limiter is None
 
     @property
     def bottleneck(self) -> str:
         """What sets the row's time: the limit its table shows, else the bound's slowest link."""
-        return self.limiter.kind if self.limiter else self.bound.bottleneck
+        return self.limiter.kind if self.limiter else self.link_bottleneck
+
+    @property
+    def figure(self) -> str:
+        r = self.row
+        if r.gbps is not None and self.bound_gbps is not None:
+            return f"published {r.gbps:g} GB/s is above its bound {self.bound_gbps:.1f} GB/s"
+        return f"published {r.time_us:g} us is under its bound {self.bound_time_us:.1f} us"
 
     @property
     def problem(self) -> str | None:
         if self.ratio > 1.0:
-            return f"{self.row.row_id}: published {self.row.gbps:g} GB/s is above its bound {self.bound_gbps:.1f} GB/s"
+            return f"{self.row.row_id}: {self.figure}"
         if self.ratio < LOW_RATIO and not (self.row.reason or self.limiter):
             return f"{self.row.row_id}: published/bound {self.ratio:.2f} is under {LOW_RATIO} and the row gives no reason"
         if self.nic_bound and self.ratio < NIC_TIGHT and not self.row.reason:
@@ -376,14 +416,14 @@ class CheckedRow:
             "published_gbps": r.gbps,
             "published_time_us": r.time_us,
             "bound_gbps": self.bound_gbps,
-            "bound_time_us": self.bound.time_us,
+            "bound_time_us": self.bound_time_us,
             "ratio": self.ratio,
             "bottleneck": self.bottleneck,
-            "link_bottleneck": self.bound.bottleneck,
+            "link_bottleneck": self.link_bottleneck,
             "limited_by": self.limiter.to_dict() if self.limiter else None,
             "nic_bound": self.nic_bound,
             "implied_bytes": self.implied_bytes,
-            "model_bytes": self.bound.definitions[r.definition],
+            "model_bytes": self.bound.definitions[r.definition] if r.definition else None,
             "reason": r.reason,
             "problem": self.problem,
             "hardware": {
@@ -402,6 +442,7 @@ class CheckedRow:
             },
             "traffic": self.traffic_method,
             "bound": self.bound.to_dict(),
+            "then": self.then.to_dict() if self.then else None,
         }
 
 
@@ -436,6 +477,13 @@ def check_row(row: PublishedRow, table: PeakTable, latency: Latency | None = Non
         families=(row.family,),
         latency=latency,
     )
+    if row.op == "roundtrip":
+        return CheckedRow(
+            row=row,
+            bound=est.get(row.family, "dispatch"),
+            then=est.get(row.family, "combine"),
+            traffic_method=tr.method,
+        )
     return CheckedRow(row=row, bound=est.get(row.family, row.op), traffic_method=tr.method)
 
 
@@ -471,7 +519,7 @@ def limiter(row: CheckedRow, table_rows: Sequence[CheckedRow]) -> Limiter | None
     for other in table_rows:
         if (
             other.row.ep != row.row.ep
-            or other.bound.bottleneck != row.bound.bottleneck
+            or other.link_bottleneck != row.link_bottleneck
             or other.ratio < row.ratio * SIBLING_MARGIN
         ):
             continue
