@@ -4,12 +4,16 @@ the same bound names the limit, and only rows with no such evidence count as NIC
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from moelab.cli.main import app
 from moelab.core.errors import MoelabError
 from moelab.model.links import PeakTable
 from moelab.model.published import (
@@ -65,6 +69,20 @@ def _dataset(rows: list[dict[str, Any]], family: str = "hierarchical") -> dict[s
     }
 
 
+def _toml(doc: dict[str, Any]) -> str:
+    """The synthetic dataset as a published_tables file (JSON scalars are TOML scalars here)."""
+
+    def pairs(d: dict[str, Any]) -> list[str]:
+        return [f"{k} = {json.dumps(v)}" for k, v in d.items() if not isinstance(v, dict)]
+
+    table = doc["tables"]["t"]
+    inline = ", ".join(f"{k} = {json.dumps(v)}" for k, v in table["workload"].items())
+    lines = ["[dataset]", *pairs(doc["dataset"]), "[tables.t]", *pairs(table), f"workload = {{ {inline} }}"]
+    for r in doc["rows"]:
+        lines += ["[[rows]]", *pairs(r)]
+    return "\n".join(lines) + "\n"
+
+
 def _classified(rows: list[dict[str, Any]], family: str = "hierarchical") -> dict[str, CheckedRow]:
     checked = [check_row(r, TABLE) for r in parse_dataset("x", _dataset(rows, family), "x.toml")]
     return {c.row.row_id: c for c in classify(checked)}
@@ -73,6 +91,7 @@ def _classified(rows: list[dict[str, Any]], family: str = "hierarchical") -> dic
 def _gbps_at(ratio: float, **row: Any) -> float:
     """The published GB/s that is `ratio` of the row's bound."""
     probe = check_row(parse_dataset("x", _dataset([{"gbps": 1.0} | row]), "x.toml")[0], TABLE)
+    assert probe.bound_gbps is not None
     return ratio * probe.bound_gbps
 
 
@@ -250,3 +269,43 @@ def test_aws_comparison_tables_are_built_in_as_published() -> None:
     assert (rows[p5 + "dispatch"].gbps, rows[p5 + "combine"].gbps) == (43.7, 46.1)
     assert all(r.repository == "https://github.com/awslabs/awsome-distributed-ai" for r in rows.values())
     assert len(rows) == 12 + 18 + 16
+
+
+def test_check_published_names_each_rows_limit_through_the_command(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["model", "--check-published", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    rows = {r["id"]: r for r in doc["rows"]}
+    sm4 = rows["hybrid-ep-h100/h100/ep16/dispatch/bf16/sm4/kernel"]
+    assert sm4["bottleneck"] == "sms" and sm4["link_bottleneck"] == "nic recv" and not sm4["nic_bound"]
+    assert sm4["limited_by"]["evidence"] == "hybrid-ep-h100/h100/ep16/dispatch/bf16/sm8/kernel"
+    under = doc["summary"]["nic_bound_under_tight"]
+    assert under and all(u["reason"] and u["ratio"] < NIC_TIGHT for u in under)
+    assert {u["id"] for u in under} == {
+        r["id"] for r in doc["rows"] if r["nic_bound"] and r["ratio"] < NIC_TIGHT
+    }
+    assert sum(doc["summary"]["limited_elsewhere"].values()) == sum(1 for r in doc["rows"] if r["limited_by"])
+    text = CliRunner().invoke(app, ["model", "--check-published"], env={"COLUMNS": "250"})
+    assert text.exit_code == 0 and "SM-limited" in text.stdout
+
+
+@pytest.mark.parametrize(("with_sibling", "exit_code"), [(True, 0), (False, 1)])
+def test_a_low_nic_row_passes_the_command_only_with_evidence_or_a_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, with_sibling: bool, exit_code: int
+) -> None:
+    """A NIC-bound row at 0.6 with no reason fails `--check-published`; the same row beside its table's
+    row at more SMs reaching 0.8 is SM-limited and passes."""
+    row = {"op": "dispatch", "dtype": "bf16", "timing": "kernel"}
+    rows = [row | {"sms": 4, "gbps": _gbps_at(0.6, **row)}]
+    if with_sibling:
+        rows.append(row | {"sms": 8, "gbps": _gbps_at(0.8, **row)})
+    doc = _dataset(rows)
+    for r in doc["rows"]:
+        del r["reason"]
+    path = tmp_path / "x.toml"
+    path.write_text(_toml(doc))
+    monkeypatch.setattr("moelab.model.published.dataset_paths", lambda: {"x": path})
+    res = CliRunner().invoke(app, ["model", "--check-published", "--json"])
+    assert res.exit_code == exit_code, res.output
+    if not with_sibling:
+        assert "under 0.7 and the row gives no reason" in res.stderr
