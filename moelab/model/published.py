@@ -5,12 +5,15 @@ A row's figure is a bandwidth in a named byte definition (moelab.core.definition
 "NVL", `rdma_pairs` its "RDMA", `ll_selections` its low-latency bytes); the bound in that definition is
 the definition's bytes over the bound time, so published / bound is the bound time over the published
 time whatever the definition. A row that gives only a time (a table whose bytes are counted in a way no
-stored definition matches) is held by its time: published / bound is then the bound time over its time; a
-`roundtrip` row is one dispatch and one combine timed together, its bound the sum of the two. A row above 1.0 is a modelling error (a byte definition that differs, own
-traffic counted where it crosses no link) and fails the check; a row under 0.5 must say why in `reason`,
-and so must a row under 0.7 whose bottleneck is the NIC (there the bound is the port rate, which the
-best published kernels reach to within 70%). A row the model cannot express (a workload its source does
-not state, a fabric it has no figure for) says why in `unexpressed` and is listed, not checked.
+stored definition matches) is held by its time: published / bound is then the bound time over its time;
+a `roundtrip` row is one dispatch and one combine timed together, its bound the sum of the two.
+
+A row above 1.0 is a modelling error (a byte definition that differs, own traffic counted where it crosses
+no link) and fails the check; a row under 0.5 must say why in `reason`, and so must a row under 0.7 whose
+bottleneck is the NIC (there the bound is the port rate, which the best published kernels reach to within
+70%); a table may give one `reason` that holds for all its rows. A row the model cannot express (a
+workload its source does not state, a fabric it has no figure for) says why in `unexpressed` and is
+listed, not checked.
 
 A low row is not taken on trust as link-bound: where a row of the same table, ranks and link differing in
 one setting (more SMs, kernel-only timing, more bytes per row, the dispatch of a combine) reaches a larger
