@@ -302,9 +302,12 @@ class Limiter:
     kind: str  # a key of LIMITERS
     evidence: str  # the row id that reaches more of the same link
     evidence_ratio: float
+    evidence_time_us: float | None = None  # where the rows compare by time (another library's)
 
     @property
     def text(self) -> str:
+        if self.evidence_time_us is not None:
+            return f"{LIMITERS[self.kind]}: {self.evidence} takes {self.evidence_time_us:g} us"
         return f"{LIMITERS[self.kind]}: {self.evidence} reaches {self.evidence_ratio:.2f} of its bound"
 
     def to_dict(self) -> dict[str, Any]:
@@ -312,6 +315,7 @@ class Limiter:
             "kind": self.kind,
             "evidence": self.evidence,
             "evidence_ratio": self.evidence_ratio,
+            "evidence_time_us": self.evidence_time_us,
             "why": self.text,
         }
 
@@ -333,6 +337,11 @@ LIMITERS = {
     "combine-path": (
         "the combine's own work (its reduction and the reverse forwarding): the dispatch of the same "
         "configuration, with no more bytes per row, reaches more of the same link"
+    ),
+    "implementation": (
+        "the library, not the hardware: another library on the same page, hardware and workload does the "
+        "same op faster (a larger share of the same bound in the same byte definition, or, where the page "
+        "gives times alone at one common boundary, less time)"
     ),
 }
 
@@ -532,9 +541,46 @@ def limiter(row: CheckedRow, table_rows: Sequence[CheckedRow]) -> Limiter | None
     return best
 
 
-def classify(table_rows: Sequence[CheckedRow]) -> list[CheckedRow]:
-    """Each row of one table with the limit its siblings show (moelab.model.published.limiter)."""
-    return [dataclasses.replace(c, limiter=limiter(c, table_rows)) for c in table_rows]
+def _same_case(a: CheckedRow, b: CheckedRow) -> bool:
+    x, y = a.row, b.row
+    assert x.workload is not None and y.workload is not None
+    same = (x.ep, x.op, x.sms, x.timing, x.workload.dtype) == (y.ep, y.op, y.sms, y.timing, y.workload.dtype)
+    return same and a.link_bottleneck == b.link_bottleneck
+
+
+def implementation(row: CheckedRow, other_tables: Sequence[CheckedRow]) -> Limiter | None:
+    """Where another library's table of the same dataset (one page: the same hardware and workload) does the
+    row's case faster: by the share of the same bound in the same definition, or, where both rows give a
+    time alone (a common-boundary comparison), by time; the fastest such row, if SIBLING_MARGIN faster."""
+    best: tuple[float, Limiter] | None = None
+    for other in other_tables:
+        if not _same_case(row, other):
+            continue
+        a, b = row.row, other.row
+        if a.gbps is None and b.gbps is None and a.time_us and b.time_us:
+            gain, time_us = a.time_us / b.time_us, b.time_us
+        elif a.gbps is not None and (a.family, a.definition) == (b.family, b.definition):
+            gain, time_us = other.ratio / row.ratio, None
+        else:
+            continue
+        if gain >= SIBLING_MARGIN and (best is None or gain > best[0]):
+            found = Limiter(
+                kind="implementation",
+                evidence=b.row_id,
+                evidence_ratio=other.ratio,
+                evidence_time_us=time_us,
+            )
+            best = (gain, found)
+    return best[1] if best else None
+
+
+def classify(table_rows: Sequence[CheckedRow], other_tables: Sequence[CheckedRow] = ()) -> list[CheckedRow]:
+    """Each row of one table with the limit its siblings show (moelab.model.published.limiter), else the
+    one another library's table of the same page shows (implementation)."""
+    return [
+        dataclasses.replace(c, limiter=limiter(c, table_rows) or implementation(c, other_tables))
+        for c in table_rows
+    ]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -595,13 +641,16 @@ def check_tables(
             unexpressed.append(r)
         else:
             checked.append(check_row(r, table, latency))
+    by_dataset: dict[str, list[CheckedRow]] = {}
+    for (ds, _), (c, _, _) in out.items():
+        by_dataset.setdefault(ds, []).extend(c)
     return [
         TableCheck(
             dataset=ds,
             table=t,
             title=f"{first.library}: {first.title}",
             source=f"{first.source}; {first.version}",
-            checked=tuple(classify(c)),
+            checked=tuple(classify(c, [o for o in by_dataset[ds] if o.row.table != t])),
             unexpressed=tuple(u),
         )
         for (ds, t), (c, u, first) in out.items()
