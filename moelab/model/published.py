@@ -542,9 +542,9 @@ def limiter(row: CheckedRow, table_rows: Sequence[CheckedRow]) -> Limiter | None
 
 
 def _same_case(a: CheckedRow, b: CheckedRow) -> bool:
+    """The same op, ranks, workload, SMs and timing, its bound set by the same link."""
     x, y = a.row, b.row
-    assert x.workload is not None and y.workload is not None
-    same = (x.ep, x.op, x.sms, x.timing, x.workload.dtype) == (y.ep, y.op, y.sms, y.timing, y.workload.dtype)
+    same = (x.ep, x.op, x.sms, x.timing, x.workload) == (y.ep, y.op, y.sms, y.timing, y.workload)
     return same and a.link_bottleneck == b.link_bottleneck
 
 

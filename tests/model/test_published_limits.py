@@ -329,3 +329,17 @@ def test_another_library_on_the_same_page_doing_the_op_faster_is_implementation(
     assert fastest.limiter is None and fastest.nic_bound and fastest.row.reason
     v2_prefill = checked["aws-ep-comparison-p6-b200/native_prefill_deepep_v2/ep16/combine"]
     assert v2_prefill.limiter is None
+
+
+@pytest.mark.parametrize(("tokens", "classified"), [(4096, True), (2048, False)])
+def test_implementation_compares_libraries_only_on_the_same_workload(tokens: int, classified: bool) -> None:
+    row = {"op": "dispatch", "dtype": "bf16"}
+    doc = _dataset([row | {"gbps": _gbps_at(0.5, **row)}])
+    other = json.loads(json.dumps(doc["tables"]["t"]))
+    other["workload"]["tokens_per_rank"] = tokens
+    doc["tables"]["u"] = other
+    doc["rows"].append({"table": "u", "ep": 16, "definition": "rdma_pairs", "gbps": 1000.0} | row)
+    doc["rows"][-1]["gbps"] = _gbps_at(0.9, **row)  # 0.9 of the 4096-token bound
+    (t,) = [c for c in check_tables(parse_dataset("x", doc, "x.toml"), TABLE) if c.table == "t"]
+    (low,) = t.checked
+    assert (low.limiter is not None and low.limiter.kind == "implementation") is classified
