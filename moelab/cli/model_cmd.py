@@ -18,7 +18,7 @@ from moelab.core.errors import MoelabError, SpecError
 from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
 from moelab.model.links import load_peaks
-from moelab.model.published import TableCheck, check_tables, load_rows
+from moelab.model.published import LIMITERS, NIC_TIGHT, TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
 
@@ -183,6 +183,14 @@ def _check_published(json_out: bool, peaks: Path | None, latency: Latency) -> No
             "rows_unexpressed": sum(len(t.unexpressed) for t in tables),
             "nic_bound_rows": sum(1 for c in checked if c.nic_bound),
             "nic_bound_ratio_min": min((c.ratio for c in checked if c.nic_bound), default=None),
+            "nic_bound_under_tight": [
+                {"id": c.row.row_id, "ratio": c.ratio, "reason": c.row.reason}
+                for c in checked
+                if c.nic_bound and c.ratio < NIC_TIGHT
+            ],
+            "limited_elsewhere": {
+                k: sum(1 for c in checked if c.limiter and c.limiter.kind == k) for k in LIMITERS
+            },
         }
         doc = {
             "ok": not problems,
@@ -220,7 +228,15 @@ def _print_tables(tables: list[TableCheck]) -> None:
         title="published tables against the bound of their own hardware",
     )
     print_table(
-        ["row", "published GB/s", "definition", "bound GB/s", "published / bound", "bottleneck", "reason"],
+        [
+            "row",
+            "published GB/s",
+            "definition",
+            "bound GB/s",
+            "published / bound",
+            "bottleneck",
+            "limited by, reason",
+        ],
         [
             [
                 c.row.row_id,
@@ -228,8 +244,8 @@ def _print_tables(tables: list[TableCheck]) -> None:
                 c.row.definition,
                 c.bound_gbps,
                 c.ratio,
-                c.bound.bottleneck,
-                c.row.reason or "",
+                c.bottleneck,
+                "; ".join(x for x in (c.limiter.text if c.limiter else "", c.row.reason or "") if x),
             ]
             for t in tables
             for c in t.checked

@@ -160,7 +160,7 @@ def published_beside(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         for p in rows:
-            if not _matches(p, r):
+            if p.gbps is None or not _matches(p, r):  # a published time alone has no bandwidth to set beside
                 continue
             measured = _measured_gbps(p, r)
             bound = measured / r["frac_bound"] if measured is not None and r.get("frac_bound") else None
