@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.hostile.world import NEW_RUN, REPO, World
+from tests.hostile.world import NEW_RUN, REPO, Outcome, World
 
 Argv = list[Any]
 
@@ -34,10 +34,16 @@ class Hostile:
     expect: str  # "error" | "failure" | "ok"
     says: str
     store: str = "unchanged"  # | "once"
-    once: str | None = None
-    via: str = "cli"  # "cli" (CliRunner), "proc" (a `python -m moelab.cli.main` subprocess), "signal"
+    once: str | tuple[str, ...] | None = None  # the run (or runs) stored exactly once
+    via: str = "cli"  # "cli" (CliRunner), "proc" (a `python -m moelab.cli.main` subprocess), "during" (a
+    # subprocess the case acts on while it runs: World.signal or World.act once World.ready holds)
     slow: bool = False
     xfail: str | None = None
+    check: Callable[[World, Outcome], None] | None = None  # what else the case must show
+
+    @property
+    def stored_once(self) -> tuple[str, ...]:
+        return (self.once,) if isinstance(self.once, str) else tuple(self.once or ())
 
 
 CASES: list[Hostile] = []
@@ -593,6 +599,7 @@ def _nan(w: World) -> Argv:
     con = duckdb.connect(str(w.db))
     con.execute("UPDATE results SET median_us = 'nan'::DOUBLE WHERE run_id = 'r1' AND op = 'dispatch'")
     con.close()
+    w.outputs.append(w.path("history.html"))
     return ["report", "--history", "-o", str(w.path("history.html")), "--db", str(w.db)]
 
 
@@ -729,6 +736,6 @@ for _sig, _code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         "was interrupted",
         store="once",
         once="r-sig",
-        via="signal",
+        via="during",
         slow=True,
     )(_stopped)

@@ -36,11 +36,13 @@ def _export_force(w: World) -> Argv:
     out = w.path("site")
     out.mkdir()
     (out / "index.html").write_text("<h1>mine</h1>")
+    w.outputs.append(out)
     return ["db", "export", "--out", str(out), "--force", "--db", str(w.db)]
 
 
 @case("export-carries-the-labels", "export", 0, "ok", "labels.parquet")
 def _export_labels(w: World) -> Argv:
+    w.outputs.append(w.path("e"))
     return ["db", "export", "--out", str(w.path("e")), "--db", str(w.db)]
 
 
@@ -67,6 +69,7 @@ def _label_bidi(w: World) -> Argv:
 @case("label-nfd-finds-the-nfc-label", "labels", 0, "ok", "manifest.json")
 def _label_nfd(w: World) -> Argv:
     assert w.cli(["label", "r1", "caf\u00e9", "--db", str(w.db)]).code == 0
+    w.outputs.append(w.path("e"))
     return ["db", "export", "--out", str(w.path("e")), "--run", "cafe\u0301", "--db", str(w.db)]
 
 
@@ -91,7 +94,7 @@ for _version in (1, 3, 7):
     "was interrupted",
     store="once",
     once="r-sig",
-    via="signal",
+    via="during",
     slow=True,
 )
 def _hangup(w: World) -> Argv:
