@@ -33,7 +33,7 @@ class Hostile:
     code: int
     expect: str  # "error" | "failure" | "ok"
     says: str
-    store: str = "unchanged"  # | "once"
+    store: str = "unchanged"  # | "once" | "migrated" (an older store migrated: `check` reads it)
     once: str | tuple[str, ...] | None = None  # the run (or runs) stored exactly once
     via: str = "cli"  # "cli" (CliRunner), "proc" (a `python -m moelab.cli.main` subprocess), "during" (a
     # subprocess the case acts on while it runs: World.signal or World.act once World.ready holds)

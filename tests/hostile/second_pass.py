@@ -8,7 +8,7 @@ import os
 import signal
 
 from tests.hostile.cases import RUN_ARGS, Argv, case, with_db
-from tests.hostile.world import NEW_RUN, REPO, World
+from tests.hostile.world import REPO, World
 
 # --- exports: a folder moelab did not write is never replaced; labels travel; manifests are checked whole --
 
@@ -271,11 +271,6 @@ def _peaks_inf(w: World) -> Argv:
     return ["model", "--peaks", str(w.path("peaks.toml"))]
 
 
-@case("model-from-run-json-prints-only-json", "model", 0, "ok", '"bounds"')
-def _from_run_json(w: World) -> Argv:
-    return ["model", "--from-run", "r1", "--experts-per-rank", "4", "--json", "--db", str(w.db)]
-
-
 # --- outputs written after measuring are checked before it ---------------------------------------------------
 
 
@@ -360,20 +355,6 @@ def make_ragged(w: World) -> None:
     record = json.loads(first)
     record["ops"][0]["samples_us"][1] = record["ops"][0]["samples_us"][1][:1]
     w.write_results(b"\n".join([json.dumps(record).encode(), *rest]) + b"\n")
-
-
-@case(
-    "ingest-ragged-samples-stored-and-flagged",
-    "ingest",
-    0,
-    "ok",
-    "stored run r-new",
-    store="once",
-    once=NEW_RUN,
-)
-def _ragged(w: World) -> Argv:
-    make_ragged(w)
-    return ["ingest", str(w.new_run), "--db", str(w.db)]
 
 
 # --- ulimit -n 12: a cause, not a job timed out with none ------------------------------------------------

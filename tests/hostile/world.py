@@ -56,9 +56,10 @@ class World:
     env: dict[str, str] = field(default_factory=dict)  # for a subprocess case: its environment's changes
     preexec: Callable[[], None] | None = None  # for a subprocess case: run in the child before moelab
     signal: signal.Signals | None = None  # for a signal case: what to send, once `ready` holds a line
-    ready: Path | float | None = None  # a file that holds a line, or seconds after the start
+    ready: Path | float | Callable[[], bool] | None = None  # a file holding a line, seconds, or a test
     act: Callable[[subprocess.Popen[bytes]], None] | None = None  # what to do then (else: send `signal`)
     others: list[Outcome] = field(default_factory=list)  # commands an act ran beside the case's own
+    patches: dict[str, object] = field(default_factory=dict)  # for an in-process case: attributes replaced
     outputs: list[Path] = field(default_factory=list)  # where a case may write, besides runs/ and the store
 
     def __post_init__(self) -> None:
@@ -229,6 +230,8 @@ class World:
     def is_ready(self, t0: float) -> bool:
         if isinstance(self.ready, float | int):
             return time.monotonic() - t0 >= self.ready
+        if callable(self.ready):
+            return self.ready()
         return self.ready is not None and self.ready.exists() and bool(self.ready.read_text().strip())
 
     def interfered(self, argv: list[str], timeout: float = 240) -> Outcome:
