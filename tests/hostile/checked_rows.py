@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import ENTRY_POINTS, PLUGIN_SRC
@@ -267,3 +268,63 @@ def _interrupted_repeat(w: World) -> Argv:
         shutil.rmtree(run_dir / "nccl-a2a" / f"r{k}")
     RunDir(run_dir).set_status("interrupted", signal="SIGINT")
     return ["ingest", str(run_dir), "--db", str(w.db)]
+
+
+# --- a trace registered in a run directory that is not what it says -----------------------------------------
+
+
+def _traces(w: World, report: bytes, export: bytes | None, rel: str | None = None) -> None:
+    """Rank 0's nsys report and SQLite export in the job's traces folder, registered in nsys_traces.json as
+    the runner registers them (`export` None: a real SQLite export with a table)."""
+    import sqlite3
+
+    from moelab.job.rundir import JobFiles
+
+    files = JobFiles(w.new_run, "nccl-a2a")
+    folder = files.dir / "traces"
+    folder.mkdir(exist_ok=True)
+    rep, db = folder / "nccl-a2a_rank0.nsys-rep", folder / "nccl-a2a_rank0.sqlite"
+    rep.write_bytes(report)
+    if export is None:
+        with sqlite3.connect(db) as con:
+            con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    else:
+        db.write_bytes(export)
+    rows = [
+        {"rank": 0, "kind": "nsys", "path": rel or str(rep.relative_to(w.new_run)), "size_bytes": 1},
+        {"rank": 0, "kind": "nsys-sqlite", "path": str(db.relative_to(w.new_run)), "size_bytes": 1},
+    ]
+    files.write_nsys_traces(rows, None)
+
+
+def _registered_only(kind: str, warned: str) -> Callable[[World, Outcome], None]:
+    def check(w: World, out: Outcome) -> None:
+        warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and warned in warnings[0], out.stderr
+        assert rows_of(w.db, "SELECT kind FROM traces WHERE run_id = ?", [NEW_RUN]) == [(kind,)]
+
+    return check
+
+
+GOOD_REPORT = b"NVIDIA Tegra Profiler Report 2024@6@1\n" + bytes(range(256))
+
+
+@case("ingest-garbage-nsys-report-not-registered", "ingest", 0, "ok", "stored run r-new", store="once",
+      once=NEW_RUN, check=_registered_only("nsys-sqlite", "nccl-a2a_rank0.nsys-rep is not an nsys report"))  # fmt: skip
+def _garbage_report(w: World) -> Argv:
+    _traces(w, os.urandom(5000), None)
+    return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
+@case("ingest-garbage-sqlite-export-not-registered", "ingest", 0, "ok", "stored run r-new", store="once",
+      once=NEW_RUN, check=_registered_only("nsys", "nccl-a2a_rank0.sqlite is not an SQLite export"))  # fmt: skip
+def _garbage_export(w: World) -> Argv:
+    _traces(w, GOOD_REPORT, b"SQLite format 3\x00" + os.urandom(5000))
+    return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
+@case("ingest-trace-path-outside-the-run-directory", "ingest", 0, "ok", "stored run r-new", store="once",
+      once=NEW_RUN, check=_registered_only("nsys-sqlite", "is not a path inside the run directory"))  # fmt: skip
+def _trace_outside(w: World) -> Argv:
+    _traces(w, GOOD_REPORT, None, rel="../r1/spec.json")
+    return ["ingest", str(w.new_run), "--db", str(w.db)]

@@ -78,7 +78,7 @@ def _ingest_twice(w: World) -> Argv:
 
 
 for _name, _reader, _says in (
-    ("report", ["report", "-o", "r.html"], "report written"),
+    ("report", ["report", "-o", "r.html"], "report: "),
     ("compare", ["compare", "--run", "r1", "--run", "r2", "--by", "run"], ""),
     ("db-export", ["db", "export", "--out", "exported"], "manifest.json"),
 ):
