@@ -45,6 +45,7 @@ from moelab.core.case_record import RECORD_VERSION, CaseRecord
 from moelab.core.library_figures import VerifyRow
 from moelab.core.peaks import MeasuredPeak, MeasuredRate
 from moelab.core.spec import SPEC_VERSION, RunSpec
+from moelab.core.validate import plain_name_problem
 from moelab.job.safe_read import RunDirFileError, expect, iter_lines, read_json, tail_text
 
 RUNDIR_VERSION = 1
@@ -401,9 +402,17 @@ class RunDir:
                 "ingest it with the moelab that wrote it"
             )
         try:
-            return RunSpec.from_dict(data)
+            spec = RunSpec.from_dict(data)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RunDirFileError(f"{p}: not a run spec ({type(exc).__name__}: {str(exc)[:200]})") from None
+        # names that become folders, keys and words on every line: as `moelab run` checks them (a spec.json
+        # not written by moelab printed its run id's ESC bytes raw, and a backend '../x' reads another folder)
+        names = [(spec.run_id, "its run id"), *((b, "its backend") for b in spec.backends)]
+        for name, what in names:
+            problem = plain_name_problem(name, what) if isinstance(name, str) else f"{what} is not text"
+            if problem is not None:
+                raise RunDirFileError(f"{p}: {problem}")
+        return spec
 
     @property
     def peaks_file(self) -> Path:

@@ -11,6 +11,7 @@ import pytest
 
 import tests.hostile.checked_rows  # noqa: F401  (adds the rows with checks of their own to CASES)
 import tests.hostile.concurrent_and_old  # noqa: F401  (adds the concurrent commands and old stores)
+import tests.hostile.hunted  # noqa: F401  (adds the rows found by hunting the issue's classes)
 import tests.hostile.second_pass  # noqa: F401  (adds the second pass's rows to CASES)
 from tests.hostile.cases import CASES, Hostile
 from tests.hostile.world import (

@@ -1,0 +1,77 @@
+"""Rows no case of issue 41 names, found by looking for its classes on other inputs: a count without a
+bound (`--sms`, `runs --limit`, `doctor --load-ms`), a name printed raw (a run directory's run id or backend
+from a spec.json moelab did not write), a command that changes a store it then refuses to use (`db import`
+of a folder that is not an export). Importing this module adds its rows to `CASES`."""
+
+from __future__ import annotations
+
+from tests.hostile.cases import Argv, case, with_db
+from tests.hostile.world import World
+
+
+def _plan(w: World, *extra: str) -> Argv:
+    w.absent.append(w.runs / "r-big")
+    return ["run", "--cpu", "--run-id", "r-big", *extra, "--dry-run", "--db", str(w.db), "--out", str(w.runs)]
+
+
+# --- counts without a bound --------------------------------------------------------------------------------
+
+
+@case("run-sms-100-billion", "plan", 2, "error", "sms must be a whole number from 1 to 1,024")
+def _sms_flag(w: World) -> Argv:
+    return _plan(w, "--sms", "100000000000")  # planned, measured as unsupported, then refused by the store
+
+
+@case("suite-sms-100-billion", "suite", 2, "error", "sms must be a whole number from 1 to 1,024")
+def _sms_suite(w: World) -> Argv:
+    w.path("suite.toml").write_text("[axes]\nsms = [32, 100000000000]\n")
+    return _plan(w, "--suite", str(w.path("suite.toml")))
+
+
+for _name, _value in (("negative", "-1"), ("int128", "100000000000000000000"), ("zero", "0")):
+
+    def _limit(w: World, value: str = _value) -> Argv:
+        return ["runs", "--limit", value, "--db", str(w.db)]  # a DuckDB binder error before
+
+    case(f"runs-limit-{_name}", "db", 2, "error", "--limit must be a whole number from 1 to 100,000")(_limit)
+
+
+for _name, _value in (("nan", "nan"), ("inf", "inf"), ("a-day", "86400000")):
+
+    def _load(w: World, value: str = _value) -> Argv:
+        return ["doctor", "--load-ms", value, "--sysfs-root", str(w.root)]  # nan and a day were accepted
+
+    case(f"doctor-load-ms-{_name}", "report", 2, "error", "--load-ms must be a number from 0 to 60,000")(
+        _load
+    )
+
+
+# --- names from a run directory moelab did not write --------------------------------------------------------
+
+for _name, _key, _value, _says in (
+    ("run-id-holds-esc", "run_id", "r\x1b[31mnew", "its run id"),
+    ("run-id-is-a-path", "run_id", "../../r1", "its run id"),
+    ("backend-is-a-path", "backends", ["../r1/nccl-a2a"], "its backend"),
+):
+
+    def _spec_name(w: World, key: str = _key, value: object = _value) -> Argv:
+        w.edit_json(w.new_run / "spec.json", lambda d: d.update({key: value}))
+        return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+    case(f"ingest-spec-{_name}", "ingest", 2, "error", f"{_says} ")(_spec_name)
+
+
+# --- a refused import leaves the store as it was --------------------------------------------------------------
+
+
+@case("db-import-not-an-export-into-an-older-store", "store", 2, "error", "is not a moelab export")
+def _import_old(w: World) -> Argv:
+    w.path("notes").mkdir()
+    return with_db(w, w.db_at_version(4), "db", "import", str(w.path("notes")))  # it migrated, then refused
+
+
+@case("db-import-not-an-export-creates-no-store", "store", 2, "error", "is not a moelab export")
+def _import_new(w: World) -> Argv:
+    w.path("notes").mkdir()
+    w.absent.append(w.path("new"))
+    return ["db", "import", str(w.path("notes")), "--db", str(w.path("new", "m.duckdb"))]
