@@ -26,7 +26,7 @@ from moelab.store.db import transaction
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 from moelab.store.starts import MISSING_STATUSES
-from moelab.tracing.nsys import trace_problem
+from moelab.tracing.nsys import path_outside, trace_problem
 
 Row = dict[str, Any]
 DIAGNOSIS_COLUMNS = (
@@ -319,6 +319,10 @@ def attachment_rows(rows: RunRows, rec: CaseRecord) -> None:
             "case_metrics", **key, name=m.name, value=_finite(m.value), unit=m.unit, definition=m.definition
         )
     for t in rec.traces:
+        outside = path_outside(t.path)
+        if outside is not None:  # the report links it from the run directory: never to a file elsewhere
+            rows.problems.append(f"{rec.backend} case {rec.case_id}: {outside}")
+            continue
         rows.add("traces", **key, rank=t.rank, kind=t.kind, path=t.path, size_bytes=t.size_bytes)
     for node in rec.ib or ():
         for p in node.ports:

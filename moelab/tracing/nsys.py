@@ -225,13 +225,22 @@ def check_report(path: Path) -> None:
     raise MoelabError(f"{path} is not an nsys report (it lacks the header nsys writes): not registered")
 
 
+def path_outside(rel: object) -> str | None:
+    """Why a trace path a run directory registers does not name a file inside it (absolute, or climbing out
+    with `..`), or None. Said of a path alone: a trace of another node's rank is on that node's disk."""
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return f"trace {rel!r} is not a path inside the run directory: not registered"
+    return None
+
+
 def trace_problem(run_dir: Path, kind: object, rel: object) -> str | None:
     """Why a trace a run directory registers (nsys_traces.json) is not what its kind says, or None: it must
     be a regular file inside the run directory, a report with nsys's header or an SQLite export with tables.
     `moelab ingest` asks this of a directory it did not write, as the run asks it of what nsys left."""
+    outside = path_outside(rel)
+    if outside is not None:
+        return outside
     path = run_dir / str(rel)
-    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
-        return f"trace {rel!r} is not a path inside the run directory: not registered"
     if path.is_symlink() or not path.is_file():
         return f"trace {path} is not a regular file: not registered"
     try:

@@ -1,12 +1,14 @@
 """Rows no case of issue 41 names, found by looking for its classes on other inputs: a count without a
 bound (`--sms`, `runs --limit`, `doctor --load-ms`), a name printed raw (a run directory's run id or backend
-from a spec.json moelab did not write), a command that changes a store it then refuses to use (`db import`
-of a folder that is not an export). Importing this module adds its rows to `CASES`."""
+from a spec.json moelab did not write), a file outside the run directory (a case record's trace path), a
+command that changes a store it then refuses to use (`db import` of a folder that is not an export). Importing this module adds its rows to `CASES`."""
 
 from __future__ import annotations
 
+import json
+
 from tests.hostile.cases import Argv, case, with_db
-from tests.hostile.world import World
+from tests.hostile.world import NEW_RUN, Outcome, World, rows_of
 
 
 def _plan(w: World, *extra: str) -> Argv:
@@ -75,3 +77,22 @@ def _import_new(w: World) -> Argv:
     w.path("notes").mkdir()
     w.absent.append(w.path("new"))
     return ["db", "import", str(w.path("notes")), "--db", str(w.path("new", "m.duckdb"))]
+
+
+# --- a trace a case record registers outside its run directory -----------------------------------------------
+
+
+def _trace_outside_said(w: World, out: Outcome) -> None:
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "is not a path inside the run directory" in warnings[0], out.stderr
+    assert rows_of(w.db, "SELECT count(*) FROM traces WHERE run_id = ?", [NEW_RUN]) == [(0,)]
+
+
+@case("ingest-case-record-trace-outside-the-run-directory", "ingest", 0, "ok", "stored run r-new",
+      store="once", once=NEW_RUN, check=_trace_outside_said)  # fmt: skip
+def _record_trace_outside(w: World) -> Argv:
+    first, *rest = w.results_lines()
+    record = json.loads(first)
+    record["traces"] = [{"rank": 0, "kind": "torch", "path": "../../r1/spec.json", "size_bytes": 1}]
+    w.write_results(b"\n".join([json.dumps(record).encode(), *rest]) + b"\n")
+    return ["ingest", str(w.new_run), "--db", str(w.db)]  # the report linked the path as given
