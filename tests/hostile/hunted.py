@@ -96,3 +96,24 @@ def _record_trace_outside(w: World) -> Argv:
     record["traces"] = [{"rank": 0, "kind": "torch", "path": "../../r1/spec.json", "size_bytes": 1}]
     w.write_results(b"\n".join([json.dumps(record).encode(), *rest]) + b"\n")
     return ["ingest", str(w.new_run), "--db", str(w.db)]  # the report linked the path as given
+
+
+# --- paths a user gives, printed back: escaped wherever the console prints them --------------------------------
+
+ESC_NAME = "e\x1b]0;pwn\x07\x1b[31m"
+
+
+@case("run-dry-run-out-path-holds-esc", "report", 0, "ok", "moelab.measure.worker")
+def _out_esc(w: World) -> Argv:
+    return ["run", "--cpu", "--dry-run", "--out", str(w.path(ESC_NAME)), "--db", str(w.db)]
+
+
+@case("runs-db-path-holds-esc", "db", 0, "ok", "no database at")
+def _db_esc(w: World) -> Argv:
+    return ["runs", "--db", str(w.path(f"{ESC_NAME}.duckdb"))]
+
+
+@case("report-out-path-holds-esc", "report", 0, "ok", "report: ")
+def _report_esc(w: World) -> Argv:
+    w.outputs.append(w.path("rep"))
+    return ["report", "-o", str(w.path("rep", f"{ESC_NAME}.html")), "--db", str(w.db)]
