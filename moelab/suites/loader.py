@@ -26,7 +26,7 @@ from typing import Any
 
 from moelab.core.errors import SpecError
 from moelab.core.spec import MAX_REPEATS, CaseSpec
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import MAX_SMS, RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -225,11 +225,6 @@ def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) 
                 f"{source}: [[exclude]] number {i} names {', '.join(map(repr, unknown))}, which is no axis, "
                 f"workload key or knob of this suite (known: {', '.join(sorted(known))})"
             )
-
-
-# the most SMs a case may ask for: above any GPU's count (132 on H100, 148 on B200), and inside the store's
-# INTEGER column (a larger count was measured as unsupported, then refused when the run was stored)
-MAX_SMS = 1024
 
 
 def _parse_sms(value: Any) -> int | None:

@@ -117,3 +117,34 @@ def _db_esc(w: World) -> Argv:
 def _report_esc(w: World) -> Argv:
     w.outputs.append(w.path("rep"))
     return ["report", "-o", str(w.path("rep", f"{ESC_NAME}.html")), "--db", str(w.db)]
+
+
+# --- sizes of the end-to-end layer and tune's grid --------------------------------------------------------------
+
+for _knob, _value, _says in (
+    ("intermediate", 100_000_000_000, "e2e knob intermediate 100000000000 is above the largest supported"),
+    ("chunks", 100_000_000, "e2e knob chunks 100000000 is above the largest supported"),
+    ("carveout", 100_000_000_000, "e2e knob carveout must be auto or a number of SMs from 0 to 1,024"),
+):
+
+    def _e2e_knob(w: World, knob: str = _knob, value: int = _value) -> Argv:
+        text = f'[backend.nccl-a2a.axes]\nbench = ["e2e"]\nmode = ["chunked"]\n{knob} = [{value}]\n'
+        w.path("suite.toml").write_text(text)
+        return _plan(w, "--suite", str(w.path("suite.toml")))
+
+    case(f"suite-e2e-{_knob}-unbounded", "suite", 2, "error", _says)(_e2e_knob)
+
+
+def _tune(w: World, *extra: str) -> Argv:
+    w.absent.append(w.path("tune-runs"))
+    return ["tune", "--cpu", *extra, "--db", str(w.db), "--out", str(w.path("tune-runs"))]
+
+
+@case("tune-intermediate-100-billion", "plan", 2, "error", "e2e knob intermediate 100000000000 is above")
+def _tune_intermediate(w: World) -> Argv:
+    return _tune(w, "--intermediate", "100000000000")  # every job of round 1 ran and failed before
+
+
+@case("tune-sms-100-million", "plan", 2, "error", "--sms takes whole numbers from 1 to 1,024")
+def _tune_sms(w: World) -> Argv:
+    return _tune(w, "--sms", "100000000")
