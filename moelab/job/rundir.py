@@ -430,8 +430,16 @@ class RunDir:
         return JobFiles(self.path, backend, repeat)
 
     def starts(self, backend: str) -> list[JobFiles]:
-        """Every start of `backend`'s job the spec asks for (--repeat), first to last."""
-        return [self.job(backend, k) for k in range(self.spec.launch.repeats)]
+        """Every start of `backend`'s job the spec asks for (--repeat), first to last. A job's folder that is
+        a symbolic link is refused, as its files are: ingest read another run's job through one, whole."""
+        found = [self.job(backend, k) for k in range(self.spec.launch.repeats)]
+        for files in found:
+            for folder in (self.path / backend, files.dir):
+                if folder.is_symlink():
+                    raise RunDirFileError(
+                        f"{folder} is a symbolic link: moelab reads the folders it wrote, not what a link points to"
+                    )
+        return found
 
     def set_status(self, status: str, **extra: Any) -> None:
         info = self.info()

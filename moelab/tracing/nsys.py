@@ -241,7 +241,10 @@ def trace_problem(run_dir: Path, kind: object, rel: object) -> str | None:
     if outside is not None:
         return outside
     path = run_dir / str(rel)
-    if path.is_symlink() or not path.is_file():
+    linked = [p for p in (path, *path.parents) if p.is_symlink() and run_dir in p.parents]
+    if linked:  # the file, or a folder of the run directory on its way (a traces folder linked elsewhere)
+        return f"trace {path}: {linked[-1]} is a symbolic link: not registered"
+    if not path.is_file():
         return f"trace {path} is not a regular file: not registered"
     try:
         if kind == "nsys":

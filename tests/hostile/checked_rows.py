@@ -328,3 +328,19 @@ def _garbage_export(w: World) -> Argv:
 def _trace_outside(w: World) -> Argv:
     _traces(w, GOOD_REPORT, None, rel="../r1/spec.json")
     return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
+def _traces_linked(w: World, out: Outcome) -> None:
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and all("traces is a symbolic link" in line for line in warnings), out.stderr
+    assert rows_of(w.db, "SELECT count(*) FROM traces WHERE run_id = ?", [NEW_RUN]) == [(0,)]
+
+
+@case("ingest-traces-folder-is-a-symlink", "ingest", 0, "ok", "stored run r-new", store="once",
+      once=NEW_RUN, check=_traces_linked)  # fmt: skip
+def _traces_folder_linked(w: World) -> Argv:
+    _traces(w, GOOD_REPORT, None)
+    folder = w.job("traces")
+    shutil.move(str(folder), str(w.path("elsewhere")))
+    folder.symlink_to(w.path("elsewhere"))  # what the registered paths name is read from another folder
+    return ["ingest", str(w.new_run), "--db", str(w.db)]

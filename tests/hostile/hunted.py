@@ -63,6 +63,15 @@ for _name, _key, _value, _says in (
     case(f"ingest-spec-{_name}", "ingest", 2, "error", f"{_says} ")(_spec_name)
 
 
+@case("ingest-job-folder-is-a-symlink", "ingest", 2, "error", "is a symbolic link: moelab reads the folders")
+def _job_folder_linked(w: World) -> Argv:
+    import shutil
+
+    shutil.rmtree(w.new_run / "nccl-a2a")
+    (w.new_run / "nccl-a2a").symlink_to(w.runs / "r1" / "nccl-a2a")  # stored r1's job as r-new's, whole
+    return ["ingest", str(w.new_run), "--db", str(w.db)]
+
+
 # --- a refused import leaves the store as it was --------------------------------------------------------------
 
 
