@@ -4,9 +4,15 @@ does to moelab's inputs, the command that meets it, and what that command must d
 A row: `@case(id, area, code, expect, says, ...)` on a function that breaks the world and returns the
 command's arguments. `expect` is "error" (exactly one `error:` line holding `says`, nothing else stored),
 "failure" (the run stored once, a case of it failed with a reason holding `says`), or "ok" (`says` on stdout).
-`store` is "unchanged" (every table of the store as before) or "once" (run `once` stored exactly once, every
-other row as before). Add a row for a new kind of input; a row that fails until someone else's change lands
-is marked `xfail=...` with who (strict: it flips to a failure to fix the mark when that change lands).
+`store` is "unchanged" (every table of the store as before), "once" (each run of `once` stored exactly once,
+every other row as before) or "migrated" (an older store a write command migrated: the row's `check` reads
+it). Every row also leaves no file outside the run directories, the store and the outputs it names
+(`World.outputs`), and no process behind; `check` adds what else it must show (a blamed rank, strict JSON, a
+time). `via="during"` acts on the running command (`World.signal` or `World.act`, once `World.ready` holds).
+Rows live here and in second_pass.py, checked_rows.py, concurrent_and_old.py and hunted.py; issue 41's list
+of cases is walked by test_issue_41.py. Add a row for a new kind of input; a row that fails until someone
+else's change lands is marked `xfail=...` with who (strict: it flips to a failure to fix the mark when that
+change lands).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every row of the hostile-input table (tests/hostile/cases.py) through the `moelab` command: its exit
-code, exactly one `error:` line (or the failure stored for its case), the store unchanged or the run stored
-exactly once, and no process left behind."""
+code, exactly one `error:` line (or the failure stored for its case, and said), the store unchanged or the
+run stored exactly once, no file written outside the run directories, the store and the row's outputs, and
+no process left behind; then the row's own check."""
 
 from __future__ import annotations
 
