@@ -10,7 +10,7 @@ import typer
 from moelab.cli.common import DB_OPTION_HELP, console, fail, parse_list, print_table, user_errors
 from moelab.core.errors import MoelabError
 from moelab.store.db import migrate_file, open_db, query_connection, resolve_db_path
-from moelab.store.export import export_runs, import_export
+from moelab.store.export import check_export, export_runs, import_export
 from moelab.store.labels import resolve_run
 from moelab.store.user_query import ROW_CAP, run_query
 
@@ -122,6 +122,7 @@ def import_(
     Example: moelab db import results/h200x2/export --db h200.duckdb && moelab compare --db h200.duckdb
     """
     path = resolve_db_path(db)
+    check_export(folder)  # before the store is created or migrated: a refused folder changes nothing
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_db(path) as con:
         ids = import_export(con, folder)

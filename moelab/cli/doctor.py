@@ -56,6 +56,10 @@ def _print_report(report: dict) -> None:
     )
 
 
+# the longest matmul load per GPU: clocks settle within a second; a typo (a day of load) is refused at once
+MAX_LOAD_MS = 60_000
+
+
 def build_doctor(take: SnapshotFn = take_snapshot) -> Callable[..., None]:
     """The `doctor` command, probing through `take` (tests pass a snapshot function over fake devices)."""
 
@@ -88,8 +92,8 @@ def build_doctor(take: SnapshotFn = take_snapshot) -> Callable[..., None]:
         if from_files:
             snaps = _read_snapshots(from_files)
         else:
-            if load_ms < 0:
-                raise MoelabError("--load-ms must be 0 or more")
+            if not 0 <= load_ms <= MAX_LOAD_MS:  # nan fails both comparisons
+                raise MoelabError(f"--load-ms must be a number from 0 to {MAX_LOAD_MS:,}, got {load_ms}")
             snaps = [take(load_ms=load_ms, sysfs_root=sysfs_root)]
             if save is not None:
                 save.write_text(json.dumps(snaps[0].to_dict(), indent=2, sort_keys=True) + "\n")

@@ -8,6 +8,7 @@ import typer
 
 from moelab.cli import options as opt
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
+from moelab.core.errors import MoelabError
 from moelab.store.db import open_db, resolve_db_path
 from moelab.store.labels import names_by_run
 
@@ -66,6 +67,9 @@ def _check(name: str) -> None:
     print(f"{name}: holds the plugin contract")
 
 
+MAX_LISTED_RUNS = 100_000  # the most runs `moelab runs` lists (db query and compare read more)
+
+
 @user_errors
 def runs(
     db: str | None = typer.Option(None, "--db", help=DB_OPTION_HELP),
@@ -75,6 +79,8 @@ def runs(
 
     Example: moelab runs --limit 5
     """
+    if not 1 <= limit <= MAX_LISTED_RUNS:  # a negative or huge count reached DuckDB's LIMIT as given
+        raise MoelabError(f"--limit must be a whole number from 1 to {MAX_LISTED_RUNS:,}, got {limit}")
     path = resolve_db_path(db)
     if not path.exists():
         console.print(f"no database at {path} yet: `moelab run` creates it")

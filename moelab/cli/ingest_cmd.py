@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -52,17 +53,16 @@ def ingest(
     if db_path.exists():
         check_writable(db_path)  # ingest writes: an older schema is migrated here, a foreign file refused
         with open_db(db_path, read_only=True) as con:
-            stored = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
-        if stored is not None and not replace:
-            console.print(
-                f"run {run_id} is already stored in {db_path} (status {stored[0]}); nothing to do "
-                "(--replace reads the directory again)"
-            )
-            return
+            if _already_stored(con, run_id, db_path, replace):
+                return
     if info.get("status") == "running":
         _recover(rd, run_id, info, force)
     check_writable(db_path)
     with open_db(db_path) as con:
+        # asked again under the write lock: an ingest of the same directory started at the same time may
+        # have stored it since (it then replaced what the first stored, or both said nothing of the other)
+        if _already_stored(con, run_id, db_path, replace):
+            return
         done = ingest_run(con, rd.path)
         judge(con, run_id)
         counts = con.execute(
@@ -73,6 +73,18 @@ def ingest(
         print(f"warning: {safe_text(problem)}", file=sys.stderr)
     summary = ", ".join(f"{n} {s}" for s, n in counts) or "no cases"
     console.print(f"stored run {run_id} ({status[0] if status else '?'}; cases: {summary}) in {db_path}")
+
+
+def _already_stored(con: Any, run_id: str, db_path: Path, replace: bool) -> bool:
+    """True, having said so, when the run is stored and --replace does not ask to read it again."""
+    stored = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if stored is None or replace:
+        return False
+    console.print(
+        f"run {run_id} is already stored in {db_path} (status {stored[0]}); nothing to do "
+        "(--replace reads the directory again)"
+    )
+    return True
 
 
 def _recover(rd: RunDir, run_id: str, info: dict[str, object], force: bool) -> None:

@@ -16,7 +16,7 @@ from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
 from moelab.core.spec import TimingSpec
-from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
+from moelab.core.workload import MAX_SMS, ROUTING_KINDS, RoutingSpec, Workload
 from moelab.plan.planning import HostFacts, RunRequest, plan_world, timing_for
 from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
@@ -145,8 +145,10 @@ def tune_command(
     names = _available(backends, paths)
     grid = tuple(parse_list(workload.sms, int, "sms") or COARSE_SMS)
     modes = _schedules(schedules)
-    if any(not isinstance(s, int) or s < 1 for s in grid):
-        raise SpecError("--sms takes positive whole numbers (the library default is always tried)")
+    if any(not isinstance(s, int) or not 1 <= s <= MAX_SMS for s in grid):
+        raise SpecError(
+            f"--sms takes whole numbers from 1 to {MAX_SMS:,} (the library default is always tried)"
+        )
     host = HostFacts(cuda_devices=cuda_devices())
     request = RunRequest(
         backends=names,

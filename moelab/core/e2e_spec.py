@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from moelab.core.errors import SpecError
-from moelab.core.workload import Workload
+from moelab.core.workload import LIMITS, MAX_SMS, Workload
 
 BENCH_KNOB = "bench"  # the suite axis that makes a case an e2e case
 BENCH_E2E = "e2e"
@@ -40,9 +40,17 @@ def default_intermediate(hidden: int) -> int:
     return max(hidden // INTERMEDIATE_DIVISOR, 1)
 
 
-def _positive_int(name: str, value: Any) -> int:
+# the largest chunk count and FFN width a layer is planned with (a width past the largest hidden size was
+# accepted, and every job of a tune round then failed)
+MAX_CHUNKS = 1024
+MAX_INTERMEDIATE = LIMITS["hidden"]
+
+
+def _positive_int(name: str, value: Any, limit: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise SpecError(f"e2e knob {name} must be a positive integer, got {value!r}")
+    if value > limit:
+        raise SpecError(f"e2e knob {name} {value} is above the largest supported, {limit:,}")
     return value
 
 
@@ -112,9 +120,9 @@ class E2ESpec:
         if self.mode is not None:
             _one_of("mode", self.mode, MODES)
         if self.chunks is not None:
-            _positive_int("chunks", self.chunks)
+            _positive_int("chunks", self.chunks, MAX_CHUNKS)
         if self.intermediate is not None:
-            _positive_int("intermediate", self.intermediate)
+            _positive_int("intermediate", self.intermediate, MAX_INTERMEDIATE)
         if self.backward is not None and not isinstance(self.backward, bool):
             raise SpecError(f"e2e knob backward must be true or false, got {self.backward!r}")
         if self.gemm is not None:
@@ -122,8 +130,14 @@ class E2ESpec:
         if self.profile is not None:
             _one_of("profile", self.profile, PROFILES)
         c = self.carveout
-        if c is not None and c != "auto" and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
-            raise SpecError(f"e2e knob carveout must be auto or a number of SMs >= 0, got {c!r}")
+        if (
+            c is not None
+            and c != "auto"
+            and (not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= MAX_SMS)
+        ):
+            raise SpecError(
+                f"e2e knob carveout must be auto or a number of SMs from 0 to {MAX_SMS:,}, got {c!r}"
+            )
         if self.comm is not None:
             _one_of("comm", self.comm, COMMS)
 

@@ -7,7 +7,11 @@ Long lines wrap between words (rich's soft wrap would leave them to the terminal
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console, ConsoleDimensions
+
+from moelab.core.display import safe_text
 
 PIPE_WIDTH = 220
 
@@ -24,6 +28,13 @@ class TerminalConsole(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Text printed with its control characters escaped (newlines and tabs kept): a path, a label or a
+        name a user gave may hold ESC/OSC bytes that retitle or clear the terminal, wherever it is printed."""
+        super().print(
+            *(safe_text(o, keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs
+        )
 
 
 def terminal_console() -> Console:

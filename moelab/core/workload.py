@@ -84,6 +84,9 @@ class RoutingSpec:
 
 
 LIMITS = {"hidden": 1 << 18, "tokens_per_rank": 1 << 20, "topk": 256, "experts_per_rank": 1 << 12}
+# the most SMs a case may ask for or leave free: above any GPU's count (132 on H100, 148 on B200), and inside
+# the store's INTEGER column (a larger count was measured as unsupported, then refused when the run was stored)
+MAX_SMS = 1024
 MAX_TOKEN_BYTES = 16 << 30  # one rank's bf16 tokens; dispatch buffers hold up to world x that
 
 

@@ -45,6 +45,7 @@ from moelab.core.case_record import RECORD_VERSION, CaseRecord
 from moelab.core.library_figures import VerifyRow
 from moelab.core.peaks import MeasuredPeak, MeasuredRate
 from moelab.core.spec import SPEC_VERSION, RunSpec
+from moelab.core.validate import plain_name_problem
 from moelab.job.safe_read import RunDirFileError, expect, iter_lines, read_json, tail_text
 
 RUNDIR_VERSION = 1
@@ -401,9 +402,17 @@ class RunDir:
                 "ingest it with the moelab that wrote it"
             )
         try:
-            return RunSpec.from_dict(data)
+            spec = RunSpec.from_dict(data)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RunDirFileError(f"{p}: not a run spec ({type(exc).__name__}: {str(exc)[:200]})") from None
+        # names that become folders, keys and words on every line: as `moelab run` checks them (a spec.json
+        # not written by moelab printed its run id's ESC bytes raw, and a backend '../x' reads another folder)
+        names = [(spec.run_id, "its run id"), *((b, "its backend") for b in spec.backends)]
+        for name, what in names:
+            problem = plain_name_problem(name, what) if isinstance(name, str) else f"{what} is not text"
+            if problem is not None:
+                raise RunDirFileError(f"{p}: {problem}")
+        return spec
 
     @property
     def peaks_file(self) -> Path:
@@ -421,8 +430,16 @@ class RunDir:
         return JobFiles(self.path, backend, repeat)
 
     def starts(self, backend: str) -> list[JobFiles]:
-        """Every start of `backend`'s job the spec asks for (--repeat), first to last."""
-        return [self.job(backend, k) for k in range(self.spec.launch.repeats)]
+        """Every start of `backend`'s job the spec asks for (--repeat), first to last. A job's folder that is
+        a symbolic link is refused, as its files are: ingest read another run's job through one, whole."""
+        found = [self.job(backend, k) for k in range(self.spec.launch.repeats)]
+        for files in found:
+            for folder in (self.path / backend, files.dir):
+                if folder.is_symlink():
+                    raise RunDirFileError(
+                        f"{folder} is a symbolic link: moelab reads the folders it wrote, not what a link points to"
+                    )
+        return found
 
     def set_status(self, status: str, **extra: Any) -> None:
         info = self.info()

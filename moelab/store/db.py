@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ import duckdb
 import platformdirs
 
 from moelab.core.definitions import DEFINITIONS, FORMAT_DEFINITIONS
+from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.core.ops import OPS
 from moelab.store.schema import LATEST_VERSION, MIGRATIONS, views_at
@@ -94,12 +96,16 @@ def connect(
     """Open (and, read-write, create and migrate) the database; waits while another moelab holds the lock.
 
     Read-only (reports, compare, check, queries) nothing is migrated: a database of an older moelab is
-    refused with one line naming the command that migrates it, never read with a schema it lacks."""
+    refused with one line naming the command that migrates it, never read with a schema it lacks. A write
+    command that migrates an older moelab's store says so once: that moelab cannot open the file after."""
     con = _open(path, read_only, lock_wait_s, BASE_CONFIG)
     try:
         check_complete(con, path)
         if not read_only:
-            migrate(con, path)
+            before = current_version(con)
+            after = migrate(con, path)
+            if 0 < before < after:
+                print(safe_text(migrated_note(path, before, after)), file=sys.stderr)
         else:
             check_version(con, path)
     except duckdb.Error as exc:  # a file that opens but cannot be read through (truncated, damaged)
@@ -286,6 +292,13 @@ def migrate(con: duckdb.DuckDBPyConnection, path: Path | None = None) -> int:
         [v for pair in texts for v in pair],
     )
     return current_version(con)
+
+
+def migrated_note(path: Path, before: int, after: int) -> str:
+    return (
+        f"note: database {path} migrated from schema version {before} to {after}: an older moelab sharing "
+        f"it can no longer open it (it says so and asks to be upgraded)"
+    )
 
 
 def check_writable(path: Path) -> None:

@@ -223,6 +223,20 @@ def _check_file(path: Path, files: object) -> None:
         )
 
 
+def check_export(folder: Path) -> list[str]:
+    """The export's run ids, read whole into memory first: a folder that is not a readable export is
+    refused before the database it would go into is created or migrated (an older store migrated by an
+    import that then refused its folder locked its older moelab out for nothing)."""
+    from moelab.store.db import migrate
+
+    mem = duckdb.connect(":memory:")
+    try:
+        migrate(mem)
+        return load_export(mem, folder)
+    finally:
+        mem.close()
+
+
 def import_export(con: duckdb.DuckDBPyConnection, folder: Path) -> list[str]:
     """An export's runs into a stored database, whole or not at all; refused where the database holds one
     of them already (a run is imported once, never twice or merged)."""

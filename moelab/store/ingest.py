@@ -26,6 +26,7 @@ from moelab.store.db import transaction
 from moelab.store.samples_bulk import SampleColumns, insert_samples
 from moelab.store.schema import RUN_TABLES
 from moelab.store.starts import MISSING_STATUSES
+from moelab.tracing.nsys import path_outside, trace_problem
 
 Row = dict[str, Any]
 DIAGNOSIS_COLUMNS = (
@@ -111,7 +112,8 @@ class RunRows:
         self.tables: dict[str, list[Row]] = {}
         self.samples = SampleColumns()
         self.definitions: dict[str, str] = {}
-        self.problems: list[str] = []  # lines of the run directory that were not records, stored as failures
+        self.problems: list[str] = []  # what ingest warns of: lines that were not records (stored as
+        # failures), ragged samples (stored as suspect), traces that are not what they are registered as
 
     def add(self, table: str, **row: Any) -> None:
         self.tables.setdefault(table, []).append({"run_id": self.run_id} | row)
@@ -161,6 +163,10 @@ def job_rows(rows: RunRows, backend: str, starts: list[JobFiles]) -> list[dict[s
     rows.add("jobs", backend=backend, **row)
     for files in starts:
         for t in files.read_nsys_traces().get("traces", []):
+            problem = trace_problem(files.run_dir, t.get("kind"), t.get("path"))
+            if problem is not None:  # a file that is not what it is registered as: said, never stored
+                rows.problems.append(f"{backend}: {problem}")
+                continue
             rows.add(
                 "traces",
                 backend=backend,
@@ -313,6 +319,10 @@ def attachment_rows(rows: RunRows, rec: CaseRecord) -> None:
             "case_metrics", **key, name=m.name, value=_finite(m.value), unit=m.unit, definition=m.definition
         )
     for t in rec.traces:
+        outside = path_outside(t.path)
+        if outside is not None:  # the report links it from the run directory: never to a file elsewhere
+            rows.problems.append(f"{rec.backend} case {rec.case_id}: {outside}")
+            continue
         rows.add("traces", **key, rank=t.rank, kind=t.kind, path=t.path, size_bytes=t.size_bytes)
     for node in rec.ib or ():
         for p in node.ports:

@@ -26,7 +26,7 @@ from typing import Any
 
 from moelab.core.errors import SpecError
 from moelab.core.spec import MAX_REPEATS, CaseSpec
-from moelab.core.workload import RoutingSpec, Workload
+from moelab.core.workload import MAX_SMS, RoutingSpec, Workload
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -230,9 +230,9 @@ def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) 
 def _parse_sms(value: Any) -> int | None:
     if value in (None, "default", 0):
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SMS:
         return value
-    raise SpecError(f"sms must be a positive integer or 'default', got {value!r}")
+    raise SpecError(f"sms must be a whole number from 1 to {MAX_SMS:,} or 'default', got {value!r}")
 
 
 def _build_workload(values: Mapping[str, Any]) -> Workload:

@@ -212,6 +212,50 @@ def check_sqlite_export(path: Path) -> None:
     )
 
 
+# The first bytes of an .nsys-rep: every report read here (nsys 2024.x, on x86 and on Tegra) opens with them
+REPORT_HEADER = b"NVIDIA Tegra Profiler Report"
+
+
+def check_report(path: Path) -> None:
+    """A report nsys wrote opens with its header, or one MoelabError line: a file that only bears the name
+    (a garbage or truncated report, or a broken nsys) was registered as a trace and failed when read."""
+    with contextlib.suppress(OSError), path.open("rb") as fh:
+        if fh.read(len(REPORT_HEADER)) == REPORT_HEADER:
+            return
+    raise MoelabError(f"{path} is not an nsys report (it lacks the header nsys writes): not registered")
+
+
+def path_outside(rel: object) -> str | None:
+    """Why a trace path a run directory registers does not name a file inside it (absolute, or climbing out
+    with `..`), or None. Said of a path alone: a trace of another node's rank is on that node's disk."""
+    if not isinstance(rel, str) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return f"trace {rel!r} is not a path inside the run directory: not registered"
+    return None
+
+
+def trace_problem(run_dir: Path, kind: object, rel: object) -> str | None:
+    """Why a trace a run directory registers (nsys_traces.json) is not what its kind says, or None: it must
+    be a regular file inside the run directory, a report with nsys's header or an SQLite export with tables.
+    `moelab ingest` asks this of a directory it did not write, as the run asks it of what nsys left."""
+    outside = path_outside(rel)
+    if outside is not None:
+        return outside
+    path = run_dir / str(rel)
+    linked = [p for p in (path, *path.parents) if p.is_symlink() and run_dir in p.parents]
+    if linked:  # the file, or a folder of the run directory on its way (a traces folder linked elsewhere)
+        return f"trace {path}: {linked[-1]} is a symbolic link: not registered"
+    if not path.is_file():
+        return f"trace {path} is not a regular file: not registered"
+    try:
+        if kind == "nsys":
+            check_report(path)
+        elif kind == "nsys-sqlite":
+            check_sqlite_export(path)
+    except MoelabError as exc:
+        return str(exc)
+    return None
+
+
 def _tables(con: sqlite3.Connection) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
@@ -353,6 +397,11 @@ def collect_reports(files: JobFiles, world: int | None = None) -> str | None:
     failed: list[str] = []
     reports = report_paths(files.traces_dir, files.backend)
     for rank, rep in reports.items():
+        try:
+            check_report(rep)
+        except MoelabError as exc:  # nothing to export: a garbage report is said, never registered
+            failed.append(str(exc))
+            continue
         found.append(_trace_row(files, rank, "nsys", rep))
         try:
             sqlite = export_sqlite(rep)
@@ -369,7 +418,7 @@ def collect_reports(files: JobFiles, world: int | None = None) -> str | None:
     elif world is not None and len(reports) < world:
         missing = sorted(set(range(world)) - set(reports))
         note = f"nsys wrote no report for rank(s) {', '.join(map(str, missing))}"
-    if failed:  # the reports stay registered; their export is what failed
+    if failed:  # the reports stay registered where their export is what failed
         note = "; ".join(
             [*([note] if note else []), *dict.fromkeys(f"SQLite export failed: {f}" for f in failed)]
         )

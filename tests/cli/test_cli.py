@@ -138,7 +138,7 @@ BAD_TOML = 'name = "bad"\n[workload\nhidden = 128\n'
         (["--suite", "{tmp}"], "cannot read suite file"),
         (["--suite", "{tmp}/bad.toml"], "malformed suite file"),
         (["--sms", "lots"], "--sms takes whole numbers"),
-        (["--sms", "-8"], "sms must be a positive integer or 'default'"),
+        (["--sms", "-8"], "sms must be a whole number from 1 to 1,024 or 'default'"),
         (["--launcher", "ssh"], "unknown launcher 'ssh'"),
     ],
     ids=[

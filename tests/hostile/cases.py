@@ -4,9 +4,15 @@ does to moelab's inputs, the command that meets it, and what that command must d
 A row: `@case(id, area, code, expect, says, ...)` on a function that breaks the world and returns the
 command's arguments. `expect` is "error" (exactly one `error:` line holding `says`, nothing else stored),
 "failure" (the run stored once, a case of it failed with a reason holding `says`), or "ok" (`says` on stdout).
-`store` is "unchanged" (every table of the store as before) or "once" (run `once` stored exactly once, every
-other row as before). Add a row for a new kind of input; a row that fails until someone else's change lands
-is marked `xfail=...` with who (strict: it flips to a failure to fix the mark when that change lands).
+`store` is "unchanged" (every table of the store as before), "once" (each run of `once` stored exactly once,
+every other row as before) or "migrated" (an older store a write command migrated: the row's `check` reads
+it). Every row also leaves no file outside the run directories, the store and the outputs it names
+(`World.outputs`), and no process behind; `check` adds what else it must show (a blamed rank, strict JSON, a
+time). `via="during"` acts on the running command (`World.signal` or `World.act`, once `World.ready` holds).
+Rows live here and in second_pass.py, checked_rows.py, concurrent_and_old.py and hunted.py; issue 41's list
+of cases is walked by test_issue_41.py. Add a row for a new kind of input; a row that fails until someone
+else's change lands is marked `xfail=...` with who (strict: it flips to a failure to fix the mark when that
+change lands).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.hostile.world import NEW_RUN, REPO, World
+from tests.hostile.world import NEW_RUN, REPO, Outcome, World
 
 Argv = list[Any]
 
@@ -33,11 +39,17 @@ class Hostile:
     code: int
     expect: str  # "error" | "failure" | "ok"
     says: str
-    store: str = "unchanged"  # | "once"
-    once: str | None = None
-    via: str = "cli"  # "cli" (CliRunner), "proc" (a `python -m moelab.cli.main` subprocess), "signal"
+    store: str = "unchanged"  # | "once" | "migrated" (an older store migrated: `check` reads it)
+    once: str | tuple[str, ...] | None = None  # the run (or runs) stored exactly once
+    via: str = "cli"  # "cli" (CliRunner), "proc" (a `python -m moelab.cli.main` subprocess), "during" (a
+    # subprocess the case acts on while it runs: World.signal or World.act once World.ready holds)
     slow: bool = False
     xfail: str | None = None
+    check: Callable[[World, Outcome], None] | None = None  # what else the case must show
+
+    @property
+    def stored_once(self) -> tuple[str, ...]:
+        return (self.once,) if isinstance(self.once, str) else tuple(self.once or ())
 
 
 CASES: list[Hostile] = []
@@ -593,6 +605,7 @@ def _nan(w: World) -> Argv:
     con = duckdb.connect(str(w.db))
     con.execute("UPDATE results SET median_us = 'nan'::DOUBLE WHERE run_id = 'r1' AND op = 'dispatch'")
     con.close()
+    w.outputs.append(w.path("history.html"))
     return ["report", "--history", "-o", str(w.path("history.html")), "--db", str(w.db)]
 
 
@@ -729,6 +742,6 @@ for _sig, _code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         "was interrupted",
         store="once",
         once="r-sig",
-        via="signal",
+        via="during",
         slow=True,
     )(_stopped)

@@ -8,7 +8,7 @@ import os
 import signal
 
 from tests.hostile.cases import RUN_ARGS, Argv, case, with_db
-from tests.hostile.world import NEW_RUN, REPO, World
+from tests.hostile.world import REPO, World
 
 # --- exports: a folder moelab did not write is never replaced; labels travel; manifests are checked whole --
 
@@ -36,11 +36,13 @@ def _export_force(w: World) -> Argv:
     out = w.path("site")
     out.mkdir()
     (out / "index.html").write_text("<h1>mine</h1>")
+    w.outputs.append(out)
     return ["db", "export", "--out", str(out), "--force", "--db", str(w.db)]
 
 
 @case("export-carries-the-labels", "export", 0, "ok", "labels.parquet")
 def _export_labels(w: World) -> Argv:
+    w.outputs.append(w.path("e"))
     return ["db", "export", "--out", str(w.path("e")), "--db", str(w.db)]
 
 
@@ -67,6 +69,7 @@ def _label_bidi(w: World) -> Argv:
 @case("label-nfd-finds-the-nfc-label", "labels", 0, "ok", "manifest.json")
 def _label_nfd(w: World) -> Argv:
     assert w.cli(["label", "r1", "caf\u00e9", "--db", str(w.db)]).code == 0
+    w.outputs.append(w.path("e"))
     return ["db", "export", "--out", str(w.path("e")), "--run", "cafe\u0301", "--db", str(w.db)]
 
 
@@ -91,7 +94,7 @@ for _version in (1, 3, 7):
     "was interrupted",
     store="once",
     once="r-sig",
-    via="signal",
+    via="during",
     slow=True,
 )
 def _hangup(w: World) -> Argv:
@@ -268,11 +271,6 @@ def _peaks_inf(w: World) -> Argv:
     return ["model", "--peaks", str(w.path("peaks.toml"))]
 
 
-@case("model-from-run-json-prints-only-json", "model", 0, "ok", '"bounds"')
-def _from_run_json(w: World) -> Argv:
-    return ["model", "--from-run", "r1", "--experts-per-rank", "4", "--json", "--db", str(w.db)]
-
-
 # --- outputs written after measuring are checked before it ---------------------------------------------------
 
 
@@ -357,20 +355,6 @@ def make_ragged(w: World) -> None:
     record = json.loads(first)
     record["ops"][0]["samples_us"][1] = record["ops"][0]["samples_us"][1][:1]
     w.write_results(b"\n".join([json.dumps(record).encode(), *rest]) + b"\n")
-
-
-@case(
-    "ingest-ragged-samples-stored-and-flagged",
-    "ingest",
-    0,
-    "ok",
-    "stored run r-new",
-    store="once",
-    once=NEW_RUN,
-)
-def _ragged(w: World) -> Argv:
-    make_ragged(w)
-    return ["ingest", str(w.new_run), "--db", str(w.db)]
 
 
 # --- ulimit -n 12: a cause, not a job timed out with none ------------------------------------------------

@@ -36,6 +36,8 @@ class Outcome:
     stdout: str
     stderr: str
     exception: BaseException | None = None
+    wall_s: float = 0.0  # from the command's start to its end
+    after_act_s: float | None = None  # for a case that acts while it runs: from the act to the end
 
     @property
     def error_lines(self) -> list[str]:
@@ -54,7 +56,11 @@ class World:
     env: dict[str, str] = field(default_factory=dict)  # for a subprocess case: its environment's changes
     preexec: Callable[[], None] | None = None  # for a subprocess case: run in the child before moelab
     signal: signal.Signals | None = None  # for a signal case: what to send, once `ready` holds a line
-    ready: Path | None = None
+    ready: Path | float | Callable[[], bool] | None = None  # a file holding a line, seconds, or a test
+    act: Callable[[subprocess.Popen[bytes]], None] | None = None  # what to do then (else: send `signal`)
+    others: list[Outcome] = field(default_factory=list)  # commands an act ran beside the case's own
+    patches: dict[str, object] = field(default_factory=dict)  # for an in-process case: attributes replaced
+    outputs: list[Path] = field(default_factory=list)  # where a case may write, besides runs/ and the store
 
     def __post_init__(self) -> None:
         self.runs = self.root / "runs"
@@ -166,9 +172,10 @@ class World:
 
     # --- running ---------------------------------------------------------------------------------------
     def cli(self, argv: list[str]) -> Outcome:
+        t0 = time.monotonic()
         result = CliRunner().invoke(app, argv)
         exc = result.exception if not isinstance(result.exception, SystemExit) else None
-        return Outcome(result.exit_code, result.stdout, result.stderr, exc)
+        return Outcome(result.exit_code, result.stdout, result.stderr, exc, time.monotonic() - t0)
 
     def proc(
         self,
@@ -178,6 +185,7 @@ class World:
         timeout: float = 180,
     ) -> Outcome:
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        t0 = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "moelab.cli.main", *argv],
             env=full_env,
@@ -187,32 +195,66 @@ class World:
             preexec_fn=preexec,
         )
         return Outcome(
-            done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+            done.returncode,
+            done.stdout.decode(errors="replace"),
+            done.stderr.decode(errors="replace"),
+            wall_s=time.monotonic() - t0,
         )
 
-    def signalled(self, argv: list[str], sig: signal.Signals, ready: Path, timeout: float = 240) -> Outcome:
-        """Start a command, send `sig` once `ready` exists and holds a line, and wait for it to end."""
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.Popen(
+    def start(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """A `moelab` command started in the background, as a user's second shell starts one."""
+        return subprocess.Popen(
             [sys.executable, "-m", "moelab.cli.main", *argv],
-            env=env,
+            env={**os.environ, "PYTHONPATH": str(REPO), **self.env},
             cwd=self.root,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+
+    def finish(self, proc: subprocess.Popen[bytes], timeout: float = 240) -> Outcome:
+        """Wait for a started command (killed past `timeout`) and read what it printed."""
+        t0 = time.monotonic()
         try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and proc.poll() is None:
-                if ready.exists() and ready.read_text().strip():
-                    break
-                time.sleep(0.2)
-            proc.send_signal(sig)
             out, err = proc.communicate(timeout=timeout)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        return Outcome(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+        return Outcome(
+            proc.returncode,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            wall_s=time.monotonic() - t0,
+        )
+
+    def is_ready(self, t0: float) -> bool:
+        if isinstance(self.ready, float | int):
+            return time.monotonic() - t0 >= self.ready
+        if callable(self.ready):
+            return self.ready()
+        return self.ready is not None and self.ready.exists() and bool(self.ready.read_text().strip())
+
+    def interfered(self, argv: list[str], timeout: float = 240) -> Outcome:
+        """Start a command, act on it (send `signal`, move its folder, start a second command) once `ready`
+        holds, and wait for it to end."""
+        t0 = time.monotonic()
+        proc = self.start(argv)
+        try:
+            deadline = t0 + timeout
+            while time.monotonic() < deadline and proc.poll() is None and not self.is_ready(t0):
+                time.sleep(0.2)
+            acted = time.monotonic()
+            if self.act is not None:
+                self.act(proc)
+            elif self.signal is not None:
+                proc.send_signal(self.signal)
+            done = self.finish(proc, timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        end = time.monotonic()
+        return Outcome(done.code, done.stdout, done.stderr, wall_s=end - t0, after_act_s=end - acted)
 
 
 # --- what a case must leave behind -------------------------------------------------------------------------
@@ -240,11 +282,12 @@ def store_state(path: Path) -> Any:
         con.close()
 
 
-def without_run(state: Any, run_id: str) -> Any:
-    """`state` less the rows of one run (the rows of a run a case stores), to compare the rest."""
+def without_run(state: Any, *run_ids: str) -> Any:
+    """`state` less the rows of the runs a case stores, to compare the rest."""
     if not isinstance(state, dict):
         return state
-    return {t: [r for r in rows if f"'{run_id}'" not in r] for t, rows in state.items()}
+    marks = [f"'{run_id}'" for run_id in run_ids]
+    return {t: [r for r in rows if not any(m in r for m in marks)] for t, rows in state.items()}
 
 
 def rows_of(path: Path, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -280,3 +323,19 @@ def processes_naming(needle: Path) -> list[str]:
             words = cmdline.replace(b"\0", b" ").decode(errors="replace")
             found.append(f"{entry.name}: {words[:200]}")
     return found
+
+
+def files_under(root: Path) -> set[Path]:
+    """Every file and link under `root` (Python's bytecode caches left out: an imported plugin writes one)."""
+    return {p for p in root.rglob("*") if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts}
+
+
+def written_outside(w: World, before: set[Path]) -> list[str]:
+    """Files a case's command created anywhere but in the run directories, beside its store, or in the
+    outputs the case names (an export folder, a report): what escaped."""
+    allowed = [w.runs, w.db.parent, *w.outputs]
+    return sorted(
+        str(p.relative_to(w.root))
+        for p in files_under(w.root) - before
+        if not any(p == a or a in p.parents for a in allowed) and not p.name.startswith(w.store.name)
+    )

@@ -145,7 +145,7 @@ def test_unknown_keys_and_bad_shapes(tmp_path: Path, text: str, needle: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("value", "needle"), [("-4", "sms must be a positive integer"), ('"many"', "got 'many'")]
+    ("value", "needle"), [("-4", "sms must be a whole number from 1 to 1,024"), ('"many"', "got 'many'")]
 )
 def test_bad_sms_in_axes(tmp_path: Path, value: str, needle: str) -> None:
     with pytest.raises(SpecError, match=needle):  # the file is checked whole when it loads (issue 41)

@@ -116,7 +116,7 @@ def test_request_errors(kw: dict[str, object], message: str) -> None:
         ({"backends": ("nccl-tests", "nccl-tests")}, "names nccl-tests more than once"),
         ({"hidden": 0}, "hidden must be a positive integer"),
         ({"tokens_per_rank": 1 << 21}, "tokens-per-rank 2097152 is above"),
-        ({"backends": ("hybrid-ep",), "sms": -4}, "sms must be a positive integer"),
+        ({"backends": ("hybrid-ep",), "sms": -4}, "sms must be a whole number from 1 to 1,024"),
         ({"topk": 9, "experts_per_rank": 2}, "topk 9 > total experts 4"),
     ],
 )
