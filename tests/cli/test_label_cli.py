@@ -116,7 +116,18 @@ def test_a_run_id_goes_before_another_runs_own_label(tmp_path: Path) -> None:
 def test_run_refuses_a_label_that_is_another_runs_id_before_measuring(db: Path, tmp_path: Path) -> None:
     from moelab.cli.main import app
 
-    argv = ["run", "--cpu", "--gpus", "1", "--backend", "nccl-a2a", "--hidden", "64", "--tokens-per-rank", "16"]
+    argv = [
+        "run",
+        "--cpu",
+        "--gpus",
+        "1",
+        "--backend",
+        "nccl-a2a",
+        "--hidden",
+        "64",
+        "--tokens-per-rank",
+        "16",
+    ]
     argv += ["--iters", "2", "--warmup", "1", "--label", "r1", "--db", str(db), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code != 0 and "is the id of another run" in result.output
