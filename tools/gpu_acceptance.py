@@ -13,9 +13,9 @@ Steps, in order (each a `moelab` command, its exit code checked, its output sear
   repeat-sigterm  `moelab run --backend nccl-a2a --repeat 3`, SIGTERM once its third start is running: the
                   finished starts must be stored (result rows), the run marked interrupted (multi-rank only)
   backends        `moelab backends --json` with the --backend-path folders: what can run here
-  a2a             `moelab run` of every available backend, bf16 and fp8, library-default SMs (multi-rank only)
-  e2e             `moelab run` of the MoE layer for every available backend: serial and tbo, forward and
-                  forward+backward
+  bench           one `moelab run` of every available backend, one job each: dispatch/combine at bf16 and
+                  fp8 and the --sms counts (multi-rank only), and the MoE layer, serial and tbo, forward and
+                  forward+backward, at the library's SMs (a suite crossing `bench = ["a2a", "e2e"]`)
   verify          `moelab verify` at the reference for the libraries present (multi-rank only)
   compare, report, model, check
                   on what the runs stored
@@ -24,11 +24,10 @@ own bound (a % of peak or bound above 100, an e2e ratio beyond its physical rang
 
 DeepEP and Hybrid-EP come from `--backend-path NAME=DIR` folders built beforehand (the README's development
 section has the commands); `--wait-for FILE` waits for a marker the build writes, so the steps that need no
-library run while the libraries compile: a2a and e2e first for the backends available before the build
-(runs acc-a2a, acc-e2e), then, once the marker is there, for the ones the build made available (acc-a2a-lib,
-acc-e2e-lib). The e2e runs take no health snapshots (`--no-health`: the a2a runs prove that path, and two
-probes per backend job cost a minute and a half). A step that `--time-limit` leaves no time for is `cut`,
-and the verdict is then INCOMPLETE, not PASSED.
+library run while the libraries compile: the bench step first for the backends available before the build
+(run acc-bench), then, once the marker is there, for the ones the build made available (acc-bench-lib,
+without health snapshots: the first run proves that path, and two probes per backend job cost about 16 s).
+A step that `--time-limit` leaves no time for is `cut`, and the verdict is then INCOMPLETE, not PASSED.
 
 Example (2 or 4 GPUs):
   python tools/gpu_acceptance.py --out results/gpu-acceptance/h200x4 \\
@@ -505,49 +504,23 @@ def measuring_run(r: Runner, name: str, run_id: str, argv: list[str], timeout_s:
     return run_id if res.rc == 0 else None
 
 
-def step_a2a(
-    r: Runner, backends: Sequence[str], run_id: str = "acc-a2a", name: str = "a2a", health: bool = True
-) -> str | None:
-    """The run of every backend; `health` off for the second phase, whose snapshots the first proved (two
-    probes per backend job)."""
-    s = r.s
-    argv = [
-        "run",
-        "--backend",
-        ",".join(backends),
-        "--dtype",
-        "bf16,fp8",
-        "--sms",
-        s.sms,
-        "--iters",
-        str(s.iters),
-        "--warmup",
-        "3",
-        "--run-id",
-        run_id,
-        "--label",
-        "acceptance-a2a",  # one label for both phases; a label may not be a run id
-        "--timeout",
-        "240",
-        *([] if health else ["--no-health"]),
-        *s.launch_args(),
-        *s.workload_args(),
-        *s.path_args(backends),
-        *s.nccl_tests_args(backends),
-        *s.store_args(),
-    ]
-
-    return measuring_run(r, name, run_id, argv, timeout_s=420)
+E2E_PAYLOAD = {"deepep": ("fp8",), "mxfp8-a2a": ("bf16", "mxfp8")}  # DeepEP V1 traps on bf16 at hidden 8192
 
 
-def e2e_suite(path: Path, backends: Sequence[str], s: Settings) -> None:
-    """The MoE layer for each backend: serial and tbo, forward and forward+backward, library-default SMs;
-    each backend at the payload it runs (DeepEP V1 traps on bf16 at hidden 8192: fp8)."""
-    payload = {"deepep": "fp8", "mxfp8-a2a": "mxfp8"}
+def bench_suite(path: Path, backends: Sequence[str], s: Settings, a2a: bool) -> None:
+    """One suite for both benchmarks, so each backend runs one job (a job start costs about 12 s on a GPU):
+    dispatch/combine (`bench = "a2a"`, at the --sms counts) and the MoE layer (serial and tbo, forward and
+    forward+backward, library-default SMs); bf16 and fp8 where the backend has them, DeepEP V1 at fp8.
+    Without `a2a` (one rank) only the layer."""
     hidden, tokens = s.hidden_tokens
+    sms = [v.strip() for v in s.sms.split(",") if v.strip()]
+
+    def toml(v: str) -> str:
+        return f'"{v}"' if v == "default" else v
+
     lines = [
-        'name = "gpu-acceptance-e2e"',
-        'description = "MoE layer, serial and tbo, forward and forward+backward (tools/gpu_acceptance.py)"',
+        'name = "gpu-acceptance"',
+        'description = "dispatch/combine and the MoE layer of every backend (tools/gpu_acceptance.py)"',
         "",
         "[workload]",
         f"hidden = {hidden}",
@@ -556,56 +529,64 @@ def e2e_suite(path: Path, backends: Sequence[str], s: Settings) -> None:
         f"experts_per_rank = {s.experts_per_rank}",
         'routing = "uniform"',
         "seed = 0",
-        'dtype = "bf16"',
         "",
         "[axes]",
-        'sms = ["default"]',
+        f"sms = [{', '.join(toml(v) for v in sms)}]",
     ]
     for b in backends:
-        if b in payload:
-            lines += ["", f"[backend.{b}.workload]", f'dtype = "{payload[b]}"']
+        layer = b not in HOST_JOBS
+        benches = (["a2a"] if a2a else []) + (["e2e"] if layer else [])
+        if not benches:
+            continue
+        dtypes = E2E_PAYLOAD.get(b, ("bf16", "fp8"))
         lines += [
             "",
             f"[backend.{b}.axes]",
-            'bench = ["e2e"]',
-            'mode = ["serial", "tbo"]',
-            "backward = [false, true]",
+            f"bench = [{', '.join(repr(x) for x in benches)}]".replace("'", '"'),
         ]
+        lines += [f"dtype = [{', '.join(f'{d!r}' for d in dtypes)}]".replace("'", '"')]
+        if layer:
+            lines += ['mode = ["serial", "tbo"]', "backward = [false, true]"]
+    for v in sms:
+        if v != "default":  # the layer at the library's default SMs only
+            lines += ["", "[[exclude]]", 'bench = "e2e"', f"sms = {v}"]
     path.write_text("\n".join(lines) + "\n")
 
 
-def step_e2e(r: Runner, backends: Sequence[str], run_id: str = "acc-e2e", name: str = "e2e") -> str | None:
+def step_bench(r: Runner, backends: Sequence[str], run_id: str, name: str, health: bool) -> str | None:
+    """One `moelab run` of every backend's dispatch/combine and MoE layer cases; `health` off in the
+    second phase, whose snapshots the first proved (two probes per backend job)."""
     s = r.s
-    layer = [b for b in backends if b not in HOST_JOBS]
-    if not layer:
-        r.skip(name, f"no backend here runs the MoE layer ({', '.join(backends) or 'none available'})")
-        return None
+    multi = s.gpus >= 2
     suite = s.work / f"{run_id}.toml"
-    e2e_suite(suite, layer, s)
+    bench_suite(suite, backends, s, a2a=multi)
+    runs = [b for b in backends if multi or b not in HOST_JOBS]
+    if not runs:
+        r.skip(name, f"no backend here runs on one rank ({', '.join(backends) or 'none available'})")
+        return None
     argv = [
         "run",
         "--suite",
         str(suite),
         "--backend",
-        ",".join(layer),
+        ",".join(runs),
         "--iters",
-        str(max(3, s.iters // 3)),  # outcomes: correctness is checked on every iteration
+        str(max(3, s.iters // 2)),  # outcomes: correctness is checked on every iteration
         "--warmup",
         "2",
         "--run-id",
         run_id,
         "--label",
-        "acceptance-e2e",
+        "acceptance",  # one label for both phases; a label may not be a run id
         "--timeout",
         "300",
-        # the a2a step proves the health snapshots; here they would cost two probes per backend job
-        "--no-health",
+        *([] if health else ["--no-health"]),
         *s.launch_args(),
-        *s.path_args(layer),
+        *s.path_args(runs),
+        *s.nccl_tests_args(runs),
         *s.store_args(),
     ]
-
-    return measuring_run(r, name, run_id, argv, timeout_s=480)
+    return measuring_run(r, name, run_id, argv, timeout_s=540)
 
 
 def step_verify(r: Runner, backends: Sequence[str]) -> None:
@@ -707,8 +688,8 @@ def gpu_facts(r: Runner) -> None:
 
 def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
     """The steps in order. With --wait-for and the libraries still compiling, the backends that need no
-    build run their a2a and e2e steps first (runs acc-a2a, acc-e2e), and the built ones after the wait
-    (acc-a2a-lib, acc-e2e-lib, same labels): the call's ten minutes hold the builds and the steps."""
+    build run first (run acc-bench), and the built ones after the wait (acc-bench-lib, same label): the
+    call's ten minutes hold the builds and the steps."""
     r = Runner(s)
     if keep is not None:
         keep.append(r)
@@ -720,42 +701,29 @@ def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
         step_repeat_sigterm(r)
     else:
         r.skip("repeat-sigterm", why_single)
-    runs: list[tuple[str | None, str | None]] = []  # (a2a run, e2e run) of each phase
+        r.skip("a2a", f"dispatch/combine {why_single}; the MoE layer runs")
+    runs: list[str] = []
     building = s.wait_for is not None and not s.wait_for.exists()
     done: list[str] = []
     if building:
-        early = runnable(step_backends(r, "backends-before-build"), s.only)
-        runs.append(measure(r, early, "", multi, why_single))
-        done = early
+        done = runnable(step_backends(r, "backends-before-build"), s.only)
+        runs.append(step_bench(r, done, "acc-bench", "bench", health=True) or "")
         wait_for_builds(r)
     backends = [b for b in runnable(step_backends(r), s.only) if b not in done]
     if backends or not building:
-        runs.append(measure(r, backends, "-lib" if building else "", multi, why_single))
+        suffix = "-lib" if building else ""
+        runs.append(
+            step_bench(r, backends, f"acc-bench{suffix}", f"bench{suffix}", health=not building) or ""
+        )
     if multi:
         step_verify(r, [*done, *backends])
     else:
         r.skip("verify", "each library's own test needs at least 2 ranks")
-    a2a_runs = [a for a, _ in runs if a]
-    e2e_runs = [e for _, e in runs if e]
-    if a2a_runs:
-        # the gate holds the first a2a run (nccl-a2a is in it) against the repeat run of the same cases
-        step_readers(r, a2a_runs, "acc-repeat" if multi else None)
-    elif e2e_runs:
-        step_readers(r, e2e_runs, None)
+    stored = [x for x in runs if x]
+    if stored:
+        # the gate holds the first run (nccl-a2a's dispatch/combine is in it) against the repeat run
+        step_readers(r, stored, "acc-repeat" if multi else None)
     return r
-
-
-def measure(
-    r: Runner, backends: Sequence[str], suffix: str, multi: bool, why_single: str
-) -> tuple[str | None, str | None]:
-    """The a2a and e2e steps for these backends: their run ids where they passed."""
-    a2a = e2e = None
-    if multi:
-        a2a = step_a2a(r, backends, f"acc-a2a{suffix}", f"a2a{suffix}", health=not suffix)
-    else:
-        r.skip(f"a2a{suffix}", why_single)
-    e2e = step_e2e(r, backends, f"acc-e2e{suffix}", f"e2e{suffix}")
-    return a2a, e2e
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:

@@ -3,7 +3,9 @@ case spec: None is "the default"), and resolved against the case's workload and 
 layer runs with). Every check is here, so a bad value is refused at planning with the same words wherever
 it was written.
 
-Suites ask for an e2e case with the backend axis `bench = "e2e"` and the knobs named in E2E_KEYS; the case
+Suites ask for an e2e case with the backend axis `bench = "e2e"` and the knobs named in E2E_KEYS
+(`bench = ["a2a", "e2e"]` gives both kinds in one job per backend: the e2e knobs apply to the e2e cases
+only, so the dispatch/combine cases are the same whatever they cross with); the case
 spec keeps them apart from the backend's own knobs (`CaseSpec.kind`, `CaseSpec.e2e`), and writes them back
 in that form (`CaseSpec.asked_knobs`), so case ids and stored knobs read as they always did.
 """
@@ -19,6 +21,8 @@ from moelab.core.workload import LIMITS, MAX_SMS, Workload
 
 BENCH_KNOB = "bench"  # the suite axis that makes a case an e2e case
 BENCH_E2E = "e2e"
+BENCH_A2A = "a2a"  # dispatch/combine, as a case without the axis: a suite crossing both runs them in one job
+BENCHES = (BENCH_A2A, BENCH_E2E)
 E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout", "comm")
 MODES = ("serial", "tbo", "chunked", "expert", "auto")
 # auto: each rank times serial and the overlapped candidates (moelab.measure.e2e.auto_schedule) on the
@@ -34,6 +38,15 @@ PROFILES = ("full", "layer")
 GEMM_IMPLS = ("auto", "grouped", "padded", "loop")
 DEFAULT_CHUNKS = 4
 INTERMEDIATE_DIVISOR = 4
+
+
+def a2a_knobs(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """A case's knobs as asked, with `bench = "a2a"` said the way a dispatch/combine case is written: no
+    bench and none of the layer's knobs (they are the e2e cases' of the same axes), so its id and stored
+    knobs are those of the same case in a suite without the axis."""
+    if knobs.get(BENCH_KNOB) != BENCH_A2A:
+        return dict(knobs)
+    return {k: v for k, v in knobs.items() if k != BENCH_KNOB and k not in E2E_KEYS}
 
 
 def default_intermediate(hidden: int) -> int:

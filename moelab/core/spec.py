@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moelab.core.e2e_spec import BENCH_E2E, BENCH_KNOB, E2E_KEYS, E2ESpec
+from moelab.core.e2e_spec import BENCH_A2A, BENCH_E2E, BENCH_KNOB, BENCHES, E2E_KEYS, E2ESpec, a2a_knobs
 from moelab.core.errors import SpecError
 from moelab.core.workload import Workload
 
@@ -152,13 +152,14 @@ class CaseSpec:
     def from_asked(cls, *, knobs: Mapping[str, Any], kind: str | None = None, **fields: Any) -> CaseSpec:
         """A case from its knobs as a suite writes them: `bench = "e2e"` and the e2e knobs make an e2e case,
         the rest are the backend's."""
-        rest = dict(knobs)
-        bench = rest.pop(BENCH_KNOB, None)
-        if bench is not None and bench != BENCH_E2E:
+        bench = knobs.get(BENCH_KNOB)
+        if bench is not None and bench not in BENCHES:
             raise SpecError(
-                f"unknown bench {bench!r}: the only bench besides dispatch/combine is {BENCH_E2E}"
+                f"unknown bench {bench!r}: {BENCH_A2A} (dispatch/combine) or {BENCH_E2E} (the MoE layer)"
             )
-        if bench is None:
+        rest = a2a_knobs(knobs)  # bench = "a2a": the layer's knobs belong to the e2e cases of the same axes
+        rest.pop(BENCH_KNOB, None)
+        if bench is None or bench == BENCH_A2A:
             return cls(kind=kind or "a2a", knobs=rest, **fields)
         e2e = E2ESpec.from_knobs(rest)
         backend_knobs = {k: v for k, v in rest.items() if k not in E2E_KEYS}

@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from moelab.core.e2e_spec import a2a_knobs
 from moelab.core.errors import SpecError
 from moelab.core.spec import MAX_REPEATS, CaseSpec
 from moelab.core.workload import MAX_SMS, RoutingSpec, Workload
@@ -316,7 +317,7 @@ def _experts_per_rank(suite: Suite, values: dict[str, Any], world: int) -> str |
 def _case(suite: Suite, backend: str, values: dict[str, Any], world: int) -> CaseSpec:
     experts_skip = _experts_per_rank(suite, values, world)
     sms = _parse_sms(values.pop("sms", None))
-    knobs = {k: values.pop(k) for k in list(values) if k not in CASE_KEYS}
+    knobs = a2a_knobs({k: values.pop(k) for k in list(values) if k not in CASE_KEYS})
     try:
         workload = _build_workload(values)
     except TypeError as exc:

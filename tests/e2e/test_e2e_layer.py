@@ -539,3 +539,34 @@ def test_e2e_suite_expands_into_e2e_cases_for_every_listed_backend() -> None:
         assert c.e2e is not None
         c.e2e.resolve(c.workload)
     assert len({(c.backend, c.case_id) for c in cases}) == len(cases)
+
+
+def test_bench_a2a_crossing_the_layer_axes_is_one_plain_dispatch_combine_case() -> None:
+    """`bench = ["a2a", "e2e"]` runs both benchmarks in one job per backend: the e2e knobs cross only the
+    layer's cases, and the dispatch/combine case keeps the id and knobs it has without the axis."""
+    from moelab.suites.loader import expand, parse_suite
+
+    suite = parse_suite(
+        {
+            "name": "mix",
+            "workload": {"hidden": 256, "tokens_per_rank": 64, "topk": 8, "experts_per_rank": 8},
+            "backend": {
+                "nccl-a2a": {"axes": {"bench": ["a2a", "e2e"], "mode": ["serial", "tbo"], "backward": [True]}}
+            },
+        }
+    )
+    cases = expand(suite, ["nccl-a2a"], world=2)
+    a2a = [c for c in cases if c.kind == "a2a"]
+    assert (
+        len(a2a) == 1
+        and a2a[0].knobs == {}
+        and "bench" not in a2a[0].case_id
+        and "mode" not in a2a[0].case_id
+    )
+    assert sorted(c.e2e.mode for c in cases if c.kind == "e2e") == ["serial", "tbo"]
+    with pytest.raises(SpecError, match="unknown bench 'layer': a2a .dispatch/combine. or e2e"):
+        expand(
+            parse_suite({"name": "x", "backend": {"nccl-a2a": {"axes": {"bench": ["layer"]}}}}),
+            ["nccl-a2a"],
+            2,
+        )

@@ -88,9 +88,9 @@ def test_one_rank_skips_the_multi_rank_steps_and_says_why(tmp_path: Path) -> Non
     assert rc == 0 and summary["passed"], failed
     for name in ("repeat-sigterm", "a2a", "verify"):
         assert steps[name]["status"] == "skipped" and "2 ranks" in steps[name]["notes"][0]
-    for name in ("doctor", "backends", "e2e", "compare", "report", "model"):
+    for name in ("doctor", "backends", "bench", "compare", "report", "model"):
         assert steps[name]["status"] == "passed", name
-    assert any("ok" in n for n in steps["e2e"]["notes"])
+    assert any("ok" in n for n in steps["bench"]["notes"])
     assert "(1 cpu ranks): PASSED" in (out / "summary.md").read_text()
 
 
@@ -148,3 +148,36 @@ def test_a_spent_time_limit_skips_the_step_and_says_so(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["verdict"] == "INCOMPLETE" and not summary["passed"]
     assert "): INCOMPLETE" in (tmp_path / "o" / "summary.md").read_text()
+
+
+def test_one_suite_gives_each_backend_one_job_of_both_benchmarks(tmp_path: Path) -> None:
+    """The a2a and e2e steps were two runs, so two job starts per backend (about 12 s each on a GPU): one
+    suite now crosses `bench = ["a2a", "e2e"]`. Its dispatch/combine cases are the plain ones (the repeat
+    run's ids, which the gate matches), the layer runs at default SMs only, a host job only dispatches."""
+    from moelab.suites.loader import expand, load_suite
+
+    t = _tool()
+    s = t.parse_args(["--cpu", "--gpus", "2", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")])
+    s = t.Settings(**{**vars(s), "sms": "default,16", "small": False})
+    path = tmp_path / "bench.toml"
+    t.bench_suite(path, ["nccl-a2a", "deepep", "nccl-tests"], s, a2a=True)
+    cases = expand(load_suite(str(path)), ["nccl-a2a", "deepep", "nccl-tests"], world=2)
+    ids = {(c.backend, c.case_id) for c in cases}
+    assert ("nccl-a2a", "h8192-t4096-k8-e8-uniform-s0-bf16-smdef") in ids  # as the repeat run has it
+    assert ("nccl-a2a", "h8192-t4096-k8-e8-uniform-s0-bf16-sm16") in ids
+    kinds = {(c.backend, c.kind) for c in cases}
+    assert kinds == {
+        ("nccl-a2a", "a2a"),
+        ("nccl-a2a", "e2e"),
+        ("deepep", "a2a"),
+        ("deepep", "e2e"),
+        ("nccl-tests", "a2a"),
+    }
+    layer = [c for c in cases if c.kind == "e2e"]
+    assert all(c.sms is None for c in layer)  # the layer at the library's default SMs
+    assert {c.workload.dtype for c in layer if c.backend == "deepep"} == {"fp8"}
+    assert len([c for c in layer if c.backend == "nccl-a2a"]) == 2 * 4  # bf16, fp8 x serial/tbo x fwd/fwd+bwd
+    assert all("mode" not in c.knobs and "backward" not in c.knobs for c in cases if c.kind == "a2a")
+    one_rank = tmp_path / "one.toml"
+    t.bench_suite(one_rank, ["nccl-a2a", "nccl-tests"], s, a2a=False)
+    assert {c.kind for c in expand(load_suite(str(one_rank)), ["nccl-a2a"], world=1)} == {"e2e"}
