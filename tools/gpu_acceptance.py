@@ -513,11 +513,10 @@ def bench_suite(path: Path, backends: Sequence[str], s: Settings, a2a: bool) -> 
     forward+backward, library-default SMs); bf16 and fp8 where the backend has them, DeepEP V1 at fp8.
     Without `a2a` (one rank) only the layer."""
     hidden, tokens = s.hidden_tokens
-    sms = [v.strip() for v in s.sms.split(",") if v.strip()]
-
-    def toml(v: str) -> str:
-        return f'"{v}"' if v == "default" else v
-
+    sms: list[str | int] = [
+        v if v == "default" else int(v) for v in (x.strip() for x in s.sms.split(",")) if v
+    ]
+    toml = json.dumps  # strings, numbers, booleans and lists of them are written alike in both
     lines = [
         'name = "gpu-acceptance"',
         'description = "dispatch/combine and the MoE layer of every backend (tools/gpu_acceptance.py)"',
@@ -531,25 +530,20 @@ def bench_suite(path: Path, backends: Sequence[str], s: Settings, a2a: bool) -> 
         "seed = 0",
         "",
         "[axes]",
-        f"sms = [{', '.join(toml(v) for v in sms)}]",
+        f"sms = {toml(sms)}",
     ]
     for b in backends:
         layer = b not in HOST_JOBS
         benches = (["a2a"] if a2a else []) + (["e2e"] if layer else [])
         if not benches:
             continue
-        dtypes = E2E_PAYLOAD.get(b, ("bf16", "fp8"))
-        lines += [
-            "",
-            f"[backend.{b}.axes]",
-            f"bench = [{', '.join(repr(x) for x in benches)}]".replace("'", '"'),
-        ]
-        lines += [f"dtype = [{', '.join(f'{d!r}' for d in dtypes)}]".replace("'", '"')]
+        lines += ["", f"[backend.{b}.axes]", f"bench = {toml(benches)}"]
+        lines += [f"dtype = {toml(list(E2E_PAYLOAD.get(b, ('bf16', 'fp8'))))}"]
         if layer:
-            lines += ['mode = ["serial", "tbo"]', "backward = [false, true]"]
+            lines += [f"mode = {toml(['serial', 'tbo'])}", f"backward = {toml([False, True])}"]
     for v in sms:
         if v != "default":  # the layer at the library's default SMs only
-            lines += ["", "[[exclude]]", 'bench = "e2e"', f"sms = {v}"]
+            lines += ["", "[[exclude]]", 'bench = "e2e"', f"sms = {toml(v)}"]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -702,19 +696,17 @@ def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
     else:
         r.skip("repeat-sigterm", why_single)
         r.skip("a2a", f"dispatch/combine {why_single}; the MoE layer runs")
-    runs: list[str] = []
+    runs: list[str | None] = []  # the bench run of each phase, where it passed
     building = s.wait_for is not None and not s.wait_for.exists()
     done: list[str] = []
     if building:
         done = runnable(step_backends(r, "backends-before-build"), s.only)
-        runs.append(step_bench(r, done, "acc-bench", "bench", health=True) or "")
+        runs.append(step_bench(r, done, "acc-bench", "bench", health=True))
         wait_for_builds(r)
     backends = [b for b in runnable(step_backends(r), s.only) if b not in done]
     if backends or not building:
         suffix = "-lib" if building else ""
-        runs.append(
-            step_bench(r, backends, f"acc-bench{suffix}", f"bench{suffix}", health=not building) or ""
-        )
+        runs.append(step_bench(r, backends, f"acc-bench{suffix}", f"bench{suffix}", health=not building))
     if multi:
         step_verify(r, [*done, *backends])
     else:
@@ -761,6 +753,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         "--backend", default="", metavar="NAME[,NAME…]", help="only these of the available backends"
     )
     a = p.parse_args(argv)
+    for v in a.sms.split(","):
+        if v.strip() != "default" and not v.strip().isdigit():
+            p.error(f"--sms takes default or whole numbers of SMs, comma-separated, got {v.strip()!r}")
     paths: dict[str, str] = {}
     for v in a.backend_path:
         name, sep, path = v.partition("=")

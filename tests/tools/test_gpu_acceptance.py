@@ -181,3 +181,13 @@ def test_one_suite_gives_each_backend_one_job_of_both_benchmarks(tmp_path: Path)
     one_rank = tmp_path / "one.toml"
     t.bench_suite(one_rank, ["nccl-a2a", "nccl-tests"], s, a2a=False)
     assert {c.kind for c in expand(load_suite(str(one_rank)), ["nccl-a2a"], world=1)} == {"e2e"}
+
+
+def test_a_bad_sms_list_is_one_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    t = _tool()
+    with pytest.raises(SystemExit) as exc:
+        t.parse_args(["--cpu", "--out", str(tmp_path / "o"), "--sms", "default,abc"])
+    assert exc.value.code == 2
+    assert (
+        "--sms takes default or whole numbers of SMs, comma-separated, got 'abc'" in capsys.readouterr().err
+    )
