@@ -12,6 +12,7 @@ import pytest
 from moelab.core.errors import MoelabError
 from moelab.model.links import PeakTable
 from moelab.model.published import LOW_RATIO, NIC_TIGHT, check_row, check_tables, load_rows, parse_dataset
+from tests.model import synthetic_tables
 
 # DeepEP's tables as issue 28 lists them (docs/legacy.md of deepseek-ai/DeepEP)
 NORMAL = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}
@@ -84,44 +85,14 @@ def test_the_bottlenecks_are_the_links_expected(checked: list[Any]) -> None:
 
 
 def _doc(**row: Any) -> dict[str, Any]:
-    base = {
-        k: v
-        for k, v in {"table": "t", "ep": 8, "op": "dispatch", "gbps": 1.0, "definition": "nvl_recv"}.items()
+    base = {"table": "t", "ep": 8, "op": "dispatch", "gbps": 1.0, "definition": "nvl_recv"}
+    table = {
+        "history": "",
+        "family": "flat",
+        "backends": ["nccl-a2a"],
+        "workload": {"hidden": 1024, "tokens_per_rank": 256, "topk": 8, "experts": 64, "dtype": "bf16"},
     }
-    return {
-        "dataset": {
-            "library": "L",
-            "version": "v1",
-            "repository": "https://github.com/x/y",
-            "hardware_text": "h",
-            "gpu": "H100",
-            "nic": "ConnectX-7",
-            "gpus_per_node": 8,
-            "nics_per_node": 8,
-        },
-        "tables": {
-            "t": {
-                "title": "T",
-                "document": "README.md",
-                "commit": "0" * 40,
-                "date": "2026-01-01",
-                "history": "",
-                "family": "flat",
-                "backends": ["nccl-a2a"],
-                "figure": "f",
-                "test": "t",
-                "workload_text": "w",
-                "workload": {
-                    "hidden": 1024,
-                    "tokens_per_rank": 256,
-                    "topk": 8,
-                    "experts": 64,
-                    "dtype": "bf16",
-                },
-            }
-        },
-        "rows": [base | row],
-    }
+    return synthetic_tables.dataset(table, [base | row])
 
 
 def test_a_row_above_its_bound_is_a_problem_and_a_low_row_needs_a_reason() -> None:

@@ -26,47 +26,26 @@ from moelab.model.published import (
     load_rows,
     parse_dataset,
 )
+from tests.model import synthetic_tables
 
 TABLE = PeakTable()
 
 
 def _dataset(rows: list[dict[str, Any]], family: str = "hierarchical") -> dict[str, Any]:
     """One table of 16 ranks on two nodes of 8 GPUs with one ConnectX-7 each: its bound is the NIC's."""
-    return {
-        "dataset": {
-            "library": "L",
-            "version": "v1",
-            "repository": "https://github.com/x/y",
-            "hardware_text": "h",
-            "gpu": "H100",
-            "nic": "ConnectX-7",
-            "gpus_per_node": 8,
-            "nics_per_node": 8,
+    table = {
+        "family": family,
+        "backends": [],
+        "workload": {
+            "hidden": 7168,
+            "tokens_per_rank": 4096,
+            "topk": 8,
+            "experts_per_rank": 8,
+            "dtype": "bf16",
         },
-        "tables": {
-            "t": {
-                "title": "T",
-                "document": "README.md",
-                "commit": "0" * 40,
-                "date": "2026-01-01",
-                "family": family,
-                "backends": [],
-                "figure": "f",
-                "test": "t",
-                "workload_text": "w",
-                "workload": {
-                    "hidden": 7168,
-                    "tokens_per_rank": 4096,
-                    "topk": 8,
-                    "experts_per_rank": 8,
-                    "dtype": "bf16",
-                },
-            }
-        },
-        "rows": [
-            {"table": "t", "ep": 16, "definition": "rdma_pairs", "reason": "synthetic"} | r for r in rows
-        ],
     }
+    rows = [{"table": "t", "ep": 16, "definition": "rdma_pairs", "reason": "synthetic"} | r for r in rows]
+    return synthetic_tables.dataset(table, rows)
 
 
 def _toml(doc: dict[str, Any]) -> str:
