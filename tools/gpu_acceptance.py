@@ -16,9 +16,10 @@ Steps, in order (each a `moelab` command, its exit code checked, its output sear
   bench           one `moelab run` of every available backend, one job each: dispatch/combine at bf16 and
                   fp8 and the --sms counts (multi-rank only), and the MoE layer, serial and tbo, forward and
                   forward+backward, at the library's SMs (a suite crossing `bench = ["a2a", "e2e"]`)
-  verify          `moelab verify` at the reference for the libraries present (multi-rank only)
+  verify          `moelab verify` at the reference for the libraries present (multi-rank only), into its
+                  own store, while the readers run beside it
   compare, report, model, check
-                  on what the runs stored
+                  on what the bench runs stored (CPU only)
 Every stored case must be ok, or unsupported/skipped with its reason; no stored figure may be beyond its
 own bound (a % of peak or bound above 100, an e2e ratio beyond its physical range) unless a flag names it.
 
@@ -46,6 +47,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -117,8 +119,17 @@ class Settings:
     def runs(self) -> Path:
         return self.work / "runs"
 
+    @property
+    def verify_db(self) -> Path:
+        """verify's own store: it writes while the readers read the bench store beside it (DuckDB lets no
+        reader open a file another process writes)."""
+        return self.work / "verify.duckdb"
+
     def store_args(self) -> list[str]:
         return ["--db", str(self.db), "--out", str(self.runs)]
+
+    def verify_store_args(self) -> list[str]:
+        return ["--db", str(self.verify_db), "--out", str(self.work / "runs-verify")]
 
     def path_args(self, names: Sequence[str] | None = None) -> list[str]:
         out = []
@@ -166,6 +177,7 @@ class Runner:
         self.results: list[StepResult] = []
         self.started = time.monotonic()
         self.facts: dict[str, Any] = {}
+        self.lock = threading.Lock()  # verify's thread and the readers record side by side
 
     def command(
         self,
@@ -241,10 +253,13 @@ class Runner:
     def record(self, res: StepResult) -> StepResult:
         if res.problems:
             res.status = "failed"
-        self.results.append(res)
-        self.write_summary()
-        mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip", "cut": "CUT "}[res.status]
-        print(f"[{mark}] {res.name} ({res.seconds:.0f} s) {'; '.join(res.problems + res.notes)}", flush=True)
+        with self.lock:
+            self.results.append(res)
+            self.write_summary()
+            mark = {"passed": "ok  ", "failed": "FAIL", "skipped": "skip", "cut": "CUT "}[res.status]
+            print(
+                f"[{mark}] {res.name} ({res.seconds:.0f} s) {'; '.join(res.problems + res.notes)}", flush=True
+            )
         return res
 
     def write_summary(self) -> None:
@@ -606,7 +621,7 @@ def step_verify(r: Runner, backends: Sequence[str]) -> None:
         "--no-health",
         *s.path_args(libs),
         *s.nccl_tests_args(libs),
-        *s.store_args(),
+        *s.verify_store_args(),
     ]
     # verify's exit code 1 says a figure is outside ±5% of the library's: a finding it reports, not a crash
     r.command("verify", argv, expect=(0, 1), timeout_s=420)
@@ -707,14 +722,21 @@ def run_all(s: Settings, keep: list[Runner] | None = None) -> Runner:
     if backends or not building:
         suffix = "-lib" if building else ""
         runs.append(step_bench(r, backends, f"acc-bench{suffix}", f"bench{suffix}", health=not building))
+    # verify (GPUs, its own store) and the readers (CPU, the bench store) side by side: verify holds the
+    # library's own test (Hybrid-EP's alone took 124 s on 2 x H200), and the readers after it did not fit
+    # the call's ten minutes
+    verify: threading.Thread | None = None
     if multi:
-        step_verify(r, [*done, *backends])
+        verify = threading.Thread(target=step_verify, args=(r, [*done, *backends]), name="verify")
+        verify.start()
     else:
         r.skip("verify", "each library's own test needs at least 2 ranks")
     stored = [x for x in runs if x]
     if stored:
         # the gate holds the first run (nccl-a2a's dispatch/combine is in it) against the repeat run
         step_readers(r, stored, "acc-repeat" if multi else None)
+    if verify is not None:
+        verify.join()
     return r
 
 
