@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moelab.backends.base import CaseConfig, Dispatched
+from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
@@ -104,6 +105,14 @@ class HookedA2A(NcclA2ABackend):
         return lambda: self.dispatch(x, topk_idx, topk_weights)
 
 
+class HookedMxfp8(Mxfp8A2ABackend):
+    """mxfp8-a2a (the payload quantized on the wire) with the same test hook."""
+
+    dispatch_hooked = HookedA2A.dispatch_hooked
+
+
+BACKENDS = {"nccl-a2a": HookedA2A, "mxfp8-a2a": HookedMxfp8}
+
 SCHEDULES = (  # (schedule, micro-batches or groups, GEMM)
     ("tbo", 2, "loop"),
     ("tbo", 2, "grouped"),
@@ -114,11 +123,13 @@ SCHEDULES = (  # (schedule, micro-batches or groups, GEMM)
 )
 
 
-def _schedules_rank(rank: int, world: int, wl: Workload, exchange: str) -> list[dict[str, Any]]:
+def _schedules_rank(
+    rank: int, world: int, wl: Workload, backend_name: str, exchange: str
+) -> list[dict[str, Any]]:
     """Per schedule and per host_counts (True, False): output and gradients, and the host reads made in the
     per-micro-batch path (forward), and in backward."""
     case = CaseConfig(case_id="t", workload=wl, knobs={"exchange": exchange})
-    backend = HookedA2A(gloo_context(rank, world), [case])
+    backend = BACKENDS[backend_name](gloo_context(rank, world), [case])
     backend.prepare(case)
     r = route_all(wl, world)[rank]
     seed = wl.routing.seed
@@ -162,16 +173,24 @@ def _in_layer(reads: list[str]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "exchange"), [(2, "splits"), (3, "splits"), (2, "allgather")])
+@pytest.mark.parametrize(
+    ("world", "backend", "exchange"),
+    [
+        (2, "nccl-a2a", "splits"),
+        (3, "nccl-a2a", "splits"),
+        (2, "nccl-a2a", "allgather"),
+        (2, "mxfp8-a2a", "splits"),
+    ],
+)
 def test_overlapped_schedules_make_no_host_read_per_micro_batch_and_keep_their_bits(
-    world: int, exchange: str
+    world: int, backend: str, exchange: str
 ) -> None:
     """With the counts read up front, no micro-batch's dispatch, grouping, expert compute or combine reads a
     tensor on the host (tbo, chunked, expert: none at all; hook: none of the layer's own, its backend's
     fresh dispatch syncs inside), nor does backward; the syncing path (host_counts=False) does read, and
     both give the same bits, forward and backward."""
     wl = Workload(hidden=64, tokens_per_rank=24, topk=4, experts_per_rank=3, routing=RoutingSpec(seed=5))
-    per_rank = run_ranks(world, _schedules_rank, wl, exchange)
+    per_rank = run_ranks(world, _schedules_rank, wl, backend, exchange)
     for rank, results in enumerate(per_rank):
         by_key = {res["schedule"]: res for res in results}
         for mode, chunks, gemm in {res["schedule"][:3] for res in results}:
