@@ -256,6 +256,9 @@ def test_pair_map_with_host_counts_is_bit_identical_and_reads_nothing(
     slow, slow_off = pair_map(idx, w, experts)
     assert reads == []
     assert torch.equal(fast_off, slow_off)
+    key = torch.where((idx >= 0) & (idx < experts), idx, experts).reshape(-1)
+    before = torch.cumsum(torch.bincount(key, minlength=experts + 1)[:experts], 0).to(torch.int32)
+    assert torch.equal(fast_off, before) and fast_off.dtype == torch.int32  # the offsets bincount gave
     assert (fast.num_pairs, fast.max_group) == (slow.num_pairs, slow.max_group)
     for a, b in zip(fast.tensors(), slow.tensors(), strict=True):
         assert torch.equal(a, b)

@@ -51,14 +51,12 @@ def start_pair_counts(
     ctx = getattr(backend, "ctx", None)  # a backend with no context (a test's loopback) is one rank
     world, rank = (ctx.world, ctx.rank) if ctx is not None else (1, 0)
     total = world * experts_per_rank
-    counts = torch.stack(
-        [
-            torch.bincount(
-                torch.where((i >= 0) & (i < total), i, total).reshape(-1).long(), minlength=total + 1
-            )[:total]
-            for i in routings
-        ]
-    )
+    # scatter_add, not torch.bincount: CUDA's bincount reads its input's min and max on the host
+    counts = torch.zeros(len(routings), total + 1, dtype=torch.int64, device=routings[0].device)
+    for row, i in zip(counts, routings, strict=True):
+        key = torch.where((i >= 0) & (i < total), i, total).reshape(-1).long()
+        row.scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:, :total].contiguous()
     if ctx is not None and world > 1:
         dist.all_reduce(counts, group=ctx.group)
     host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=counts.is_cuda)

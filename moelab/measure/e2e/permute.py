@@ -75,19 +75,21 @@ def pair_map(
     key = torch.where(valid, idx, experts_per_rank)  # slots of other ranks' experts sort last
     # a stable radix sort costs a pass per key byte: int16 keys (any expert count a rank holds) take 2, not 8
     narrow = key.to(torch.int16) if experts_per_rank < torch.iinfo(torch.int16).max else key
-    order = torch.sort(narrow, stable=True).indices
-    device_counts = torch.bincount(key, minlength=experts_per_rank + 1)[:experts_per_rank]
-    offsets = torch.cumsum(device_counts, 0).to(torch.int32)
+    sorted_keys, order = torch.sort(narrow, stable=True)
+    # each expert's cumulative pair count, where its keys end among the sorted ones: no host sync (CUDA's
+    # torch.bincount reads the input's min and max on the host to size its output, two syncs)
+    experts = torch.arange(experts_per_rank, dtype=sorted_keys.dtype, device=idx.device)
+    offsets = torch.searchsorted(sorted_keys, experts, right=True, out_int32=True)
     host: tuple[int, ...] | None = None
     if counts is not None:
         host = tuple(int(c) for c in counts)
         if len(host) != experts_per_rank:
             raise ValueError(f"pair counts for {len(host)} experts, the rank holds {experts_per_rank}")
         num_pairs, max_group = sum(host), max(host, default=0)
-    elif (
-        experts_per_rank
-    ):  # one host sync: the pair count sizes the gather, the largest group the padded GEMM
-        both = torch.stack([offsets[-1].long(), device_counts.max()]).tolist()
+    elif experts_per_rank:
+        # one host sync: the pair count sizes the gather, the largest group the padded GEMM
+        device_counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
+        both = torch.stack([offsets[-1], device_counts.max()]).tolist()
         num_pairs, max_group = int(both[0]), int(both[1])
     else:
         num_pairs, max_group = 0, 0
