@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 37, host-sync part, on 2 GPUs (~4 min), from the repository root:
 #   bash benchmarks/host_sync_overlap.sh [RESULT_DIR]       (DEEPEP=DIR: a built DeepEP v1.2.1 tree)
+# 0. tests/e2e/test_pair_counts_gpu.py: CUDA's sync detector over the overlapped layer (one GPU, ~30 s);
 # 1. serial vs tbo vs expert/4 at the reference and DeepSeek-V3 presets, nccl-a2a and deepep, forward and
 #    forward+backward (benchmarks/host_sync_overlap.toml), then benchmarks/overlap_summary.py's tables and
 #    each case's schedule_overhead_us (was 1.7-3.8 ms per layer at EP 2 on H200, results/h200x2-r6);
@@ -24,10 +25,13 @@ TRACED=h7168-t4096-k8-e128-uniform-s0-bf16-smdef-backward=True-bench=e2e-exchang
 COMMON="--db $R/moelab.duckdb --gpus 2 --suite $S --iters 8 --warmup 2 --no-health --timeout 240"
 git log --oneline -1 > "$R/commit.txt"; nvidia-smi --query-gpu=name --format=csv,noheader >> "$R/commit.txt"
 
-timeout 300 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
+CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
+  > "$R/gpu_tests.txt" 2>&1
+tail -3 "$R/gpu_tests.txt"
+timeout 280 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
   --run-id hs-ep2 > "$R/run.txt" 2>&1
 echo "exit $?" >> "$R/run.txt"; tail -4 "$R/run.txt"
-timeout 150 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
+timeout 120 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
   --run-id hs-trace > "$R/trace.txt" 2>&1
 echo "exit $?" >> "$R/trace.txt"; tail -2 "$R/trace.txt"
 
