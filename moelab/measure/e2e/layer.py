@@ -14,8 +14,10 @@ Rows are grouped by local expert: a received row with several local experts is r
 expert (a (row, expert) pair), the pairs sorted by expert (the permute), the grouped GEMMs run over
 contiguous groups, and each row's pair outputs are gathered back in token order and summed with their
 routing weights in float32 before combine (the un-permute; moelab.measure.e2e.permute, deterministic
-forward and backward, Triton kernels on CUDA where triton is installed). Grouping needs one host
-synchronisation per dispatch (the number of pairs sizes the gather).
+forward and backward, Triton kernels on CUDA where triton is installed). Grouping needs the number of
+pairs on the host (it sizes the gather): the overlapped schedules read every micro-batch's per-expert pair
+counts once per layer before the first payload (moelab.measure.e2e.pair_counts) and pass them in; without
+them (the serial layer) grouping reads them after the dispatch, one host sync.
 
 Backward: the gradient of dispatch is a combine of the received rows' gradients along the same handle;
 the gradient of combine is a dispatch of the output gradient along the same handle, which needs the
@@ -33,7 +35,8 @@ layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.la
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,11 +179,15 @@ def padded_index(offsets: torch.Tensor, num_pairs: int, max_group: int) -> torch
     return expert_of_pair * max_group + (torch.arange(num_pairs, device=offsets.device) - start)
 
 
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str) -> torch.Tensor:
-    """x [P, K] rows sorted by group, w [G, K, N], offsets [G] int32 cumulative row ends -> [P, N]."""
+def grouped_matmul(
+    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str, ends: Sequence[int] | None = None
+) -> torch.Tensor:
+    """x [P, K] rows sorted by group, w [G, K, N], offsets [G] int32 cumulative row ends -> [P, N]. `ends`:
+    the same offsets where the host has them (the loop then needs no host sync)."""
     if impl == "grouped":
         return torch._grouped_mm(x, w, offs=offsets)
-    ends = offsets.tolist()  # host sync: the loop needs the group sizes on the host
+    if ends is None:
+        ends = offsets.tolist()  # host sync: the loop needs the group sizes on the host
     outs, start = [], 0
     for g, end in enumerate(ends):
         outs.append(x[start:end] @ w[g])
@@ -195,9 +202,10 @@ def swiglu_ffn(
     impl: str,
     act: str = "torch",
     max_group: int = 0,
+    ends: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's): expert-sorted rows
-    [P, H] -> [P, H]."""
+    [P, H] -> [P, H]. `ends`: the offsets on the host, where known (the loop's sizes)."""
     if impl == "padded":
         # one batched matmul per projection over every expert padded to `max_group` rows: cuBLAS's batched
         # GEMM runs near the dense rate where the grouped kernel's tiles go short on few rows per expert;
@@ -210,8 +218,8 @@ def swiglu_ffn(
         h = torch.bmm(padded, weights.w13).view(experts * max_group, -1)
         y = torch.bmm(swiglu(h, act).view(experts, max_group, -1), weights.w2)
         return y.view(experts * max_group, -1).index_select(0, index)
-    h = grouped_matmul(x, weights.w13, offsets, impl)
-    return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl)
+    h = grouped_matmul(x, weights.w13, offsets, impl, ends)
+    return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl, ends)
 
 
 @dataclass(slots=True)
@@ -244,6 +252,7 @@ class Received:
     grouped: Grouped
     handle: Any
     arrived: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    counts: Sequence[int] | None = None  # each local expert's pair count, where known before the dispatch
 
 
 def received_payload(d: Dispatched) -> torch.Tensor:
@@ -259,9 +268,11 @@ def group_by_expert(
     recv_topk_weights: torch.Tensor,
     experts_per_rank: int,
     impl: str = "torch",
+    counts: Sequence[int] | None = None,
 ) -> Grouped:
-    """The permute of the received rows (`impl`: moelab.measure.e2e.permute's, resolved)."""
-    m, offsets = pair_map(recv_topk_idx, recv_topk_weights, experts_per_rank)
+    """The permute of the received rows (`impl`: moelab.measure.e2e.permute's, resolved; `counts`: each
+    local expert's pairs where known on the host, sparing pair_map its host sync)."""
+    m, offsets = pair_map(recv_topk_idx, recv_topk_weights, experts_per_rank, counts)
     return Grouped(x=permute(recv_x, m, impl), map=m, offsets=offsets)
 
 
@@ -380,8 +391,15 @@ class MoELayer:
         return self.backend.layout(topk_idx, topk_weights)  # type: ignore[attr-defined]
 
     def dispatch(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, layout: Any = None
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        layout: Any = None,
+        counts: Sequence[int] | None = None,
     ) -> Received:
+        """`counts`: each local expert's pair count, read up front (moelab.measure.e2e.pair_counts): the
+        grouping then needs no host sync."""
         if torch.is_grad_enabled() and x.requires_grad:
             got: list[Dispatched] = []
             recv_x = _DispatchFn.apply(x, topk_idx, topk_weights, self.backend, layout, got)
@@ -389,28 +407,33 @@ class MoELayer:
         else:
             d = backend_dispatch(self.backend, x, topk_idx, topk_weights, layout)
             recv_x = received_payload(d)
-        return self._grouped(recv_x, d)
+        return self._grouped(recv_x, d, counts)
 
-    def _grouped(self, recv_x: torch.Tensor, d: Dispatched) -> Received:
+    def _grouped(self, recv_x: torch.Tensor, d: Dispatched, counts: Sequence[int] | None = None) -> Received:
         grouped = group_by_expert(
-            recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute
+            recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute, counts
         )
         return Received(
-            grouped=grouped, handle=d.handle, arrived=(recv_x, d.recv_topk_idx, d.recv_topk_weights)
+            grouped=grouped,
+            handle=d.handle,
+            arrived=(recv_x, d.recv_topk_idx, d.recv_topk_weights),
+            counts=counts,
         )
 
     def regroup(self, received: Received) -> Grouped:
         """The grouping (pair map and permute) of rows that arrived, again: the `permute` op times it."""
         assert received.arrived is not None, "a Received made by MoELayer.dispatch keeps its arrived rows"
         recv_x, recv_topk_idx, recv_topk_weights = received.arrived
-        return group_by_expert(recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute)
+        return group_by_expert(
+            recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute, received.counts
+        )
 
     def send(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Sent:
         """The first half of a hooked dispatch (the backend has RecvHook): the send, launched now."""
         assert isinstance(self.backend, RecvHook)
         return Sent(x=x, hook=self.backend.dispatch_hooked(x, topk_idx, topk_weights))
 
-    def receive(self, sent: Sent) -> Received:
+    def receive(self, sent: Sent, counts: Sequence[int] | None = None) -> Received:
         """The second half: the receive hook, then the grouping, as dispatch does."""
         if torch.is_grad_enabled() and sent.x.requires_grad:
             got: list[Dispatched] = []
@@ -419,7 +442,7 @@ class MoELayer:
         else:
             d = sent.hook()
             recv_x = received_payload(d)
-        return self._grouped(recv_x, d)
+        return self._grouped(recv_x, d, counts)
 
     def experts(self, received: Received) -> torch.Tensor:
         """Expert compute: the SwiGLU FFN of every pair, weighted and summed per received row: [R, H]."""
@@ -428,7 +451,9 @@ class MoELayer:
 
     def ffn(self, g: Grouped) -> torch.Tensor:
         """The grouped GEMMs and activation of already-grouped rows: [P, H]."""
-        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group)
+        counts = g.map.host_counts
+        ends = None if counts is None else list(itertools.accumulate(counts))
+        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group, ends)
 
     def combine(self, expert_out: torch.Tensor, received: Received) -> torch.Tensor:
         if torch.is_grad_enabled() and expert_out.requires_grad:

@@ -15,9 +15,14 @@ under A's expert GEMMs, A's combine under B's. Mode `chunked` is the same pipeli
 
 The layout step (routing metadata exchange, the host synchronisation of a fresh dispatch) runs once per
 micro-batch, all of them before the first payload (L0 L1 above), when the backend splits layout from
-dispatch (`Backend.phases`): the host then never waits for the communication stream in the middle of
-the pipeline, and the payload dispatches are launched without host syncs. A backend without the split
-computes its layout inside each dispatch (one host sync per micro-batch, mid-pipeline).
+dispatch (`Backend.phases`). So do the grouping's pair counts (moelab.measure.e2e.pair_counts: every
+micro-batch's per-expert pair counts, summed over the ranks in one all-reduce launched ahead of the
+layouts, read on the host once after them): the grouping of a received micro-batch then sizes its gather
+from them instead of reading the count after the dispatch. The host then never waits for the device in
+the middle of the pipeline, and enqueues micro-batch i+1's dispatch while i's GEMMs run. A backend whose
+dispatch itself waits on the host (DeepEP V1's fresh dispatch, Hybrid-EP's, a backend without the layout
+split) still syncs once per micro-batch inside it. `host_counts=False` keeps the old syncing grouping (the
+tests compare the two bit for bit).
 
 Ei waits for Di's event, Ci for Ei's. The grouping of received rows (the permute, which copies them out
 of the backend's reused receive buffer) runs on the communication stream as part of Di, so the next
@@ -46,6 +51,7 @@ from typing import Any
 import torch
 
 from moelab.measure.e2e.layer import MoELayer, Received, Sent
+from moelab.measure.e2e.pair_counts import start_pair_counts
 from moelab.measure.e2e.schedules import expert_group_routing
 
 TBO_MICRO_BATCHES = 2
@@ -200,9 +206,11 @@ def forward_pipelined(
     topk_weights: torch.Tensor,
     micro_batches: int,
     streams: Streams,
+    host_counts: bool = True,
 ) -> torch.Tensor:
     """The layer over `micro_batches` token ranges, communication of one overlapping compute of another."""
-    return join(run_pipeline(layer, token_parts(x, topk_idx, topk_weights, micro_batches), streams), False)
+    parts = token_parts(x, topk_idx, topk_weights, micro_batches)
+    return join(run_pipeline(layer, parts, streams, host_counts), False)
 
 
 def forward_expert_pipelined(
@@ -212,26 +220,38 @@ def forward_expert_pipelined(
     topk_weights: torch.Tensor,
     groups: int,
     streams: Streams,
+    host_counts: bool = True,
 ) -> torch.Tensor:
     """The layer over `groups` expert groups: group g+1's dispatch and g-1's combine under g's GEMMs."""
     parts = expert_parts(x, topk_idx, topk_weights, layer.experts_per_rank, groups)
-    return join(run_pipeline(layer, parts, streams), True)
+    return join(run_pipeline(layer, parts, streams, host_counts), True)
 
 
-def run_pipeline(layer: MoELayer, parts: list[Part], streams: Streams) -> list[torch.Tensor]:
-    """Each part's combined output, in order, communication on the comm stream beside the compute."""
+def run_pipeline(
+    layer: MoELayer, parts: list[Part], streams: Streams, host_counts: bool = True
+) -> list[torch.Tensor]:
+    """Each part's combined output, in order, communication on the comm stream beside the compute.
+    `host_counts`: read every part's pair counts up front (no host sync per part); False: per part."""
     n = len(parts)
     received: list[Received | None] = [None] * n
     dispatched: list[torch.cuda.Event | None] = [None] * n
     outs: list[torch.Tensor] = []
     streams.begin()
-    with streams.on(streams.comm):  # every host sync of the layouts before the first payload
+    with streams.on(streams.comm):  # every host sync of the layouts and pair counts before the first payload
+        pending = (
+            None
+            if not host_counts
+            else start_pair_counts(layer.backend, [p.topk_idx for p in parts], layer.experts_per_rank)
+        )
         layouts = [layer.layout(p.topk_idx, p.topk_weights) for p in parts]
+        counts: list[tuple[int, ...] | None] = [None] * n
+        if pending is not None:
+            counts = list(pending.result())
 
     def dispatch(i: int) -> None:
         p = parts[i]
         with streams.on(streams.comm):
-            received[i] = layer.dispatch(p.x, p.topk_idx, p.topk_weights, layout=layouts[i])
+            received[i] = layer.dispatch(p.x, p.topk_idx, p.topk_weights, layout=layouts[i], counts=counts[i])
             dispatched[i] = streams.record(streams.comm)
 
     dispatch(0)
@@ -265,18 +285,25 @@ def forward_hooked(
     topk_weights: torch.Tensor,
     micro_batches: int,
     streams: Streams,
+    host_counts: bool = True,
 ) -> torch.Tensor:
     """Token micro-batches on one stream with the receive deferred (`comm = hook`): the send of i+1 is
     launched before i's expert GEMMs and its receive hook called after them, so between the two no
-    dispatch kernel holds an SM (DeepEP's low-latency overlap, its tests' `return_recv_hook=True`)."""
+    dispatch kernel holds an SM (DeepEP's low-latency overlap, its tests' `return_recv_hook=True`). The
+    pair counts of every micro-batch are read once before the first send (`host_counts`)."""
     parts = token_parts(x, topk_idx, topk_weights, micro_batches)
+    counts: list[tuple[int, ...] | None] = [None] * len(parts)
+    if host_counts:
+        counts = list(
+            start_pair_counts(layer.backend, [p.topk_idx for p in parts], layer.experts_per_rank).result()
+        )
     hooks: list[Sent | None] = [None] * len(parts)
     outs: list[torch.Tensor] = []
     hooks[0] = layer.send(parts[0].x, parts[0].topk_idx, parts[0].topk_weights)
     for i in range(len(parts)):
         hook = hooks[i]
         assert hook is not None
-        r = layer.receive(hook)
+        r = layer.receive(hook, counts[i])
         if i + 1 < len(parts):
             p = parts[i + 1]
             hooks[i + 1] = layer.send(p.x, p.topk_idx, p.topk_weights)

@@ -20,6 +20,7 @@ written once), "torch" (index_select, and a float32 loop over the K slots), "ind
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ class PairMap:
     slot_pair: torch.Tensor  # [R, K] int64: each slot's pair, -1 where its expert is on another rank
     slot_weight: torch.Tensor  # [R, K] float32: each slot's routing weight, 0 where not local
     max_group: int = 0  # the most pairs any one expert got (read in the same host sync as the pair count)
+    host_counts: tuple[int, ...] | None = None  # each local expert's pairs, where the host knew them up front
 
     @property
     def num_pairs(self) -> int:
@@ -58,22 +60,39 @@ class PairMap:
 
 
 def pair_map(
-    recv_topk_idx: torch.Tensor, recv_topk_weights: torch.Tensor, experts_per_rank: int
+    recv_topk_idx: torch.Tensor,
+    recv_topk_weights: torch.Tensor,
+    experts_per_rank: int,
+    counts: Sequence[int] | None = None,
 ) -> tuple[PairMap, torch.Tensor]:
     """The pair map of the received routing ([R, K] local expert ids, -1 elsewhere) and the grouped GEMM's
-    offsets ([E] int32 cumulative pair counts). One host sync: the pair count sizes the pairs."""
+    offsets ([E] int32 cumulative pair counts). The pair count sizes the pairs: with `counts` (each local
+    expert's pairs, known on the host before the payload: moelab.measure.e2e.pair_counts) no host sync,
+    else one, which stalls the host until the dispatch has landed. Either way the same tensors."""
     num_rows, topk = recv_topk_idx.shape
     idx = recv_topk_idx.reshape(-1).to(torch.int64)
     valid = (idx >= 0) & (idx < experts_per_rank)
     key = torch.where(valid, idx, experts_per_rank)  # slots of other ranks' experts sort last
     # a stable radix sort costs a pass per key byte: int16 keys (any expert count a rank holds) take 2, not 8
     narrow = key.to(torch.int16) if experts_per_rank < torch.iinfo(torch.int16).max else key
-    order = torch.sort(narrow, stable=True).indices
-    counts = torch.bincount(key, minlength=experts_per_rank + 1)[:experts_per_rank]
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
-    num_pairs, max_group = 0, 0
-    if experts_per_rank:  # one host sync: the pair count sizes the gather, the largest group the padded GEMM
-        num_pairs, max_group = (int(v) for v in torch.stack([offsets[-1].long(), counts.max()]).tolist())
+    sorted_keys, order = torch.sort(narrow, stable=True)
+    # each expert's cumulative pair count, where its keys end among the sorted ones: no host sync (CUDA's
+    # torch.bincount reads the input's min and max on the host to size its output, two syncs)
+    experts = torch.arange(experts_per_rank, dtype=sorted_keys.dtype, device=idx.device)
+    offsets = torch.searchsorted(sorted_keys, experts, right=True, out_int32=True)
+    host: tuple[int, ...] | None = None
+    if counts is not None:
+        host = tuple(int(c) for c in counts)
+        if len(host) != experts_per_rank:
+            raise ValueError(f"pair counts for {len(host)} experts, the rank holds {experts_per_rank}")
+        num_pairs, max_group = sum(host), max(host, default=0)
+    elif experts_per_rank:
+        # one host sync: the pair count sizes the gather, the largest group the padded GEMM
+        device_counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
+        both = torch.stack([offsets[-1], device_counts.max()]).tolist()
+        num_pairs, max_group = int(both[0]), int(both[1])
+    else:
+        num_pairs, max_group = 0, 0
     pair_slot = order[:num_pairs]
     slot_pair = torch.full((num_rows * topk,), -1, dtype=torch.int64, device=idx.device)
     slot_pair.scatter_(0, pair_slot, torch.arange(num_pairs, device=idx.device))  # distinct slots: no race
@@ -84,6 +103,7 @@ def pair_map(
         slot_pair=slot_pair.view(num_rows, topk),
         slot_weight=weight.view(num_rows, topk),
         max_group=max_group,
+        host_counts=host,
     )
     return m, offsets
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 37, host-sync part, on 2 GPUs (~4 min), from the repository root:
+#   bash benchmarks/host_sync_overlap.sh [RESULT_DIR]       (DEEPEP=DIR: a built DeepEP v1.2.1 tree)
+# 0. tests/e2e/test_pair_counts_gpu.py: CUDA's sync detector over the overlapped layer (one GPU, ~30 s);
+# 1. serial vs tbo vs expert/4 at the reference and DeepSeek-V3 presets, nccl-a2a and deepep, forward and
+#    forward+backward (benchmarks/host_sync_overlap.toml), then benchmarks/overlap_summary.py's tables and
+#    each case's schedule_overhead_us (was 1.7-3.8 ms per layer at EP 2 on H200, results/h200x2-r6);
+# 2. the DeepSeek-V3 nccl-a2a tbo case again under --trace torch: benchmarks/kernel_gaps.py prints, per
+#    profiled layer (tbo) and serial layer, the host syncs inside it and the GPU's idle gaps between kernels
+#    (with the per-micro-batch sync gone: no cudaStreamSynchronize after each micro-batch's dispatch, and no
+#    gap before the second micro-batch's dispatch), then benchmarks/overlap_from_trace.py's hidden share.
+# Results in RESULT_DIR (default /tmp/hs), copied to $OUT when set (the device tool's output folder).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD
+if ls .whl/*.whl > /dev/null 2>&1; then  # the wheels results/h100x4-r6/run.sh installs, where carried
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+R=${1:-/tmp/hs}; mkdir -p "$R"
+M="python3 -m moelab.cli.main"
+S=benchmarks/host_sync_overlap.toml
+DEEPEP=${DEEPEP:-build/ext/deepep-v1}
+TRACED=h7168-t4096-k8-e128-uniform-s0-bf16-smdef-backward=True-bench=e2e-exchange=splits-intermediate=2048-mode=tbo
+COMMON="--db $R/moelab.duckdb --gpus 2 --suite $S --iters 8 --warmup 2 --no-health --timeout 240"
+git log --oneline -1 > "$R/commit.txt"; nvidia-smi --query-gpu=name --format=csv,noheader >> "$R/commit.txt"
+
+CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
+  > "$R/gpu_tests.txt" 2>&1
+tail -3 "$R/gpu_tests.txt"
+timeout 280 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
+  --run-id hs-ep2 > "$R/run.txt" 2>&1
+echo "exit $?" >> "$R/run.txt"; tail -4 "$R/run.txt"
+timeout 120 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
+  --run-id hs-trace > "$R/trace.txt" 2>&1
+echo "exit $?" >> "$R/trace.txt"; tail -2 "$R/trace.txt"
+
+timeout 40 python3 benchmarks/overlap_summary.py --db "$R/moelab.duckdb" --run hs-ep2 > "$R/summary.txt" 2>&1
+timeout 40 python3 - "$R/moelab.duckdb" > "$R/overhead.txt" 2>&1 <<'PY'
+import sys, duckdb
+con = duckdb.connect(sys.argv[1], read_only=True)
+rows = con.execute(
+    "SELECT c.backend, c.case_id, c.status, m.name, m.value FROM cases c JOIN case_metrics m "
+    "USING (run_id, case_id) WHERE c.run_id = 'hs-ep2' AND m.name IN ('speedup_vs_serial', "
+    "'speedup_vs_serial_fwd_bwd', 'schedule_overhead_us', 'layer_rel_err', 'grad_x_rel_err') ORDER BY 1, 2, 4"
+).fetchall()
+for backend, case, status, name, value in rows:
+    mode = case.rsplit("mode=", 1)[-1]
+    print(f"{backend:9s} {status:3s} {case.split('-smdef')[0]:34s} {mode:7s} {name:26s} {value:10.3f}")
+for row in con.execute("SELECT backend, case_id, status, reason FROM cases WHERE run_id = 'hs-ep2' AND status <> 'ok'").fetchall():
+    print("not ok:", *row)
+PY
+cat "$R/summary.txt" | head -40; cat "$R/overhead.txt"
+for t in $(find "$R/trace" -path "*traces*" -name "rank0.json"); do
+  echo "== $t"; timeout 60 python3 benchmarks/kernel_gaps.py "$t" --top 6
+  timeout 60 python3 benchmarks/overlap_from_trace.py "$t" --name /layer
+done 2>&1 | tee "$R/gaps.txt"
+if [ -n "${OUT:-}" ]; then cp "$R/moelab.duckdb" "$OUT/hs.duckdb" 2>/dev/null; tar -C "$R" --exclude="*.duckdb*" -czf "$OUT/hs.tgz" .; fi
