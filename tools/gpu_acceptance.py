@@ -214,12 +214,24 @@ class Runner:
         except subprocess.TimeoutExpired:
             stop_group(proc)
             stdout, stderr = proc.communicate()
-            res.problems.append(f"did not finish in {limit:.0f} s (stopped, with every process it started)")
+            if limit < timeout_s:  # the call's time ran out, not the step's own: what it proves is unshown
+                res.status = "cut"
+                res.notes.append(
+                    f"stopped after {limit:.0f} s: the time limit (--time-limit {self.s.time_limit_s:.0f} s) "
+                    "was reached (stopped, with every process it started)"
+                )
+            else:
+                res.problems.append(
+                    f"did not finish in {limit:.0f} s (stopped, with every process it started)"
+                )
         finally:
             CHILDREN.discard(proc.pid)
         output = stdout + stderr
         log.write_text(f"$ {shown}\n{output}")
         res.seconds = time.monotonic() - t0
+        if res.status == "cut":
+            res.output_tail = output[-1500:]
+            return self.record(res)
         if res.rc is not None and res.rc not in expect:
             res.problems.append(f"exit code {res.rc}, expected {' or '.join(map(str, expect))}")
         if TRACEBACK.search(output):

@@ -191,3 +191,25 @@ def test_a_bad_sms_list_is_one_usage_error(capsys: pytest.CaptureFixture[str], t
     assert (
         "--sms takes default or whole numbers of SMs, comma-separated, got 'abc'" in capsys.readouterr().err
     )
+
+
+def test_a_step_the_time_limit_stops_is_cut_and_one_past_its_own_timeout_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On 2 x H200 the call's time limit stopped verify mid-run and the tool said `failed`: the step did not
+    fail, the call's time ran out (INCOMPLETE). A step outliving its own timeout is a hang: `failed`."""
+    t = _tool()
+    monkeypatch.setattr(t, "MOELAB", [sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(t, "MIN_STEP_S", 1.0)
+    s = t.parse_args(
+        ["--cpu", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w"), "--time-limit", "3"]
+    )
+    r = t.Runner(s)
+    res = r.command("verify", [], timeout_s=300)
+    assert res.status == "cut" and not res.problems and "time limit" in res.notes[0]
+    assert r.verdict() == "INCOMPLETE"
+    s2 = t.parse_args(["--cpu", "--out", str(tmp_path / "o2"), "--work", str(tmp_path / "w2")])
+    r2 = t.Runner(s2)
+    res2 = r2.command("verify", [], timeout_s=2)
+    assert res2.status == "failed" and "did not finish in 2 s" in res2.problems[0]
+    assert r2.verdict() == "FAILED"
