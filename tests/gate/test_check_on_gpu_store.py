@@ -1,4 +1,4 @@
-"""`moelab check` on the store of the 2xH200 GPU acceptance run (results/gpu-acceptance/h200x2/export),
+"""`moelab check` on the store of the 2xH200 GPU acceptance run (results/gpu-acceptance/h200x2/earlier/export),
 as its reader step runs it: three defects that store showed, each through the command."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 
-EXPORT = Path(__file__).resolve().parents[2] / "results" / "gpu-acceptance" / "h200x2" / "export"
+EXPORT = Path(__file__).resolve().parents[2] / "results" / "gpu-acceptance" / "h200x2" / "earlier" / "export"
 
 
 def test_check_on_the_acceptance_store(tmp_path: Path) -> None:
