@@ -239,6 +239,33 @@ def test_deepep_unsupported_hidden_runs_no_library_test(
     assert not (next((tmp_path / "runs").iterdir()) / "verify" / "deepep_test_intranode.log").exists()
 
 
+def test_a_library_that_cannot_run_the_configuration_gets_no_moelab_job_beside_one_that_can(
+    tmp_path: Path, deepep_tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DeepEP V1 cannot run hidden 8192: moelab's side of it would be compared with nothing (on 2 x H200 it
+    was a 16 s job of the acceptance run's verify). Beside nccl-tests, which can, only nccl-tests is
+    measured; DeepEP's rows are stored unsupported with the reason."""
+    exe = _fake_binary(tmp_path, [200.0], monkeypatch)
+    _library(tmp_path, monkeypatch, fp8=230.0, bf16=330.0, combine=280.0)
+    measured: list[tuple[str, ...]] = []
+
+    def record(spec: RunSpec, *args: Any) -> RunOutcome:
+        measured.append(spec.backends)
+        return _fake_measure(spec, *args)
+
+    monkeypatch.setattr(measure, "run_moelab", record)
+    res = runner.invoke(app, _args(tmp_path, "--hidden", "8192", "--backend", "deepep,nccl-tests",
+                                   "--backend-path", f"deepep={deepep_tree}", "--nccl-tests-bin", str(exe)))  # fmt: skip
+    assert measured == [("nccl-tests",)], res.output
+    rows = _stored(tmp_path)
+    deepep = [r for r in rows if r[0] == "deepep"]
+    assert deepep and {r[7] for r in deepep} == {"unsupported"} and all("DeepEP#722" in r[9] for r in deepep)
+    assert {r[0] for r in rows} == {"deepep", "nccl-tests"}
+    dry = runner.invoke(app, _args(tmp_path, "--hidden", "8192", "--backend", "deepep,nccl-tests", "--backend-path",
+                                   f"deepep={deepep_tree}", "--nccl-tests-bin", str(exe), "--dry-run"))  # fmt: skip
+    assert "# moelab deepep" not in dry.output and "# deepep: not run" in dry.output, dry.output
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
