@@ -415,11 +415,19 @@ def beyond_bound(db: Path, run_id: str) -> list[str]:
 # ----- the steps ----------------------------------------------------------------------------------------
 
 
+def doctor_note(out: str) -> str:
+    """What `moelab doctor --json` found: its worst status and the checks that reached it (the summary
+    printed "verdict ?" on both GPU kinds: the report's key is `worst`)."""
+    report = json.loads(out[out.index("{") :])
+    worst = report["worst"]
+    checks = sorted({f["check"] for f in report.get("findings", []) if f.get("status") == worst})
+    return f"worst {worst}" + (f": {', '.join(checks)}" if checks and worst != "pass" else "")
+
+
 def step_doctor(r: Runner) -> None:
     # doctor's own exit code says whether the machine is healthy (1 = a finding): outcome, not crash
     def check(res: StepResult, out: str) -> None:
-        report = json.loads(out[out.index("{") :])
-        res.notes.append(f"verdict {report.get('verdict', report.get('status', '?'))}")
+        res.notes.append(doctor_note(out))
 
     r.command("doctor", ["doctor", "--json"], expect=(0, 1), timeout_s=120, check=None if r.s.cpu else check)
 

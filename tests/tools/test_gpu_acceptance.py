@@ -213,3 +213,20 @@ def test_a_step_the_time_limit_stops_is_cut_and_one_past_its_own_timeout_fails(
     res2 = r2.command("verify", [], timeout_s=2)
     assert res2.status == "failed" and "did not finish in 2 s" in res2.problems[0]
     assert r2.verdict() == "FAILED"
+
+
+def test_the_doctor_step_names_the_worst_status_and_its_checks() -> None:
+    """Both GPU summaries said `verdict ?`: the tool read a key doctor's JSON does not have."""
+    t = _tool()
+    out = json.dumps(
+        {
+            "worst": "warn",
+            "findings": [
+                {"check": "clock_under_load", "status": "warn"},
+                {"check": "ecc", "status": "pass"},
+                {"check": "temperature", "status": "warn"},
+            ],
+        }
+    )
+    assert t.doctor_note("note: x\n" + out) == "worst warn: clock_under_load, temperature"
+    assert t.doctor_note(json.dumps({"worst": "pass", "findings": []})) == "worst pass"
