@@ -420,7 +420,8 @@ def doctor_note(out: str) -> str:
     printed "verdict ?" on both GPU kinds: the report's key is `worst`)."""
     report = json.loads(out[out.index("{") :])
     worst = report["worst"]
-    checks = sorted({f["check"] for f in report.get("findings", []) if f.get("status") == worst})
+    found = [*report.get("findings", []), *report.get("cluster", [])]  # each node's, then across nodes
+    checks = sorted({f["check"] for f in found if f.get("status") == worst})
     return f"worst {worst}" + (f": {', '.join(checks)}" if checks and worst != "pass" else "")
 
 

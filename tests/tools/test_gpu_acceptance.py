@@ -226,7 +226,8 @@ def test_the_doctor_step_names_the_worst_status_and_its_checks() -> None:
                 {"check": "ecc", "status": "pass"},
                 {"check": "temperature", "status": "warn"},
             ],
+            "cluster": [{"check": "slowest_gpu", "status": "warn"}],
         }
     )
-    assert t.doctor_note("note: x\n" + out) == "worst warn: clock_under_load, temperature"
+    assert t.doctor_note("note: x\n" + out) == "worst warn: clock_under_load, slowest_gpu, temperature"
     assert t.doctor_note(json.dumps({"worst": "pass", "findings": []})) == "worst pass"
