@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core import ranking
+from moelab.core.e2e_spec import BENCH_E2E, bench_of
 from moelab.core.errors import MoelabError
 from moelab.core.intervals import Interval
 from moelab.model.above import above_findings
@@ -203,6 +204,9 @@ def group_value(by: str, row: dict[str, Any], env: dict[str, Any] | None, run: d
     return str(row["run_id"])
 
 
+LAYER_LABEL = " MoE layer"  # ends the label of an e2e case's row when compared by backend
+
+
 def case_label(row: dict[str, Any], with_backend: bool) -> str:
     text = (
         f"h{row['hidden']} t{row['tokens_per_rank']} k{row['topk']} e{row['experts_per_rank']} "
@@ -211,6 +215,8 @@ def case_label(row: dict[str, Any], with_backend: bool) -> str:
     if with_backend:
         knobs = _knobs_text(row["knobs"])
         text = f"{row['backend']} {text}" + (f" {knobs}" if knobs else "")
+    elif bench_of(row["knobs"]) == BENCH_E2E:
+        text += LAYER_LABEL  # by backend: a layer's ops face other layers', never a standalone dispatch
     return text
 
 

@@ -134,7 +134,8 @@ def leads(table: cmp.CompareTable) -> list[tuple[str, Lead]]:
             continue
         (t1, first), (t2, second) = timed[0], timed[1]
         ranking = cmp.rank(row.cells[first], row.cells[second])
-        out.append((row.op, Lead(first=first, second=second, margin=t2 / t1, ranking=ranking)))
+        op = f"{row.op} in the MoE layer" if row.label.endswith(cmp.LAYER_LABEL) else row.op
+        out.append((op, Lead(first=first, second=second, margin=t2 / t1, ranking=ranking)))
     return out
 
 
