@@ -229,14 +229,13 @@ class Runner:
         output = stdout + stderr
         log.write_text(f"$ {shown}\n{output}")
         res.seconds = time.monotonic() - t0
-        if res.status == "cut":
-            res.output_tail = output[-1500:]
+        res.output_tail = output[-1500:]
+        if res.status == "cut":  # stopped by the time limit: its exit code and output judge nothing
             return self.record(res)
         if res.rc is not None and res.rc not in expect:
             res.problems.append(f"exit code {res.rc}, expected {' or '.join(map(str, expect))}")
         if TRACEBACK.search(output):
             res.problems.append("a traceback in its output")
-        res.output_tail = output[-1500:]
         if check is not None and not res.problems:
             try:
                 check(res, stdout)  # what the command printed for a reader (notes go to stderr)

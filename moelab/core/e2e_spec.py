@@ -24,6 +24,7 @@ BENCH_E2E = "e2e"
 BENCH_A2A = "a2a"  # dispatch/combine, as a case without the axis: a suite crossing both runs them in one job
 BENCHES = (BENCH_A2A, BENCH_E2E)
 LAYER_OPS = ("layer", "layer_fwd_bwd")  # an e2e case's answer: the layer's time; its other ops explain it
+LAYER_NAME = "MoE layer"  # how rankings name an e2e case's rows, kept apart from dispatch/combine's
 
 
 def bench_of(knobs: Mapping[str, Any] | None) -> str:

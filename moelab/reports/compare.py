@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core import ranking
-from moelab.core.e2e_spec import BENCH_E2E, bench_of
+from moelab.core.e2e_spec import BENCH_E2E, LAYER_NAME, bench_of
 from moelab.core.errors import MoelabError
 from moelab.core.intervals import Interval
 from moelab.model.above import above_findings
@@ -128,6 +128,8 @@ class CompareRow:
     label: str  # the matched case, without the grouping key
     op: str
     sms: int | None
+    # an e2e case's row, kept apart by its label when compared by backend: its ops are the layer's
+    layer: bool = False
     cells: dict[str, Cell] = field(default_factory=dict)
 
 
@@ -204,9 +206,6 @@ def group_value(by: str, row: dict[str, Any], env: dict[str, Any] | None, run: d
     return str(row["run_id"])
 
 
-LAYER_LABEL = " MoE layer"  # ends the label of an e2e case's row when compared by backend
-
-
 def case_label(row: dict[str, Any], with_backend: bool) -> str:
     text = (
         f"h{row['hidden']} t{row['tokens_per_rank']} k{row['topk']} e{row['experts_per_rank']} "
@@ -215,9 +214,13 @@ def case_label(row: dict[str, Any], with_backend: bool) -> str:
     if with_backend:
         knobs = _knobs_text(row["knobs"])
         text = f"{row['backend']} {text}" + (f" {knobs}" if knobs else "")
-    elif bench_of(row["knobs"]) == BENCH_E2E:
-        text += LAYER_LABEL  # by backend: a layer's ops face other layers', never a standalone dispatch
+    elif _is_layer(row):
+        text += f" {LAYER_NAME}"  # by backend: a layer's ops face other layers', never a standalone dispatch
     return text
+
+
+def _is_layer(row: dict[str, Any]) -> bool:
+    return bench_of(row["knobs"]) == BENCH_E2E
 
 
 def build(
@@ -248,7 +251,9 @@ def build(
             groups.append(g)
         label = case_label(r, with_backend=by != "backend")
         key = (label, r["op"], r["sms"])
-        row = rows.setdefault(key, CompareRow(label=label, op=r["op"], sms=r["sms"]))
+        row = rows.setdefault(
+            key, CompareRow(label=label, op=r["op"], sms=r["sms"], layer=by == "backend" and _is_layer(r))
+        )
         gpu = (env or {}).get("gpu_name")
         peak = links.get(r["run_id"], r["backend"]) if r["world"] != 1 else None
         gbps = r[METRICS[metric]] if r["world"] != 1 else None  # one rank: nothing crossed a link

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moelab.core.display import format_number, format_pct, format_time_us
+from moelab.core.e2e_spec import LAYER_NAME
 from moelab.reports import compare as cmp
 
 
@@ -134,7 +135,7 @@ def leads(table: cmp.CompareTable) -> list[tuple[str, Lead]]:
             continue
         (t1, first), (t2, second) = timed[0], timed[1]
         ranking = cmp.rank(row.cells[first], row.cells[second])
-        op = f"{row.op} in the MoE layer" if row.label.endswith(cmp.LAYER_LABEL) else row.op
+        op = f"{row.op} in the {LAYER_NAME}" if row.layer else row.op
         out.append((op, Lead(first=first, second=second, margin=t2 / t1, ranking=ranking)))
     return out
 

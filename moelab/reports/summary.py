@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moelab.core import ranking
-from moelab.core.e2e_spec import BENCH_E2E, LAYER_OPS, bench_of
+from moelab.core.e2e_spec import BENCH_E2E, LAYER_NAME, LAYER_OPS, bench_of
 from moelab.model.above import above_findings
 from moelab.reports.sections import ONE_RANK_NOTE, series_name, workload_text
 
@@ -206,7 +206,7 @@ def build(
         bench = bench_of(r.get("knobs"))
         if bench == BENCH_E2E and r["op"] not in LAYER_OPS:
             continue  # the layer's inner ops are in its own section, not answers
-        workload = group_workload(r) + (", MoE layer" if bench == BENCH_E2E else "")
+        workload = group_workload(r) + (f", {LAYER_NAME}" if bench == BENCH_E2E else "")
         groups[(r["op"], r["dtype"], workload)].append(r)
     out = []
     for (op, dtype, workload), rows in groups.items():

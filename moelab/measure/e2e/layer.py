@@ -252,7 +252,6 @@ class Received:
     grouped: Grouped
     handle: Any
     arrived: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    counts: Sequence[int] | None = None  # each local expert's pair count, where known before the dispatch
 
 
 def received_payload(d: Dispatched) -> torch.Tensor:
@@ -417,15 +416,15 @@ class MoELayer:
             grouped=grouped,
             handle=d.handle,
             arrived=(recv_x, d.recv_topk_idx, d.recv_topk_weights),
-            counts=counts,
         )
 
     def regroup(self, received: Received) -> Grouped:
         """The grouping (pair map and permute) of rows that arrived, again: the `permute` op times it."""
         assert received.arrived is not None, "a Received made by MoELayer.dispatch keeps its arrived rows"
         recv_x, recv_topk_idx, recv_topk_weights = received.arrived
+        counts = received.grouped.map.host_counts  # the counts the first grouping was given, if any
         return group_by_expert(
-            recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute, received.counts
+            recv_x, recv_topk_idx, recv_topk_weights, self.experts_per_rank, self.permute, counts
         )
 
     def send(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Sent:
