@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 37, host-sync part, on 2 GPUs (~4 min), from the repository root:
 #   bash benchmarks/host_sync_overlap.sh [RESULT_DIR]       (DEEPEP=DIR: a built DeepEP v1.2.1 tree)
-# 0. tests/e2e/test_pair_counts_gpu.py: CUDA's sync detector over the overlapped layer (one GPU, ~30 s);
+# 0. tests/e2e/test_pair_counts_gpu.py: CUDA's sync detector over the overlapped layer (one GPU, ~30 s), and
+#    tests/e2e/test_schedules_gpu.py (the GEMM tiles grouped and grouped-wide run, the partition's streams);
 # 1. serial vs tbo vs expert/4 at the reference and DeepSeek-V3 presets, nccl-a2a and deepep, forward and
 #    forward+backward (benchmarks/host_sync_overlap.toml), then benchmarks/overlap_summary.py's tables and
 #    each case's schedule_overhead_us (was 1.7-3.8 ms per layer at EP 2 on H200, results/h200x2-r6);
@@ -9,6 +10,7 @@
 #    profiled layer (tbo) and serial layer, the host syncs inside it and the GPU's idle gaps between kernels
 #    (with the per-micro-batch sync gone: no cudaStreamSynchronize after each micro-batch's dispatch, and no
 #    gap before the second micro-batch's dispatch), then benchmarks/overlap_from_trace.py's hidden share.
+# WAIT_FOR=FILE: wait (at most 300 s) for FILE before the runs, e.g. a DeepEP build's marker.
 # Results in RESULT_DIR (default /tmp/hs), copied to $OUT when set (the device tool's output folder).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -25,9 +27,13 @@ TRACED=h7168-t4096-k8-e128-uniform-s0-bf16-smdef-backward=True-bench=e2e-exchang
 COMMON="--db $R/moelab.duckdb --gpus 2 --suite $S --iters 8 --warmup 2 --no-health --timeout 240"
 git log --oneline -1 > "$R/commit.txt"; nvidia-smi --query-gpu=name --format=csv,noheader >> "$R/commit.txt"
 
-CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
+CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
+  tests/e2e/test_schedules_gpu.py \
   > "$R/gpu_tests.txt" 2>&1
 tail -3 "$R/gpu_tests.txt"
+if [ -n "${WAIT_FOR:-}" ]; then  # a DeepEP build running beside the GPU test: wait for its marker (<= 300 s)
+  for _ in $(seq 150); do [ -f "$WAIT_FOR" ] && break; sleep 2; done
+fi
 timeout 280 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
   --run-id hs-ep2 > "$R/run.txt" 2>&1
 echo "exit $?" >> "$R/run.txt"; tail -4 "$R/run.txt"

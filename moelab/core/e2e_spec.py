@@ -46,7 +46,7 @@ OVERLAPPED = ("tbo", "chunked", "expert", "auto")
 COMMS = ("shared", "partition", "zero-sm", "hook")
 NO_SM_COMMS = ("zero-sm", "hook")  # the communication holds no SM while the GEMMs run: no carve-out
 PROFILES = ("full", "layer")
-GEMM_IMPLS = ("auto", "grouped", "padded", "loop")
+GEMM_IMPLS = ("auto", "grouped", "grouped-wide", "padded", "loop")
 DEFAULT_CHUNKS = 4
 INTERMEDIATE_DIVISOR = 4
 
@@ -91,7 +91,7 @@ class E2ESettings:
     chunks: int  # 1 in serial mode
     intermediate: int
     backward: bool
-    gemm: str  # as asked: auto / grouped / padded / loop
+    gemm: str  # as asked: auto / grouped / grouped-wide / padded / loop
     profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
     carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.measure.e2e.carveout)
     comm: str = "shared"  # where the communication runs (COMMS)

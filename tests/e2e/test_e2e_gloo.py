@@ -34,6 +34,7 @@ SCHEDULES = (
     ("serial", 1, "loop"),
     ("chunked", 3, "padded"),  # the batched matmul over experts padded to the largest group
     ("tbo", 2, "grouped"),
+    ("tbo", 2, "grouped-wide"),  # the grouped kernel with tail rows that force its wide tile
     ("expert", 2, "loop"),  # expert-chunked: masked routing per group of experts, outputs summed
     ("hook", 2, "grouped"),  # token micro-batches with the receive deferred to a hook (HookedA2A)
 )

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -64,7 +66,9 @@ def test_gemm_knob_takes_padded_and_refuses_the_unknown() -> None:
     wl = Workload(hidden=64, tokens_per_rank=8)
     assert E2ESpec(gemm="padded").resolve(wl).gemm == "padded"
     assert resolve_gemm("padded", torch.device("cpu"), 64, 16) == "padded"
-    with pytest.raises(SpecError, match="e2e knob gemm must be one of auto, grouped, padded, loop"):
+    with pytest.raises(
+        SpecError, match="e2e knob gemm must be one of auto, grouped, grouped-wide, padded, loop"
+    ):
         E2ESpec(gemm="fp4")
 
 
@@ -94,3 +98,71 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
     assert all("WRONG" not in r["note"] for r in rows)
     assert all(r["us"] is not None for r in rows if r["variant"] in ("loop", "padded"))
     assert "kernel / note" in done.stdout
+
+
+# --- grouped-wide: torch._grouped_mm with tail rows that make it launch its wide tile (issue 37) ---
+
+
+def test_wide_tile_pad_lifts_the_average_past_the_narrow_tile_and_no_further() -> None:
+    from moelab.measure.e2e.layer import NARROW_TILE_MAX_ROWS, wide_tile_pad
+
+    # the DeepSeek-V3 micro-batch at EP = 2: 16384 pairs over 128 experts, 128 on average
+    assert wide_tile_pad(16384, 128) == 128
+    assert (16384 + wide_tile_pad(16384, 128)) / 128 > NARROW_TILE_MAX_ROWS
+    assert wide_tile_pad(32768, 128) == 0  # the whole batch: 256 on average, wide already
+    assert wide_tile_pad(0, 128) == 0 and wide_tile_pad(100, 0) == 0
+    assert wide_tile_pad(128 * 128 + 1, 128) == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 20), experts=st.integers(1, 6), topk=st.integers(1, 3), seed=st.integers(0, 99))
+def test_grouped_wide_equals_grouped_forward_and_backward(
+    rows: int, experts: int, topk: int, seed: int
+) -> None:
+    """The tail rows change which kernel runs, never a value: outputs and every gradient bit-identical
+    (each row's dot products are the same; torch's CPU grouped matmul runs both)."""
+    x, offsets, weights, _ = _case(rows, experts, topk, seed)
+    outs, grads = [], []
+    for impl in ("grouped", "grouped-wide"):
+        xg = x.detach().requires_grad_(True)
+        weights.zero_grad()
+        y = swiglu_ffn(xg, offsets, weights, impl)
+        assert y.shape == x.shape  # the pad rows are cut off
+        y.float().sum().backward()
+        assert xg.grad is not None and weights.w13.grad is not None and weights.w2.grad is not None
+        outs.append(y)
+        grads.append((xg.grad.clone(), weights.w13.grad.clone(), weights.w2.grad.clone()))
+    assert torch.equal(outs[1], outs[0])
+    for got, want in zip(grads[1], grads[0], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_gemm_tile_reads_the_cutlass_schedule_off_the_kernel_name() -> None:
+    from moelab.measure.e2e.layer import gemm_tile
+
+    assert gemm_tile("_ZN7cutlass...KernelPtrArrayTmaWarpSpecializedPingpongE...") == "64x128x128 ping-pong"
+    assert (
+        gemm_tile("_ZN7cutlass...KernelPtrArrayTmaWarpSpecializedCooperativeE...") == "128x256x64 cooperative"
+    )
+    assert gemm_tile("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == ""
+
+
+def test_auto_times_grouped_wide_only_where_a_batch_would_take_the_narrow_tile() -> None:
+    from moelab.measure.e2e.gemm_choice import candidates
+
+    def batch(pairs: int) -> Any:
+        return SimpleNamespace(num_pairs=pairs)
+
+    assert candidates([batch(32768)], 128) == ("grouped", "padded")
+    assert candidates([batch(32768), batch(16384), batch(16384)], 128) == (
+        "grouped",
+        "grouped-wide",
+        "padded",
+    )
+
+
+def test_gemm_knob_takes_grouped_wide() -> None:
+    wl = Workload(hidden=64, tokens_per_rank=8)
+    assert E2ESpec(gemm="grouped-wide").resolve(wl).gemm == "grouped-wide"
+    if hasattr(torch, "_grouped_mm"):
+        assert resolve_gemm("grouped-wide", torch.device("cpu"), 64, 16) == "grouped-wide"

@@ -283,3 +283,32 @@ def test_a_backend_with_one_reused_receive_buffer_runs_serial_only(mode: str) ->
     got = schedule_reason(TorchSymmA2ABackend, _resolve(mode=mode), "nccl")
     assert got is not None and "one receive buffer the next dispatch overwrites" in got
     assert schedule_reason(TorchSymmA2ABackend, _resolve(mode="serial"), "nccl") is None
+
+
+@pytest.mark.slow  # real gloo ranks
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no torch._grouped_mm")
+def test_moelab_run_takes_the_wide_tile_grouped_gemm(tmp_path: Path, db_path: Path) -> None:
+    """`gemm = "grouped-wide"` through `moelab run`: the tbo layer runs it, is checked forward and backward
+    against the reference, and stores the implementation it ran."""
+    suite = tmp_path / "wide.toml"
+    suite.write_text(
+        SUITE.replace(
+            'mode = ["serial", "tbo", "expert", "auto"]', 'mode = ["tbo"]\ngemm = ["grouped-wide"]'
+        ).replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
+    )
+    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--run-id", "wide", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        (case_id, status, record), *more = con.execute(
+            "SELECT case_id, status, backend_record FROM cases WHERE run_id = 'wide'"
+        ).fetchall()
+        errs = dict(
+            con.execute(
+                "SELECT name, value FROM case_metrics WHERE run_id = 'wide' AND name IN "
+                "('layer_rel_err', 'grad_x_rel_err', 'grad_w_rel_err')"
+            ).fetchall()
+        )
+    assert not more and status == "ok" and "gemm=grouped-wide" in case_id
+    assert json.loads(record)["e2e"]["gemm"] == "grouped-wide"
+    assert set(errs) == {"layer_rel_err", "grad_x_rel_err", "grad_w_rel_err"} and max(errs.values()) < 0.05

@@ -63,3 +63,31 @@ def test_zero_sm_reason_names_what_is_missing_or_none() -> None:
     _cuda()
     reason = nccl_cta_policy_reason()
     assert reason is None or "cta_policy" in reason or "CTAPolicy" in reason or "NCCL" in reason
+
+
+def test_grouped_wide_runs_the_wide_tile_where_torch_would_take_the_narrow_one() -> None:
+    """A micro-batch of the DeepSeek-V3 shape at EP = 2 averages 128 rows per expert: torch._grouped_mm
+    takes its 64x128x128 ping-pong tile there; grouped-wide's tail rows move it to the 128x256x64
+    cooperative one, with the same outputs."""
+    device = _cuda()
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability(device) < (9, 0):
+        pytest.skip("needs torch._grouped_mm on SM90+")
+    g = torch.Generator(device=device).manual_seed(0)
+    experts, rows, topk, hidden, inter = 32, 1024, 4, 512, 256  # 4096 pairs over 32 experts: 128 each
+    idx = torch.argsort(torch.rand(rows, experts, generator=g, device=device), dim=1)[:, :topk]
+    m, offsets = pair_map(idx, torch.rand(rows, topk, generator=g, device=device), experts)
+    x = permute(torch.randn(rows, hidden, generator=g, device=device, dtype=torch.bfloat16), m, "torch")
+    w = ExpertWeights(
+        w13=torch.randn(experts, hidden, 2 * inter, generator=g, device=device, dtype=torch.bfloat16)
+        / hidden**0.5,
+        w2=torch.randn(experts, inter, hidden, generator=g, device=device, dtype=torch.bfloat16) / inter**0.5,
+        first_expert=0,
+    )
+    assert m.num_pairs == rows * topk
+    narrow = gemm_kernels(lambda: swiglu_ffn(x, offsets, w, "grouped"))
+    wide = gemm_kernels(lambda: swiglu_ffn(x, offsets, w, "grouped-wide"))
+    assert narrow[0].startswith("64x128x128 ping-pong"), narrow
+    assert wide[0].startswith("128x256x64 cooperative"), wide
+    torch.testing.assert_close(
+        swiglu_ffn(x, offsets, w, "grouped-wide"), swiglu_ffn(x, offsets, w, "grouped")
+    )

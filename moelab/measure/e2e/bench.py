@@ -49,7 +49,7 @@ import torch.distributed as dist
 from moelab.backends.base import Backend, BackendContext, CaseConfig
 from moelab.backends.capabilities import ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
-from moelab.core.e2e_spec import E2ESettings
+from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.errors import SpecError
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
@@ -61,7 +61,7 @@ from moelab.measure.e2e.carveout import carveout_reason
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
-from moelab.measure.e2e.layer import output_grad, resolve_gemm, supports_backward
+from moelab.measure.e2e.layer import Grouped, output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
 from moelab.measure.e2e.permute import unpermute
@@ -136,19 +136,32 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
 
 def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, dict[str, Any]]:
     """The expert-GEMM implementation the case runs (auto on a GPU with the grouped kernel: the fastest of
-    the candidates on the case's rows, moelab.measure.e2e.gemm_choice) and, on CUDA, the kernels it
-    launched, for the record. One untimed dispatch of the whole batch, on every rank."""
+    the candidates on the rows its GEMMs see, moelab.measure.e2e.gemm_choice: the whole batch, and the
+    parts of an overlapped schedule) and, on CUDA, the kernels it launched on them, for the record.
+    Untimed dispatches of the whole batch and of the parts, on every rank."""
     if not inputs.x.is_cuda:
         return inputs, {}
+    settings, layer = inputs.settings, inputs.layer
+    x, idx, w = inputs.x, inputs.topk_idx, inputs.topk_weights
     with torch.no_grad():
-        grouped = inputs.layer.dispatch(inputs.x, inputs.topk_idx, inputs.topk_weights).grouped
+        grouped = layer.dispatch(x, idx, w).grouped
+        parts: list[Grouped] = []
+        if settings.mode in OVERLAPPED and settings.mode != "auto":
+            split = (
+                expert_parts(x, idx, w, layer.experts_per_rank, settings.chunks)
+                if settings.mode == "expert"
+                else token_parts(x, idx, w, settings.chunks)
+            )
+            parts = [layer.dispatch(p.x, p.topk_idx, p.topk_weights).grouped for p in split]
     record: dict[str, Any] = {}
-    if inputs.settings.gemm == "auto" and inputs.gemm == "grouped":
-        choice = choose_gemm(inputs.layer, grouped, ctx.group, ctx.world)
-        inputs.layer.gemm = choice.impl
+    if settings.gemm == "auto" and inputs.gemm == "grouped":
+        choice = choose_gemm(layer, [grouped, *parts], ctx.group, ctx.world)
+        layer.gemm = choice.impl
         inputs = dataclasses.replace(inputs, gemm=choice.impl)
         record["gemm_trials_us"] = {k: round(v, 2) for k, v in choice.trials_us.items()}
-    record["gemm_kernels"] = gemm_kernels(lambda: inputs.layer.ffn(grouped))
+    record["gemm_kernels"] = gemm_kernels(lambda: layer.ffn(grouped))
+    if parts:  # a part averages fewer rows per expert: torch may pick another tile for it
+        record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
     return inputs, record
 
 

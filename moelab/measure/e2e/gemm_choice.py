@@ -1,25 +1,29 @@
 """Which expert-GEMM implementation a case runs, and which kernels it launched.
 
-`gemm = auto` on a GPU with torch._grouped_mm times the candidates (the grouped CUTLASS kernel and the
-padded batched matmul, moelab.measure.e2e.layer) on the case's own received rows before the check, a few
-calls each, and keeps the fastest by the slowest rank's time, so every rank runs the same one. At 128+
+`gemm = auto` on a GPU with torch._grouped_mm times the candidates (the grouped CUTLASS kernel, the same
+with its wide tile forced, and the padded batched matmul; moelab.measure.e2e.layer) on the rows the case's
+GEMMs see (the whole batch, and each micro-batch or expert group of an overlapped schedule), a few calls
+each, and keeps the fastest total by the slowest rank's time, so every rank runs the same one. At 128+
 experts per rank each expert has a few hundred rows, where the grouped kernel's tiles run short (issue
-37: 56% of the dense rate at the DeepSeek-V3 shape) and a padded batched matmul may not; at 8 experts per
-rank the grouped kernel is near dense. The trial times and the kernels that ran are stored with the case.
+37: 56% of the dense rate at the DeepSeek-V3 shape) and a padded batched matmul may not; a micro-batch of
+that shape at EP = 2 averages 128 rows per expert, where torch drops to its narrow tile unless padded
+(`grouped-wide`); at 8 experts per rank the grouped kernel is near dense. The trial times, the kernels that
+ran and their tiles are stored with the case.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from moelab.measure.e2e.layer import Grouped, MoELayer
+from moelab.measure.e2e.layer import Grouped, MoELayer, gemm_tile, wide_tile_pad
 
-CANDIDATES = ("grouped", "padded")
+CANDIDATES = ("grouped", "grouped-wide", "padded")
 TRIALS = 3
 KERNEL_WORDS = ("gemm", "cutlass", "xmma", "sm90", "bmm", "matmul", "nvjet")
 
@@ -43,23 +47,33 @@ def _time_us(fn: Callable[[], object], iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def choose_gemm(layer: MoELayer, grouped: Grouped, group: Any, world: int) -> GemmChoice:
-    """The fastest candidate on `grouped` (the case's whole batch), agreed by every rank of `group`."""
+def candidates(batches: Sequence[Grouped], experts: int) -> tuple[str, ...]:
+    """The implementations worth timing on `batches`: grouped-wide only where some batch averages few enough
+    rows per expert for torch's narrow tile (elsewhere it is the grouped kernel itself)."""
+    wide = any(wide_tile_pad(g.num_pairs, experts) for g in batches)
+    return tuple(c for c in CANDIDATES if c != "grouped-wide" or wide)
+
+
+def choose_gemm(layer: MoELayer, batches: Sequence[Grouped], group: Any, world: int) -> GemmChoice:
+    """The fastest candidate over `batches` (the case's whole batch, then the micro-batches an overlapped
+    schedule computes: their times summed), agreed by every rank of `group`."""
     mine: dict[str, float] = {}
     before = layer.gemm
     with torch.no_grad():
-        for impl in CANDIDATES:
+        for impl in candidates(batches, layer.experts_per_rank):
             layer.gemm = impl
-            mine[impl] = _time_us(lambda: layer.ffn(grouped), TRIALS)
+            mine[impl] = sum(_time_us(functools.partial(layer.ffn, g), TRIALS) for g in batches)
     layer.gemm = before
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
-    slowest = {impl: max(g[impl] for g in gathered) for impl in CANDIDATES}
+    # every rank timed the same candidates: the batches' row counts per expert are alike in kind
+    slowest = {impl: max(g.get(impl, float("inf")) for g in gathered) for impl in mine}
     return GemmChoice(impl=min(slowest, key=lambda k: slowest[k]), trials_us=slowest)
 
 
 def gemm_kernels(fn: Callable[[], object]) -> list[str]:
-    """The GPU kernels of `fn` whose names say GEMM, by total time (one profiled call); [] off CUDA."""
+    """The GPU kernels of `fn` whose names say GEMM, by total time (one profiled call), each led by its
+    tile where the name tells it ("64x128x128 ping-pong: ..."); [] off CUDA."""
     if not torch.cuda.is_available():
         return []
     from torch.profiler import ProfilerActivity, profile
@@ -72,4 +86,5 @@ def gemm_kernels(fn: Callable[[], object]) -> list[str]:
         name = e.name
         if e.device_type == torch.autograd.DeviceType.CUDA and any(w in name.lower() for w in KERNEL_WORDS):
             totals[name] = totals.get(name, 0.0) + float(e.device_time_total)
-    return [n[:200] for n, _ in sorted(totals.items(), key=lambda kv: -kv[1])][:4]
+    ranked = [n for n, _ in sorted(totals.items(), key=lambda kv: -kv[1])][:4]
+    return [(f"{gemm_tile(n)}: " if gemm_tile(n) else "") + n[:200] for n in ranked]

@@ -158,10 +158,10 @@ def resolve_gemm(requested: str, device: torch.device, hidden: int, intermediate
     if requested not in GEMM_IMPLS:
         raise SpecError(f"gemm must be one of {', '.join(GEMM_IMPLS)}, got {requested!r}")
     has_grouped = hasattr(torch, "_grouped_mm")
-    if requested == "grouped":
+    if requested in ("grouped", "grouped-wide"):
         if not has_grouped:
-            raise SpecError(f"gemm = grouped: torch {torch.__version__} has no torch._grouped_mm")
-        return "grouped"
+            raise SpecError(f"gemm = {requested}: torch {torch.__version__} has no torch._grouped_mm")
+        return requested
     if requested in ("loop", "padded"):
         return requested
     aligned = hidden % GEMM_ALIGN == 0 and intermediate % GEMM_ALIGN == 0
@@ -177,6 +177,32 @@ def padded_index(offsets: torch.Tensor, num_pairs: int, max_group: int) -> torch
     expert_of_pair = torch.repeat_interleave(experts, counts, output_size=num_pairs)
     start = (offsets.long() - counts).index_select(0, expert_of_pair)
     return expert_of_pair * max_group + (torch.arange(num_pairs, device=offsets.device) - start)
+
+
+# torch._grouped_mm on SM90 picks its CUTLASS tile from the average rows per group, rows / groups
+# (GroupMM.cu: `small = M <= 128 || N <= 128`): at most 128 takes the 64x128x128 ping-pong tile, above it
+# the 128x256x64 cooperative one. A micro-batch of the DeepSeek-V3 shape at EP = 2 (16384 pairs over 128
+# experts: 128 on average) lands on the narrow tile, whose grouped GEMM took 3.2 ms against 3.6 ms for the
+# whole batch on the wide one (2 x H200, results/h200x2-r8).
+NARROW_TILE_MAX_ROWS = 128
+
+
+def wide_tile_pad(rows: int, groups: int) -> int:
+    """Rows to add after the last group so that torch._grouped_mm's average rows per group exceeds
+    NARROW_TILE_MAX_ROWS and it launches its wide tile; 0 where it already does (or nothing to compute).
+    Rows past the last offset belong to no group: no tile computes them."""
+    if rows == 0 or groups == 0 or rows > NARROW_TILE_MAX_ROWS * groups:
+        return 0
+    return (NARROW_TILE_MAX_ROWS + 1) * groups - rows
+
+
+def gemm_tile(kernel: str) -> str:
+    """The tile of a torch._grouped_mm CUTLASS kernel, read off its (mangled) name; "" for another."""
+    if "Pingpong" in kernel:
+        return "64x128x128 ping-pong"
+    if "Cooperative" in kernel:
+        return "128x256x64 cooperative"
+    return ""
 
 
 def grouped_matmul(
@@ -218,6 +244,17 @@ def swiglu_ffn(
         h = torch.bmm(padded, weights.w13).view(experts * max_group, -1)
         y = torch.bmm(swiglu(h, act).view(experts, max_group, -1), weights.w2)
         return y.view(experts * max_group, -1).index_select(0, index)
+    if impl in ("grouped", "grouped-wide") and x.shape[0] == 0:
+        impl = "loop"  # no pairs on this rank (skewed routing): torch's grouped backward refuses empty rows
+    if impl == "grouped-wide":
+        rows, pad = x.shape[0], wide_tile_pad(x.shape[0], weights.w13.shape[0])
+        # the pad rows ride through both projections (the activation's pad rows hold whatever the first
+        # GEMM left there: no group reads them) and are cut off the output; their gradients are dropped
+        # by the same cut and the concatenation
+        xp = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
+        h = torch._grouped_mm(xp, weights.w13, offs=offsets)
+        y = torch._grouped_mm(swiglu(h, act), weights.w2, offs=offsets)
+        return y[:rows] if pad else y
     h = grouped_matmul(x, weights.w13, offsets, impl, ends)
     return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl, ends)
 
