@@ -10,7 +10,7 @@
 #    profiled layer (tbo) and serial layer, the host syncs inside it and the GPU's idle gaps between kernels
 #    (with the per-micro-batch sync gone: no cudaStreamSynchronize after each micro-batch's dispatch, and no
 #    gap before the second micro-batch's dispatch), then benchmarks/overlap_from_trace.py's hidden share.
-# WAIT_FOR=FILE: wait (at most 300 s) for FILE before the runs, e.g. a DeepEP build's marker.
+# NO_TRACE=1 skips step 2. WAIT_FOR=FILE: wait (at most 300 s) for FILE before the runs, e.g. a DeepEP build's marker.
 # Results in RESULT_DIR (default /tmp/hs), copied to $OUT when set (the device tool's output folder).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -37,9 +37,11 @@ fi
 timeout 280 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
   --run-id hs-ep2 > "$R/run.txt" 2>&1
 echo "exit $?" >> "$R/run.txt"; tail -4 "$R/run.txt"
-timeout 120 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
-  --run-id hs-trace > "$R/trace.txt" 2>&1
-echo "exit $?" >> "$R/trace.txt"; tail -2 "$R/trace.txt"
+if [ -z "${NO_TRACE:-}" ]; then  # NO_TRACE=1: the runs and tables only
+  timeout 120 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
+    --run-id hs-trace > "$R/trace.txt" 2>&1
+  echo "exit $?" >> "$R/trace.txt"; tail -2 "$R/trace.txt"
+fi
 
 timeout 40 python3 benchmarks/overlap_summary.py --db "$R/moelab.duckdb" --run hs-ep2 > "$R/summary.txt" 2>&1
 timeout 40 python3 - "$R/moelab.duckdb" > "$R/overhead.txt" 2>&1 <<'PY'

@@ -570,3 +570,55 @@ def test_bench_a2a_crossing_the_layer_axes_is_one_plain_dispatch_combine_case() 
             ["nccl-a2a"],
             2,
         )
+
+
+class GemmSpy(MoELayer):
+    """A layer that notes the GEMM implementation of each expert compute, and the batch's pairs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, int]] = []
+
+    def ffn(self, g: Any) -> torch.Tensor:
+        self.seen.append((self.gemm, g.num_pairs))
+        return super().ffn(g)
+
+
+def test_parts_run_their_own_gemm_and_the_serial_layer_the_whole_batch_one() -> None:
+    """gemm = auto chooses the whole batch's and the parts' implementations apart (moelab.measure.e2e.bench
+    settle_gemm): inside `parts()` (an overlapped forward, the split compute) the layer runs part_gemm,
+    outside it the whole batch's, and the choice changes no value."""
+    from moelab.core.e2e_spec import E2ESettings
+    from moelab.measure.e2e.correctness import LayerInputs
+    from moelab.measure.e2e.overlap import compute_chunked
+
+    wl = Workload(hidden=32, tokens_per_rank=12, topk=2, experts_per_rank=3)
+    r = route(wl, 0, 1)
+    layer = GemmSpy(Loopback(), local_expert_weights(0, 0, 3, 32, 8, torch.device("cpu")), 3, "loop")
+    x = layer_tokens(0, 0, 12, 32, "cpu")
+    streams = Streams(torch.device("cpu"))
+    with torch.no_grad():
+        serial = layer.forward(x, r.topk_idx, r.topk_weights)
+        layer.part_gemm = "padded"
+        with layer.parts():
+            tbo = forward_pipelined(layer, x, r.topk_idx, r.topk_weights, TBO_MICRO_BATCHES, streams)
+        assert layer.gemm == "loop"  # restored
+        again = layer.forward(x, r.topk_idx, r.topk_weights)
+        halves = [
+            layer.dispatch(x[a:b], r.topk_idx[a:b], r.topk_weights[a:b]) for a, b in chunk_bounds(12, 2)
+        ]
+        compute_chunked(layer, halves)
+        # the case's forward: the overlapped layer in the parts' GEMM, the serial one it is compared with not
+        settings = E2ESettings(mode="tbo", chunks=2, intermediate=8, backward=False, gemm="auto")
+        inputs = LayerInputs(
+            routings=[r], topk_idx=r.topk_idx, topk_weights=r.topk_weights, x=x, weights=layer.weights,
+            layer=layer, streams=streams, settings=settings, gemm="loop", permute="torch",
+        )  # fmt: skip
+        inputs.forward(x)
+        inputs.serial_forward(x)
+    whole = 12 * 2
+    assert [g for g, _ in layer.seen[6:]] == ["padded", "padded", "loop"]
+    assert [g for g, _ in layer.seen[:6]] == ["loop", "padded", "padded", "loop", "padded", "padded"]
+    assert [p for _, p in layer.seen][0] == whole and all(p < whole for _, p in layer.seen[1:3])
+    torch.testing.assert_close(tbo.float(), serial.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(again, serial)

@@ -43,8 +43,14 @@ def _sync_sites(run: Callable[[], None]) -> list[str]:
     ) -> None:
         if "synchroniz" not in str(message):
             return
-        ours = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(PACKAGE)]
-        where = f"{ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})" if ours else "no moelab frame"
+        stack = traceback.extract_stack()[:-1]
+        ours = [f for f in stack if f.filename.startswith(PACKAGE)]
+        if ours:
+            where = f"{ours[-1].filename}:{ours[-1].lineno} ({ours[-1].name})"
+        else:  # say who called: the last frames of the stack
+            where = "no moelab frame: " + " > ".join(
+                f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[-4:]
+            )
         sites.append(f"{where} <- {filename}:{lineno}")
 
     with warnings.catch_warnings():
@@ -88,7 +94,9 @@ def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: st
 
     step(True)  # warm-up: kernel compilation and library initialisation may sync once
     step(False)
-    step(True)
+    # the detector's first use in the process reported one site with no moelab frame on the stack
+    # (torch/cuda/__init__.py, 2 x H200, round 8), whatever ran: turned on once here, it is not counted
+    _sync_sites(lambda: step(True))
     fast, slow = _sync_sites(lambda: step(True)), _sync_sites(lambda: step(False))
     # the loop's ends come from the counts too
     assert [s for s in fast if not s.startswith(_ours("pair_counts.py"))] == [], fast

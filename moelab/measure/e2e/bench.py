@@ -155,13 +155,21 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
             parts = [layer.dispatch(p.x, p.topk_idx, p.topk_weights).grouped for p in split]
     record: dict[str, Any] = {}
     if settings.gemm == "auto" and inputs.gemm == "grouped":
-        choice = choose_gemm(layer, [grouped, *parts], ctx.group, ctx.world)
+        # the whole batch (the serial layer's GEMMs) and the parts choose apart: one choice for both would
+        # hold the serial layer a case compares with to the parts' implementation, or the parts to its
+        choice = choose_gemm(layer, [grouped], ctx.group, ctx.world)
         layer.gemm = choice.impl
         inputs = dataclasses.replace(inputs, gemm=choice.impl)
         record["gemm_trials_us"] = {k: round(v, 2) for k, v in choice.trials_us.items()}
+        if parts:
+            part = choose_gemm(layer, parts, ctx.group, ctx.world)
+            layer.part_gemm = part.impl
+            record["gemm_part"] = part.impl
+            record["gemm_part_trials_us"] = {k: round(v, 2) for k, v in part.trials_us.items()}
     record["gemm_kernels"] = gemm_kernels(lambda: layer.ffn(grouped))
     if parts:  # a part averages fewer rows per expert: torch may pick another tile for it
-        record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
+        with layer.parts():
+            record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
     return inputs, record
 
 
@@ -215,7 +223,8 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
 
     def gemm_mb() -> object:
-        return layer.ffn(first)
+        with layer.parts():  # micro-batch A's GEMMs, as the overlapped layer runs them
+            return layer.ffn(first)
 
     def gemm_mb_carved() -> object:  # as the overlapped layer launches them: with its carve-out
         with inputs.carved():
@@ -241,7 +250,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     }
     if settings.compares_serial:
         forward["layer_serial"] = lambda: inputs.serial_forward(x)
-        forward["compute_only_split"] = lambda: compute_chunked(layer, split)
+        forward["compute_only_split"] = lambda: compute_chunked(layer, split)  # part GEMMs: see compute_chunked
     if settings.profile == "layer":
         forward = {"layer": forward["layer"]}
     return E2ECalls(

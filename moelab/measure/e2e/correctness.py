@@ -55,7 +55,7 @@ class LayerInputs:
             forward = forward_expert_pipelined
         elif s.comm == "hook":
             forward = forward_hooked
-        with self.carved():
+        with self.carved(), self.layer.parts():
             return forward(self.layer, x, self.topk_idx, self.topk_weights, s.chunks, self.streams)
 
     def carved(self) -> contextlib.AbstractContextManager[None]:

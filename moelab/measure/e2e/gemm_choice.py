@@ -1,9 +1,10 @@
 """Which expert-GEMM implementation a case runs, and which kernels it launched.
 
 `gemm = auto` on a GPU with torch._grouped_mm times the candidates (the grouped CUTLASS kernel, the same
-with its wide tile forced, and the padded batched matmul; moelab.measure.e2e.layer) on the rows the case's
-GEMMs see (the whole batch, and each micro-batch or expert group of an overlapped schedule), a few calls
-each, and keeps the fastest total by the slowest rank's time, so every rank runs the same one. At 128+
+with its wide tile forced, and the padded batched matmul; moelab.measure.e2e.layer) on the whole batch,
+and apart on the parts of an overlapped schedule (each micro-batch or expert group, summed: the layer's
+`part_gemm`), a few calls each, and keeps the fastest by the slowest rank's time, so every rank runs the
+same one. At 128+
 experts per rank each expert has a few hundred rows, where the grouped kernel's tiles run short (issue
 37: 56% of the dense rate at the DeepSeek-V3 shape) and a padded batched matmul may not; a micro-batch of
 that shape at EP = 2 averages 128 rows per expert, where torch drops to its narrow tile unless padded

@@ -34,9 +34,10 @@ layout once, ahead of its dispatch; otherwise dispatch computes it (`MoELayer.la
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -418,7 +419,23 @@ class MoELayer:
         self.weights = weights
         self.experts_per_rank = experts_per_rank
         self.gemm = gemm
+        # the GEMM an overlapped schedule's parts run, where chosen apart from the whole batch's (gemm =
+        # auto: a part has fewer rows per expert, where another implementation may be the fastest)
+        self.part_gemm: str | None = None
         self.permute = permute  # resolved by moelab.measure.e2e.permute; triton fuses SwiGLU too
+
+    @contextlib.contextmanager
+    def parts(self) -> Iterator[None]:
+        """Expert compute inside runs the parts' GEMM (`part_gemm`, where chosen): around an overlapped
+        schedule's forward; its backward follows the ops the forward recorded."""
+        if self.part_gemm is None:
+            yield
+            return
+        whole, self.gemm = self.gemm, self.part_gemm
+        try:
+            yield
+        finally:
+            self.gemm = whole
 
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
         """The backend's layout of this routing (None when the backend has no layout step of its own)."""

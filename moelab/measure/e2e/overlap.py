@@ -312,5 +312,7 @@ def forward_hooked(
 
 
 def compute_chunked(layer: MoELayer, received: list[Received]) -> list[torch.Tensor]:
-    """The expert compute of pre-dispatched micro-batches, back to back (what the overlapped layer computes)."""
-    return [layer.experts(r) for r in received]
+    """The expert compute of pre-dispatched micro-batches, back to back (what the overlapped layer computes,
+    with the parts' GEMM)."""
+    with layer.parts():
+        return [layer.experts(r) for r in received]
