@@ -250,7 +250,8 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     }
     if settings.compares_serial:
         forward["layer_serial"] = lambda: inputs.serial_forward(x)
-        forward["compute_only_split"] = lambda: compute_chunked(layer, split)  # part GEMMs: see compute_chunked
+        # the parts' GEMM: see compute_chunked
+        forward["compute_only_split"] = lambda: compute_chunked(layer, split)
     if settings.profile == "layer":
         forward = {"layer": forward["layer"]}
     return E2ECalls(
