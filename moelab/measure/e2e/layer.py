@@ -189,10 +189,11 @@ NARROW_TILE_MAX_ROWS = 128
 
 
 def wide_tile_pad(rows: int, groups: int) -> int:
-    """Rows to add after the last group so that torch._grouped_mm's average rows per group exceeds
-    NARROW_TILE_MAX_ROWS and it launches its wide tile; 0 where it already does (or nothing to compute).
-    Rows past the last offset belong to no group: no tile computes them."""
-    if rows == 0 or groups == 0 or rows > NARROW_TILE_MAX_ROWS * groups:
+    """Rows to add after the last group so that torch._grouped_mm's average rows per group, an integer
+    division (rows / groups in int32), exceeds NARROW_TILE_MAX_ROWS and it launches its wide tile; 0 where
+    it already does (or there is nothing to compute). Rows past the last offset belong to no group: no
+    tile computes them."""
+    if rows == 0 or groups == 0 or rows // groups > NARROW_TILE_MAX_ROWS:
         return 0
     return (NARROW_TILE_MAX_ROWS + 1) * groups - rows
 
