@@ -5,7 +5,8 @@ whatever GPUs are present (1, 2, 4 or more), asserting outcomes and never timing
 Why a tool and not a CI job: CI has no GPU, and five paths broke on 2 and 4 GPUs that no CPU test could see
 (the store on a supported duckdb, an interrupted --repeat, Hybrid-EP's backward, `model --from-run`, figures
 beyond their own bound). This runs them all in one call, aiming at 10 minutes with the builds beside it (on
-4 x H200 the whole run passed in one call of 555 s, builds included: results/gpu-acceptance/h200x4),
+4 x H200 the whole run passed in one call of 555 s, on 2 x H200 in 460 s and on 2 x H100 in 568 s, builds
+included: results/gpu-acceptance/h200x4, h200x2, h100x2),
 and writes what it found to `<out>/summary.json` and `<out>/summary.md` (results/gpu-acceptance/<kind>/).
 
 Steps, in order (each a `moelab` command, its exit code checked, its output searched for tracebacks):
