@@ -44,3 +44,15 @@ def test_kernel_gaps_counts_host_syncs_and_idle_gaps(tmp_path: Path) -> None:
     assert sync.strip() == "sync cudaStreamSynchronize 40us"
     assert "15.0 us  after 'gemm_a'  before 'triton_permute'" in gap
     assert "layer_serial/c: host 50 us, 0 host syncs; GPU span 10 us, busy 10 us, idle 0 us" in serial
+
+
+def test_kernel_gaps_kinds_sums_gemm_and_communication_time(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "kernel_gaps.py"), str(_trace(tmp_path)), "--kinds"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = out.splitlines()
+    assert lines[1].strip() == (
+        "kernels: gemm 30 us, communication 20 us, other 5 us; first GEMM 5 us after the first kernel"
+    )
+    assert lines[5].strip().startswith("kernels: gemm 10 us, communication 0 us, other 0 us; first GEMM 0 us")
