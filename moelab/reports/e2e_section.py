@@ -110,10 +110,30 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                 "speedup_fwd_bwd_ci": ci.get("fwd_bwd"),
                 "intermediate": e2e.get("intermediate", knobs.get("intermediate")),
                 "knob_text": ", ".join(f"{k}={v}" for k, v in sorted(extra.items())),
+                "gemm_text": gemm_text(e2e),
                 **{name: m.get(name) for name in METRICS},
             }
         )
     return out
+
+
+def gemm_text(e2e: dict[str, Any]) -> str:
+    """The expert GEMM a case ran, as its record says: the implementation, the parts' where an overlapped
+    schedule chose another, and each one's CUTLASS tile where the kernel name told it."""
+
+    def tile(kernels: Any) -> str:
+        first = kernels[0] if isinstance(kernels, list) and kernels else ""
+        head = str(first).split(":", 1)[0]
+        return f" ({head})" if ":" in str(first) and "x" in head else ""
+
+    whole = e2e.get("gemm")
+    if not whole:
+        return "—"
+    text = f"{whole}{tile(e2e.get('gemm_kernels'))}"
+    part = e2e.get("gemm_part")
+    if part and (part != whole or tile(e2e.get("gemm_kernels_part")) != tile(e2e.get("gemm_kernels"))):
+        text += f"; parts {part}{tile(e2e.get('gemm_kernels_part'))}"
+    return text
 
 
 def _obj(text: Any) -> dict[str, Any]:
@@ -216,6 +236,7 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     else (serial[0].get("exposed_comm_share") if serial else None)
                 ),
                 "schedules_tried": len(rows),
+                "gemm": top.get("gemm_text", "—"),
             }
         )
     return out
