@@ -171,3 +171,17 @@ def test_gemm_knob_takes_grouped_wide() -> None:
     assert E2ESpec(gemm="grouped-wide").resolve(wl).gemm == "grouped-wide"
     if hasattr(torch, "_grouped_mm"):
         assert resolve_gemm("grouped-wide", torch.device("cpu"), 64, 16) == "grouped-wide"
+
+
+def test_ranks_agree_on_the_slowest_rank_and_grouped_stands_in_for_an_unpadded_rank() -> None:
+    from moelab.measure.e2e.gemm_choice import slowest_rank
+
+    padded_rank = {"grouped": 10.0, "grouped-wide": 7.0, "padded": 9.0}
+    wide_rank = {"grouped": 6.0, "padded": 8.0}  # averages more than 128 rows: grouped-wide is grouped there
+    got = slowest_rank([padded_rank, wide_rank])
+    assert got == {"grouped": 10.0, "grouped-wide": 7.0, "padded": 9.0}
+    assert min(got, key=lambda k: got[k]) == "grouped-wide"
+    assert slowest_rank([{"grouped": 1.0}, {"padded": 2.0}]) == {
+        "grouped": float("inf"),
+        "padded": float("inf"),
+    }

@@ -4,12 +4,11 @@
 with its wide tile forced, and the padded batched matmul; moelab.measure.e2e.layer) on the whole batch,
 and apart on the parts of an overlapped schedule (each micro-batch or expert group, summed: the layer's
 `part_gemm`), a few calls each, and keeps the fastest by the slowest rank's time, so every rank runs the
-same one. At 128+
-experts per rank each expert has a few hundred rows, where the grouped kernel's tiles run short (issue
-37: 56% of the dense rate at the DeepSeek-V3 shape) and a padded batched matmul may not; a micro-batch of
-that shape at EP = 2 averages 128 rows per expert, where torch drops to its narrow tile unless padded
-(`grouped-wide`); at 8 experts per rank the grouped kernel is near dense. The trial times, the kernels that
-ran and their tiles are stored with the case.
+same one. At 128+ experts per rank each expert has a few hundred rows, where the grouped kernel's tiles
+run short (issue 37: 56% of the dense rate at the DeepSeek-V3 shape) and a padded batched matmul may not;
+a micro-batch of that shape at EP = 2 averages 128 rows per expert, where torch drops to its narrow tile
+unless padded (`grouped-wide`); at 8 experts per rank the grouped kernel is near dense. The trial times,
+the kernels that ran and their tiles are stored with the case.
 """
 
 from __future__ import annotations
@@ -56,8 +55,8 @@ def candidates(batches: Sequence[Grouped], experts: int) -> tuple[str, ...]:
 
 
 def choose_gemm(layer: MoELayer, batches: Sequence[Grouped], group: Any, world: int) -> GemmChoice:
-    """The fastest candidate over `batches` (the case's whole batch, then the micro-batches an overlapped
-    schedule computes: their times summed), agreed by every rank of `group`."""
+    """The fastest candidate over `batches` (the whole batch, or an overlapped schedule's parts: their times
+    summed), agreed by every rank of `group`."""
     mine: dict[str, float] = {}
     before = layer.gemm
     with torch.no_grad():
@@ -67,9 +66,23 @@ def choose_gemm(layer: MoELayer, batches: Sequence[Grouped], group: Any, world: 
     layer.gemm = before
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
-    # every rank timed the same candidates: the batches' row counts per expert are alike in kind
-    slowest = {impl: max(g.get(impl, float("inf")) for g in gathered) for impl in mine}
+    slowest = slowest_rank(gathered)
     return GemmChoice(impl=min(slowest, key=lambda k: slowest[k]), trials_us=slowest)
+
+
+def slowest_rank(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per candidate, the slowest rank's time. A rank whose batches never take torch's narrow tile did not
+    time grouped-wide: there it runs the grouped kernel itself, so its grouped time stands in; a candidate
+    a rank did not time otherwise counts as never the fastest."""
+    names = [c for c in CANDIDATES if any(c in r for r in per_rank)]
+    out = {}
+    for impl in names:
+        times = []
+        for r in per_rank:
+            stand_in = r.get("grouped") if impl == "grouped-wide" else None
+            times.append(r.get(impl, stand_in if stand_in is not None else float("inf")))
+        out[impl] = max(times)
+    return out
 
 
 def gemm_kernels(fn: Callable[[], object]) -> list[str]:
