@@ -184,7 +184,9 @@ def padded_index(offsets: torch.Tensor, num_pairs: int, max_group: int) -> torch
 # (GroupMM.cu: `small = M <= 128 || N <= 128`): at most 128 takes the 64x128x128 ping-pong tile, above it
 # the 128x256x64 cooperative one. A micro-batch of the DeepSeek-V3 shape at EP = 2 (16384 pairs over 128
 # experts: 128 on average) lands on the narrow tile, whose grouped GEMM took 3.2 ms against 3.6 ms for the
-# whole batch on the wide one (2 x H200, results/h200x2-r8).
+# whole batch on the wide one (2 x H200, results/h200x2-r8). Whether the wide tile is faster there depends
+# on the card and the spread of rows per expert (a 128-row tile wastes as much on 128 +- 11 rows): gemm =
+# auto times it (on H200, before wide_tile_pad divided as torch does, it tied; the padded matmul won).
 NARROW_TILE_MAX_ROWS = 128
 
 
