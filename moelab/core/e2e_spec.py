@@ -47,6 +47,9 @@ COMMS = ("shared", "partition", "zero-sm", "hook")
 NO_SM_COMMS = ("zero-sm", "hook")  # the communication holds no SM while the GEMMs run: no carve-out
 PROFILES = ("full", "layer")
 GEMM_IMPLS = ("auto", "grouped", "grouped-wide", "padded", "loop")
+# torch._grouped_mm's CUTLASS tiles on SM90, by the schedule word in the kernel's name: how the record and
+# the report name the tile a GEMM ran (moelab.measure.e2e.gemm_choice.gemm_kernels)
+GEMM_TILES = {"Pingpong": "64x128x128 ping-pong", "Cooperative": "128x256x64 cooperative"}
 DEFAULT_CHUNKS = 4
 INTERMEDIATE_DIVISOR = 4
 

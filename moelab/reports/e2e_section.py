@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from moelab.core.e2e_spec import GEMM_TILES
 from moelab.core.intervals import Interval, ratio_interval
 from moelab.reports import charts
 from moelab.reports.query import select
@@ -121,10 +122,10 @@ def gemm_text(e2e: dict[str, Any]) -> str:
     """The expert GEMM a case ran, as its record says: the implementation, the parts' where an overlapped
     schedule chose another, and each one's CUTLASS tile where the kernel name told it."""
 
-    def tile(kernels: Any) -> str:
-        first = kernels[0] if isinstance(kernels, list) and kernels else ""
-        head = str(first).split(":", 1)[0]
-        return f" ({head})" if ":" in str(first) and "x" in head else ""
+    def tile(kernels: Any) -> str:  # gemm_kernels leads a kernel with "<tile>: " where it knows the tile
+        first = str(kernels[0]) if isinstance(kernels, list) and kernels else ""
+        head = first.split(": ", 1)[0]
+        return f" ({head})" if head in GEMM_TILES.values() and first != head else ""
 
     whole = e2e.get("gemm")
     if not whole:

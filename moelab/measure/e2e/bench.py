@@ -63,7 +63,7 @@ from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_
 from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
 from moelab.measure.e2e.layer import Grouped, output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
-from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, expert_parts, token_parts
+from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, schedule_parts
 from moelab.measure.e2e.permute import unpermute
 from moelab.measure.e2e.roofline import run_rates
 from moelab.measure.e2e.schedules import schedule_reason
@@ -147,11 +147,7 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
         grouped = layer.dispatch(x, idx, w).grouped
         parts: list[Grouped] = []
         if settings.mode in OVERLAPPED and settings.mode != "auto":
-            split = (
-                expert_parts(x, idx, w, layer.experts_per_rank, settings.chunks)
-                if settings.mode == "expert"
-                else token_parts(x, idx, w, settings.chunks)
-            )
+            split = schedule_parts(x, idx, w, settings.mode, settings.chunks, layer.experts_per_rank)
             parts = [layer.dispatch(p.x, p.topk_idx, p.topk_weights).grouped for p in split]
     record: dict[str, Any] = {}
     if settings.gemm == "auto" and inputs.gemm == "grouped":
@@ -213,11 +209,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         full = layer.dispatch(x, idx, w)
         expert_out = layer.experts(full)
         g = full.grouped
-        parts = (
-            expert_parts(x, idx, w, wl.experts_per_rank, settings.chunks)
-            if settings.mode == "expert"
-            else token_parts(x, idx, w, settings.chunks)
-        )
+        parts = schedule_parts(x, idx, w, settings.mode, settings.chunks, wl.experts_per_rank)
         split = [layer.dispatch(p.x, p.topk_idx, p.topk_weights) for p in parts]
         ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from moelab.measure.e2e.layer import Grouped, MoELayer, gemm_tile, wide_tile_pad
+from moelab.core.e2e_spec import GEMM_TILES
+from moelab.measure.e2e.layer import Grouped, MoELayer, wide_tile_pad
 
 CANDIDATES = ("grouped", "grouped-wide", "padded")
 TRIALS = 3
@@ -83,6 +84,11 @@ def slowest_rank(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
             times.append(r.get(impl, stand_in if stand_in is not None else float("inf")))
         out[impl] = max(times)
     return out
+
+
+def gemm_tile(kernel: str) -> str:
+    """The tile of a torch._grouped_mm CUTLASS kernel, read off its (mangled) name; "" for another."""
+    return next((tile for word, tile in GEMM_TILES.items() if word in kernel), "")
 
 
 def gemm_kernels(fn: Callable[[], object]) -> list[str]:

@@ -200,15 +200,6 @@ def wide_tile_pad(rows: int, groups: int) -> int:
     return (NARROW_TILE_MAX_ROWS + 1) * groups - rows
 
 
-def gemm_tile(kernel: str) -> str:
-    """The tile of a torch._grouped_mm CUTLASS kernel, read off its (mangled) name; "" for another."""
-    if "Pingpong" in kernel:
-        return "64x128x128 ping-pong"
-    if "Cooperative" in kernel:
-        return "128x256x64 cooperative"
-    return ""
-
-
 def grouped_matmul(
     x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str, ends: Sequence[int] | None = None
 ) -> torch.Tensor:
@@ -250,17 +241,17 @@ def swiglu_ffn(
         return y.view(experts * max_group, -1).index_select(0, index)
     if impl in ("grouped", "grouped-wide") and x.shape[0] == 0:
         impl = "loop"  # no pairs on this rank (skewed routing): torch's grouped backward refuses empty rows
+    rows, pad = x.shape[0], 0
     if impl == "grouped-wide":
-        rows, pad = x.shape[0], wide_tile_pad(x.shape[0], weights.w13.shape[0])
-        # the pad rows ride through both projections (the activation's pad rows hold whatever the first
-        # GEMM left there: no group reads them) and are cut off the output; their gradients are dropped
-        # by the same cut and the concatenation
-        xp = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
-        h = torch._grouped_mm(xp, weights.w13, offs=offsets)
-        y = torch._grouped_mm(swiglu(h, act), weights.w2, offs=offsets)
-        return y[:rows] if pad else y
+        # the grouped kernel on rows padded past torch's narrow-tile average: the pad rows ride through both
+        # projections (the activation's pad rows hold whatever the first GEMM left there: no group reads
+        # them) and are cut off the output; their gradients are dropped by the same cut and the concatenation
+        impl, pad = "grouped", wide_tile_pad(rows, weights.w13.shape[0])
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
     h = grouped_matmul(x, weights.w13, offsets, impl, ends)
-    return grouped_matmul(swiglu(h, act), weights.w2, offsets, impl, ends)
+    y = grouped_matmul(swiglu(h, act), weights.w2, offsets, impl, ends)
+    return y[:rows] if pad else y
 
 
 @dataclass(slots=True)

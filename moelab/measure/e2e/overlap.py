@@ -188,6 +188,20 @@ def expert_parts(
     return [Part(x, i, w) for i, w in expert_group_routing(topk_idx, topk_weights, experts_per_rank, n)]
 
 
+def schedule_parts(
+    x: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor,
+    mode: str,
+    chunks: int,
+    experts_per_rank: int,
+) -> list[Part]:
+    """The parts an overlapped schedule computes: `chunks` expert groups in mode expert, else token chunks."""
+    if mode == "expert":
+        return expert_parts(x, topk_idx, topk_weights, experts_per_rank, chunks)
+    return token_parts(x, topk_idx, topk_weights, chunks)
+
+
 def join(outs: list[torch.Tensor], summed: bool) -> torch.Tensor:
     if len(outs) == 1:
         return outs[0]
