@@ -16,17 +16,16 @@ from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.committed_stores import RESULTS, import_export
 
-EXPORT = Path(__file__).resolve().parents[2] / "results" / "h200x2" / "export"
+EXPORT = RESULTS / "h200x2" / "export"
 RUNS = "20261122T070145Z-3c8758,20261122T070330Z-80e91c"  # mxfp8-a2a, nccl-a2a, hybrid-ep, deepep
 
 
 @pytest.fixture(scope="module")
 def h200(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("h200") / "h200.duckdb"
-    r = CliRunner().invoke(app, ["db", "import", str(EXPORT), "--db", str(db)])
-    assert r.exit_code == 0, r.output
-    assert "imported 11 runs" in r.stdout
+    assert "imported 11 runs" in import_export(EXPORT, db)
     return db
 
 

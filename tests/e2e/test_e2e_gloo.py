@@ -3,14 +3,13 @@ against the single-process float32 reference on the gathered tokens and weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from moelab.backends.base import CaseConfig, Dispatched
+from moelab.backends.base import CaseConfig
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
 from moelab.core.case_record import CaseRecord
@@ -26,6 +25,7 @@ from moelab.measure.e2e.reference import layer_tolerance, reference_layer
 from moelab.measure.reference import relative_error
 from moelab.measure.timing import Clock
 from tests.distributed_helpers import gloo_context, run_ranks
+from tests.e2e.hooked_backends import HookedA2A
 
 pytestmark = pytest.mark.slow  # real multi-process gloo ranks: seconds per test
 
@@ -44,16 +44,6 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().numpy().copy()
 
 
-class HookedA2A(NcclA2ABackend):
-    """nccl-a2a with a RecvHook: the hook runs the dispatch when called (gloo has no split send/receive),
-    which exercises the hooked schedule's order of sends, receives and combines, and its gradients."""
-
-    def dispatch_hooked(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
-    ) -> Callable[[], Dispatched]:
-        return lambda: self.dispatch(x, topk_idx, topk_weights)
-
-
 def _layer_rank(
     rank: int, world: int, wl: Workload, routings: list[Routing] | None = None
 ) -> list[dict[str, np.ndarray]]:
@@ -67,7 +57,7 @@ def _layer_rank(
     gout = output_grad(seed, rank, wl.tokens_per_rank, wl.hidden, "cpu")
     results = []
     for mode, chunks, gemm in SCHEDULES:
-        if gemm == "grouped" and not hasattr(torch, "_grouped_mm"):
+        if gemm.startswith("grouped") and not hasattr(torch, "_grouped_mm"):
             gemm = "loop"
         weights = local_expert_weights(
             seed, rank, wl.experts_per_rank, wl.hidden, INTER, torch.device("cpu"), requires_grad=True

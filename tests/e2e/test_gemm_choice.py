@@ -143,7 +143,7 @@ def test_grouped_wide_equals_grouped_forward_and_backward(
 
 
 def test_gemm_tile_reads_the_cutlass_schedule_off_the_kernel_name() -> None:
-    from moelab.measure.e2e.layer import gemm_tile
+    from moelab.measure.e2e.gemm_choice import gemm_tile
 
     assert gemm_tile("_ZN7cutlass...KernelPtrArrayTmaWarpSpecializedPingpongE...") == "64x128x128 ping-pong"
     assert (

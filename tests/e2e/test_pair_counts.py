@@ -14,8 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelab.backends.base import CaseConfig, Dispatched
-from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
+from moelab.backends.base import CaseConfig
 from moelab.backends.nccl_a2a import NcclA2ABackend
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
@@ -31,6 +30,7 @@ from moelab.measure.e2e.overlap import (
 from moelab.measure.e2e.pair_counts import start_pair_counts
 from moelab.measure.e2e.permute import pair_map
 from tests.distributed_helpers import gloo_context, run_ranks
+from tests.e2e.hooked_backends import HookedA2A, HookedMxfp8
 
 # every way a tensor's value reaches the host from Python (torch.nonzero, boolean masks and the like do it
 # inside C++ and are listed in the audit instead: none of them is on the path)
@@ -93,22 +93,6 @@ class SpiedLayer(MoELayer):
     def combine(self, *args: Any, **kwargs: Any) -> Any:
         with self._arm():
             return super().combine(*args, **kwargs)
-
-
-class HookedA2A(NcclA2ABackend):
-    """nccl-a2a with a RecvHook (the hook runs the dispatch: gloo has no split send/receive). Its fresh
-    dispatch syncs inside the backend, so for the hook schedule only the layer's own reads are counted."""
-
-    def dispatch_hooked(
-        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
-    ) -> Callable[[], Dispatched]:
-        return lambda: self.dispatch(x, topk_idx, topk_weights)
-
-
-class HookedMxfp8(Mxfp8A2ABackend):
-    """mxfp8-a2a (the payload quantized on the wire) with the same test hook."""
-
-    dispatch_hooked = HookedA2A.dispatch_hooked
 
 
 BACKENDS = {"nccl-a2a": HookedA2A, "mxfp8-a2a": HookedMxfp8}

@@ -8,15 +8,15 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.committed_stores import RESULTS, import_export
 
-EXPORT = Path(__file__).resolve().parents[2] / "results" / "gpu-acceptance" / "h200x2" / "earlier" / "export"
+EXPORT = RESULTS / "gpu-acceptance" / "h200x2" / "earlier" / "export"
 
 
 def test_check_on_the_acceptance_store(tmp_path: Path) -> None:
     db = str(tmp_path / "acc.duckdb")
+    import_export(EXPORT, Path(db))
     runner = CliRunner()
-    imported = runner.invoke(app, ["db", "import", str(EXPORT), "--db", db])
-    assert imported.exit_code == 0, imported.output
     result = runner.invoke(app, ["check", "--run", "acc-a2a", "--baseline", "acc-repeat", "--db", db])
     out = result.output
     # run acc-a2a, not acc-a2a-lib (the newest run its label pointed at, which matched no baseline case)

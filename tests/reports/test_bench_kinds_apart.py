@@ -13,17 +13,17 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.committed_stores import RESULTS, import_export
 
-EXPORT = Path(__file__).resolve().parents[2] / "results" / "gpu-acceptance" / "h200x4" / "export"
+EXPORT = RESULTS / "gpu-acceptance" / "h200x4" / "export"
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    db = str(tmp_path_factory.mktemp("acc") / "acc.duckdb")
-    res = runner.invoke(app, ["db", "import", str(EXPORT), "--db", db])
-    assert res.exit_code == 0, res.output
-    return db
+    db = tmp_path_factory.mktemp("acc") / "acc.duckdb"
+    import_export(EXPORT, db)
+    return str(db)
 
 
 def _answer_rows(md: str) -> list[list[str]]:

@@ -1,7 +1,7 @@
 """The report's "best overlapped schedule" table names the expert GEMM each case ran, from its record: the
 implementation, the parts' where an overlapped schedule chose apart, and each one's tile. On the 2 x H100
 store of round 8 (results/h200x2-r8/after-h100/export) the DeepSeek-V3 tbo micro-batches chose grouped-wide
-but ran the ping-pong tile (wide_tile_pad's gap, fixed after): the table shows it where the store alone did."""
+but ran the ping-pong tile (wide_tile_pad's gap, fixed after); before, only the store's records said so."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.reports.e2e_section import gemm_text
+from tests.committed_stores import RESULTS, import_export
 
-EXPORT = Path(__file__).resolve().parents[2] / "results" / "h200x2-r8" / "after-h100" / "export"
+EXPORT = RESULTS / "h200x2-r8" / "after-h100" / "export"
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    db = str(tmp_path_factory.mktemp("hs") / "hs.duckdb")
-    res = runner.invoke(app, ["db", "import", str(EXPORT), "--db", db])
-    assert res.exit_code == 0, res.output
-    return db
+    db = tmp_path_factory.mktemp("hs") / "hs.duckdb"
+    import_export(EXPORT, db)
+    return str(db)
 
 
 def _best_rows(md: str) -> list[list[str]]:
