@@ -90,6 +90,8 @@ class Dispatched:
     recv_topk_weights: torch.Tensor  # [R, K]
     handle: Any  # whatever combine needs
     recv_scales: torch.Tensor | None = None  # fp8: [R, H/128] float32 per-128 scales (DeepEP layout)
+    # each local expert's received (row, slot) pairs, where the library read them on the host (HostExpertCounts)
+    recv_expert_counts: tuple[int, ...] | None = None
 
     @property
     def num_rows(self) -> int:

@@ -6,6 +6,7 @@ plugin may subclass it too or just have its members.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -87,6 +88,39 @@ class RecvHook(Protocol):
         self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
     ) -> Callable[[], Any]:
         """Launch the send of `x` and return the receive hook, which returns a moelab Dispatched."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PartLayouts:
+    """The layouts of an overlapped layer's parts, and each part's per-local-expert pair counts, known on
+    the host from one exchange and one host read (BatchedLayout.layouts)."""
+
+    handles: list[Any]  # one per part, each what dispatch(..., layout=...) takes
+    pair_counts: list[tuple[int, ...]]  # per part, each local expert's received (token, slot) pairs
+
+
+@runtime_checkable
+class BatchedLayout(Protocol):
+    """Lays out several routings (the parts of an overlapped e2e layer) with one count exchange and one
+    host read for all of them, and returns from the same read each part's pair counts. Without it each
+    part's layout syncs the host once and the pair counts take an all-reduce and a read of their own, all
+    before the first payload: on a host-bound layer that front is what the overlap loses."""
+
+    def layouts(self, routings: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> PartLayouts | None:
+        """Each (topk_idx, topk_weights)'s layout and pair counts, or None where the prepared case has no
+        count exchange to fold them into (then each part is laid out on its own)."""
+        ...
+
+
+@runtime_checkable
+class HostExpertCounts(Protocol):
+    """The fresh dispatch reports each local expert's received pairs on the host
+    (Dispatched.recv_expert_counts), read in the host sync that dispatch makes anyway (DeepEP V1's
+    num_recv_tokens_per_expert_list): the e2e layer's grouping then needs no count of its own."""
+
+    def expert_counts_on_host(self) -> bool:
+        """Whether the prepared case's fresh dispatch fills Dispatched.recv_expert_counts."""
         ...
 
 

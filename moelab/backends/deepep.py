@@ -30,7 +30,13 @@ import torch
 
 from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement, SourceBuild
-from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, LibraryFigures, MaskedRouting
+from moelab.backends.capabilities import (
+    ChainedPairs,
+    DispatchAlongHandle,
+    HostExpertCounts,
+    LibraryFigures,
+    MaskedRouting,
+)
 from moelab.backends.deepep_own_tests import INTRANODE_TEST
 from moelab.backends.deepep_rules import v1_normal_reason
 from moelab.backends.input_cache import InputCache
@@ -113,6 +119,14 @@ class DeepEPLayout:
     in_rank: torch.Tensor
 
 
+def expert_counts(per_expert: object, local_experts: int) -> tuple[int, ...] | None:
+    """V1 dispatch's num_recv_tokens_per_expert_list (a Python list read in its own host sync: the received
+    tokens per local expert, aligned to expert_alignment, 1 here) as the pair counts, where it is one."""
+    if not isinstance(per_expert, list) or len(per_expert) != local_experts:
+        return None
+    return tuple(int(c) for c in per_expert)
+
+
 class _V1Engine:
     """DeepEP V1 `Buffer`: get_dispatch_layout, then dispatch (fresh or cached), combine with a Config."""
 
@@ -142,7 +156,7 @@ class _V1Engine:
             recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
             return Dispatched(recv_x, layout.recv_topk_idx, layout.recv_topk_weights, layout, scales)
         lay = layout if isinstance(layout, DeepEPLayout) else self.layout(topk_idx, num_experts)
-        recv, recv_idx, recv_w, _, handle, _ = self.buffer.dispatch(
+        recv, recv_idx, recv_w, per_expert, handle, _ = self.buffer.dispatch(
             payload,
             num_tokens_per_rank=lay.per_rank,
             num_tokens_per_rdma_rank=lay.per_rdma_rank,
@@ -153,7 +167,14 @@ class _V1Engine:
             config=self.dispatch_cfg,
         )
         recv_x, scales = recv if isinstance(recv, tuple) else (recv, None)
-        return Dispatched(recv_x, recv_idx, recv_w, DeepEPHandle(handle, recv_idx, recv_w), scales)
+        return Dispatched(
+            recv_x,
+            recv_idx,
+            recv_w,
+            DeepEPHandle(handle, recv_idx, recv_w),
+            scales,
+            expert_counts(per_expert, num_experts // self.b.ctx.world),
+        )
 
     def combine(self, expert_out: torch.Tensor, handle: DeepEPHandle) -> torch.Tensor:
         combined, _, _ = self.buffer.combine(expert_out, handle.lib, config=self.combine_cfg)
@@ -263,7 +284,9 @@ class DeepEPTuning(TuneSpace):
         return out
 
 
-class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs, MaskedRouting):
+class DeepEPBackend(
+    Backend, DispatchAlongHandle, HostExpertCounts, LibraryFigures, ChainedPairs, MaskedRouting
+):
     name = "deepep"
     dispatch_family = "hierarchical"
     dispatch_family_source = (
@@ -466,6 +489,9 @@ class DeepEPBackend(Backend, DispatchAlongHandle, LibraryFigures, ChainedPairs, 
 
     def host_sync_ops(self) -> dict[str, str]:
         return {"dispatch_fresh": self._engine.sync, "roundtrip": self._engine.sync}
+
+    def expert_counts_on_host(self) -> bool:
+        return isinstance(self._engine, _V1Engine)
 
     def library_versions(self) -> dict[str, str]:
         out = common.deep_ep_versions(self._ep, self.api)

@@ -30,7 +30,14 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement
-from moelab.backends.capabilities import ChainedPairs, DispatchAlongHandle, MaskedRouting, ZeroSmComm
+from moelab.backends.capabilities import (
+    BatchedLayout,
+    ChainedPairs,
+    DispatchAlongHandle,
+    MaskedRouting,
+    PartLayouts,
+    ZeroSmComm,
+)
 from moelab.backends.knobs import Knobs, knob
 from moelab.backends.padded import SparseDispatched
 from moelab.backends.tuning import TuneSpace
@@ -114,6 +121,9 @@ class A2AHandle:
     recv_topk_idx: torch.Tensor  # [R, K] local expert ids, -1 elsewhere
     recv_topk_weights: torch.Tensor  # [R, K] float64
     gathered: bool = False  # the allgather exchange: R = world * num_tokens, one row per (source, token)
+    # (topk_idx, topk_weights) whose routing rows are still to be sent: a handle of `layouts` sends them
+    # right behind its payload, so no part's routing exchange runs ahead of the first payload
+    unsent_routing: tuple[torch.Tensor, torch.Tensor] | None = None
     views: dict[tuple[int, torch.dtype], tuple[torch.Tensor, list[torch.Tensor]]] = field(
         default_factory=dict
     )  # (width, dtype) -> the receive rows and their per-source parts, in the reused buffer
@@ -154,7 +164,7 @@ def nccl_cta_policy_reason() -> str | None:
     return None
 
 
-class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs, MaskedRouting, ZeroSmComm):
+class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, MaskedRouting, ZeroSmComm):
     name = "nccl-a2a"
     dispatch_family = "flat"
     dispatch_family_source = "torch.distributed.all_to_all_single over NCCL: each rank sends each peer its rows directly, no forwarding"
@@ -266,15 +276,23 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs, MaskedRouting, 
         if counted.ready is not None:
             counted.ready.synchronize()
         both = counted.counts_host.tolist()
-        world, num_tokens = self.ctx.world, counted.num_tokens
-        send_splits, recv_splits = both[:world], both[world:]
+        world = self.ctx.world
+        return self._laid_out(counted.in_rank, both[:world], both[world:], topk)
+
+    @staticmethod
+    def _laid_out(
+        in_rank: torch.Tensor, send_splits: list[int], recv_splits: list[int], topk: int
+    ) -> A2AHandle:
+        """The handle of a routing whose splits the host knows: the send order where a destination takes
+        part of the tokens."""
+        num_tokens = in_rank.shape[0]
         if all(c == num_tokens for c in send_splits):
-            send_tok = counted.in_rank.new_empty(0, dtype=torch.int64)
+            send_tok = in_rank.new_empty(0, dtype=torch.int64)
         else:
-            flat = counted.in_rank.t().reshape(-1).logical_not().view(torch.uint8)
+            flat = in_rank.t().reshape(-1).logical_not().view(torch.uint8)
             order = torch.sort(flat, stable=True).indices[: sum(send_splits)]
             send_tok = order % num_tokens
-        empty = torch.empty(0, topk, dtype=torch.int64, device=counted.in_rank.device)
+        empty = torch.empty(0, topk, dtype=torch.int64, device=in_rank.device)
         return A2AHandle(send_tok, send_splits, recv_splits, num_tokens, empty, empty)
 
     def _send_routing(self, handle: A2AHandle, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> None:
@@ -302,6 +320,45 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs, MaskedRouting, 
         handle = self._handle(self._count(topk_idx), topk_idx.shape[1])
         self._send_routing(handle, topk_idx, topk_weights)
         return handle
+
+    def layouts(self, routings: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> PartLayouts | None:
+        """Every part's layout from one exchange of counts and one host read (BatchedLayout): each rank
+        sends each peer, per part, how many tokens it sends there and how many (token, slot) pairs go to
+        each of the peer's experts; the receiver's splits and pair counts are both in what it receives.
+        Each part's routing rows go later, behind its payload (A2AHandle.unsent_routing)."""
+        if self._gathered or not routings:
+            return None  # no count exchange to fold the pairs into
+        world, epr = self.ctx.world, self._experts_per_rank
+        total = world * epr
+        dev = routings[0][0].device
+        # [send | receive][peer][part][tokens, pairs of the peer's expert 0 .. epr-1]
+        counts = torch.zeros(2, world, len(routings), 1 + epr, dtype=torch.int64, device=dev)
+        in_ranks = []
+        for part, (topk_idx, _) in enumerate(routings):
+            dest = torch.where(topk_idx >= 0, topk_idx // epr, world)  # a masked slot: the spare column
+            in_rank = torch.zeros(topk_idx.shape[0], world + 1, dtype=torch.bool, device=dev)
+            in_rank = in_rank.scatter_(1, dest, True)[:, :world]
+            in_ranks.append(in_rank)
+            counts[0, :, part, 0] = in_rank.sum(dim=0)
+            key = torch.where((topk_idx >= 0) & (topk_idx < total), topk_idx, total).reshape(-1).long()
+            pairs = torch.zeros(total + 1, dtype=torch.int64, device=dev).scatter_add_(
+                0, key, torch.ones_like(key)
+            )
+            counts[0, :, part, 1:] = pairs[:total].view(world, epr)
+        dist.all_to_all_single(counts[1], counts[0], group=self._group)
+        host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=counts.is_cuda)
+        host.copy_(counts, non_blocking=counts.is_cuda)
+        if counts.is_cuda:
+            torch.cuda.current_stream().synchronize()  # the one host sync of every part's layout
+        handles, pair_counts = [], []
+        for part, ((topk_idx, topk_weights), in_rank) in enumerate(zip(routings, in_ranks, strict=True)):
+            send_splits = host[0, :, part, 0].tolist()
+            recv_splits = host[1, :, part, 0].tolist()
+            handle = self._laid_out(in_rank, send_splits, recv_splits, topk_idx.shape[1])
+            handle.unsent_routing = (topk_idx, topk_weights)
+            handles.append(handle)
+            pair_counts.append(tuple(host[1, :, part, 1:].sum(dim=0).tolist()))
+        return PartLayouts(handles=handles, pair_counts=pair_counts)
 
     # -- layout: all-gather ---------------------------------------------------------------------------
 
@@ -393,6 +450,9 @@ class NcclA2ABackend(Backend, DispatchAlongHandle, ChainedPairs, MaskedRouting, 
         if layout is not None:
             handle: A2AHandle = layout
             recv_x = self._send_payload(x, handle)
+            if handle.unsent_routing is not None:  # a handle of `layouts`: its routing follows the payload
+                self._send_routing(handle, *handle.unsent_routing)
+                handle.unsent_routing = None
         elif self._gathered:
             handle = self._gathered_handle(topk_idx)
             recv_x = self._send_payload(x, handle)  # first: the GPU moves it while the host issues the rest

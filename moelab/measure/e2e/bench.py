@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.backends.base import Backend, BackendContext, CaseConfig
-from moelab.backends.capabilities import ZeroSmComm
+from moelab.backends.capabilities import BatchedLayout, HostExpertCounts, ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
 from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.errors import SpecError
@@ -392,13 +392,24 @@ def build_record(
             Metric(name=m["name"], value=m.get("value"), unit=m.get("unit"), definition=m.get("definition"))
             for m in metrics
         ),
-        host_sync=f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm)}",
+        host_sync=f"{backend.host_sync_note()}; {layer_host_sync(inputs.gemm, backend)}",
     )
 
 
-def layer_host_sync(gemm: str) -> str:
-    """The host syncs the layer itself adds to the backend's."""
-    sync = "expert grouping: one device-to-host read of the pair count per dispatch"
+def layer_host_sync(gemm: str, backend: Backend | None = None) -> str:
+    """The host syncs the layer itself adds to the backend's (moelab.measure.e2e.layer.MoELayer.part_layouts)."""
+    if isinstance(backend, BatchedLayout) and backend.splits_phases():
+        return (
+            "layer: every part's layout and pair counts in one count exchange and one device-to-host read "
+            "(serial: one part), no read in the grouping or the GEMMs (the all-gather exchange: as below)"
+            f"; otherwise {layer_host_sync(gemm)}"
+        )
+    if isinstance(backend, HostExpertCounts) and backend.expert_counts_on_host():
+        return "expert grouping: none (the library's fresh dispatch reads the pair counts in its own sync)"
+    sync = (
+        "expert grouping: one device-to-host read of the pair count per dispatch (serial); the overlapped "
+        "schedules read every part's once, up front"
+    )
     if gemm == "loop":
-        sync += "; loop GEMMs: one read of the group sizes per expert compute"
+        sync += "; loop GEMMs of the serial layer: one read of the group sizes per expert compute"
     return sync

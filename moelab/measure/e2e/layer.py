@@ -44,10 +44,17 @@ from typing import Any
 import torch
 
 from moelab.backends.base import Backend, Dispatched
-from moelab.backends.capabilities import DispatchAlongHandle, HandleDispatchReason, RecvHook
+from moelab.backends.capabilities import (
+    BatchedLayout,
+    DispatchAlongHandle,
+    HandleDispatchReason,
+    HostExpertCounts,
+    RecvHook,
+)
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 from moelab.measure.e2e.activation import swiglu
+from moelab.measure.e2e.pair_counts import start_pair_counts
 from moelab.measure.e2e.permute import PairMap, pair_map, permute, unpermute
 
 GEMM_ALIGN = 8  # _grouped_mm's CUTLASS path wants 16-byte aligned rows: bf16 dims that are multiples of 8
@@ -437,6 +444,28 @@ class MoELayer:
             return None
         return self.backend.layout(topk_idx, topk_weights)  # type: ignore[attr-defined]
 
+    def part_layouts(
+        self, routings: Sequence[tuple[torch.Tensor, torch.Tensor]], host_counts: bool = True
+    ) -> tuple[list[Any], list[tuple[int, ...] | None]]:
+        """Each part's layout (None where the backend has no layout step) and, with `host_counts`, each
+        part's pair counts on the host, before any payload, with the fewest host syncs the backend allows:
+        one count exchange and one read for every part (BatchedLayout); none of our own where the fresh
+        dispatch reads the counts in its own sync (HostExpertCounts: the counts are None here and come
+        with each dispatch); else the pair-count all-reduce, launched ahead of the layouts and read after
+        them (moelab.measure.e2e.pair_counts)."""
+        unread: list[tuple[int, ...] | None] = [None] * len(routings)
+        if host_counts and has_phases(self.backend) and isinstance(self.backend, BatchedLayout):
+            batched = self.backend.layouts(routings)
+            if batched is not None:
+                return list(batched.handles), list(batched.pair_counts)
+        if not host_counts or (
+            isinstance(self.backend, HostExpertCounts) and self.backend.expert_counts_on_host()
+        ):
+            return [self.layout(i, w) for i, w in routings], unread
+        pending = start_pair_counts(self.backend, [i for i, _ in routings], self.experts_per_rank)
+        layouts = [self.layout(i, w) for i, w in routings]
+        return layouts, list(pending.result())
+
     def dispatch(
         self,
         x: torch.Tensor,
@@ -457,6 +486,10 @@ class MoELayer:
         return self._grouped(recv_x, d, counts)
 
     def _grouped(self, recv_x: torch.Tensor, d: Dispatched, counts: Sequence[int] | None = None) -> Received:
+        if counts is None:
+            counts = (
+                d.recv_expert_counts
+            )  # read by the library in its own sync, where it does (HostExpertCounts)
         grouped = group_by_expert(
             recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute, counts
         )
@@ -508,6 +541,13 @@ class MoELayer:
         return self.backend.combine(expert_out, received.handle)
 
     def forward(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """The serial layer: dispatch, expert compute, combine, one after the other."""
-        received = self.dispatch(x, topk_idx, topk_weights)
+        """The serial layer: dispatch, expert compute, combine, one after the other. Where the backend lays
+        out with its pair counts in one read (BatchedLayout), the layout goes first and the grouping needs
+        no read of its own: one host sync for the layer, as the overlapped schedules have."""
+        layout, counts = None, None
+        if has_phases(self.backend) and isinstance(self.backend, BatchedLayout):
+            batched = self.backend.layouts([(topk_idx, topk_weights)])
+            if batched is not None:
+                layout, counts = batched.handles[0], batched.pair_counts[0]
+        received = self.dispatch(x, topk_idx, topk_weights, layout=layout, counts=counts)
         return self.combine(self.experts(received), received)

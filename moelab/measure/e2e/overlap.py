@@ -15,10 +15,12 @@ under A's expert GEMMs, A's combine under B's. Mode `chunked` is the same pipeli
 
 The layout step (routing metadata exchange, the host synchronisation of a fresh dispatch) runs once per
 micro-batch, all of them before the first payload (L0 L1 above), when the backend splits layout from
-dispatch (`Backend.phases`). So do the grouping's pair counts (moelab.measure.e2e.pair_counts: every
-micro-batch's per-expert pair counts, summed over the ranks in one all-reduce launched ahead of the
-layouts, read on the host once after them): the grouping of a received micro-batch then sizes its gather
-from them instead of reading the count after the dispatch. The host then never waits for the device in
+dispatch (`Backend.phases`). So do the grouping's pair counts (MoELayer.part_layouts): with the fewest
+host reads the backend allows (one count exchange and one read for every micro-batch's layout and pair
+counts where it lays them out together, BatchedLayout; none of the layer's own where its dispatch reads
+them, HostExpertCounts; else moelab.measure.e2e.pair_counts, one all-reduce launched ahead of the layouts
+and one read after them): the grouping of a received micro-batch then sizes its gather from them instead
+of reading the count after the dispatch. The host then never waits for the device in
 the middle of the pipeline, and enqueues micro-batch i+1's dispatch while i's GEMMs run. A backend whose
 dispatch itself waits on the host (DeepEP V1's fresh dispatch, Hybrid-EP's, a backend without the layout
 split) still syncs once per micro-batch inside it. `host_counts=False` keeps the old syncing grouping (the
@@ -252,15 +254,7 @@ def run_pipeline(
     outs: list[torch.Tensor] = []
     streams.begin()
     with streams.on(streams.comm):  # every host sync of the layouts and pair counts before the first payload
-        pending = (
-            None
-            if not host_counts
-            else start_pair_counts(layer.backend, [p.topk_idx for p in parts], layer.experts_per_rank)
-        )
-        layouts = [layer.layout(p.topk_idx, p.topk_weights) for p in parts]
-        counts: list[tuple[int, ...] | None] = [None] * n
-        if pending is not None:
-            counts = list(pending.result())
+        layouts, counts = layer.part_layouts([(p.topk_idx, p.topk_weights) for p in parts], host_counts)
 
     def dispatch(i: int) -> None:
         p = parts[i]
