@@ -28,7 +28,7 @@ COMMON="--db $R/moelab.duckdb --gpus 2 --suite $S --iters 8 --warmup 2 --no-heal
 git log --oneline -1 > "$R/commit.txt"; nvidia-smi --query-gpu=name --format=csv,noheader >> "$R/commit.txt"
 
 CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
-  tests/e2e/test_schedules_gpu.py \
+  tests/e2e/test_schedules_gpu.py tests/e2e/test_wgrad.py \
   > "$R/gpu_tests.txt" 2>&1
 tail -3 "$R/gpu_tests.txt"
 if [ -n "${WAIT_FOR:-}" ]; then  # a DeepEP build running beside the GPU test: wait for its marker (<= 300 s)

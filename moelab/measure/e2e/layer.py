@@ -56,6 +56,7 @@ from moelab.core.errors import SpecError
 from moelab.measure.e2e.activation import swiglu
 from moelab.measure.e2e.pair_counts import start_pair_counts
 from moelab.measure.e2e.permute import PairMap, pair_map, permute, unpermute
+from moelab.measure.e2e.wgrad import DEFERRED_IMPLS, DeferredWgrad
 
 GEMM_ALIGN = 8  # _grouped_mm's CUTLASS path wants 16-byte aligned rows: bf16 dims that are multiples of 8
 
@@ -231,9 +232,13 @@ def swiglu_ffn(
     act: str = "torch",
     max_group: int = 0,
     ends: Sequence[int] | None = None,
+    deferred: DeferredWgrad | None = None,
 ) -> torch.Tensor:
     """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's): expert-sorted rows
-    [P, H] -> [P, H]. `ends`: the offsets on the host, where known (the loop's sizes)."""
+    [P, H] -> [P, H]. `ends`: the offsets on the host, where known (the loop's sizes). `deferred`: an
+    overlapped forward's parts, whose weight gradient is computed once for all of them (grouped and
+    padded GEMMs; moelab.measure.e2e.wgrad)."""
+    w13, w2 = weights.w13, weights.w2
     if impl == "padded":
         # one batched matmul per projection over every expert padded to `max_group` rows: cuBLAS's batched
         # GEMM runs near the dense rate where the grouped kernel's tiles go short on few rows per expert;
@@ -241,10 +246,15 @@ def swiglu_ffn(
         # activation runs on them too (silu(0) * 0 = 0), their outputs dropped by the final gather
         max_group = max(max_group, 1)
         index = padded_index(offsets, x.shape[0], max_group)
-        experts, k = weights.w13.shape[0], x.shape[1]
+        experts, k = w13.shape[0], x.shape[1]
         padded = x.new_zeros(experts * max_group, k).index_copy(0, index, x).view(experts, max_group, k)
-        h = torch.bmm(padded, weights.w13).view(experts * max_group, -1)
-        y = torch.bmm(swiglu(h, act).view(experts, max_group, -1), weights.w2)
+        if deferred is not None:
+            padded, w13, w2 = deferred.weights(padded)
+        h3 = torch.bmm(padded, w13)
+        a = swiglu(h3.view(experts * max_group, -1), act).view(experts, max_group, -1)
+        y = torch.bmm(a, w2)
+        if deferred is not None:
+            deferred.keep(padded, h3, a, y, None, 0)
         return y.view(experts * max_group, -1).index_select(0, index)
     if impl in ("grouped", "grouped-wide") and x.shape[0] == 0:
         impl = "loop"  # no pairs on this rank (skewed routing): torch's grouped backward refuses empty rows
@@ -253,11 +263,18 @@ def swiglu_ffn(
         # the grouped kernel on rows padded past torch's narrow-tile average: the pad rows ride through both
         # projections (the activation's pad rows hold whatever the first GEMM left there: no group reads
         # them) and are cut off the output; their gradients are dropped by the same cut and the concatenation
-        impl, pad = "grouped", wide_tile_pad(rows, weights.w13.shape[0])
+        impl, pad = "grouped", wide_tile_pad(rows, w13.shape[0])
         if pad:
             x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    h = grouped_matmul(x, weights.w13, offsets, impl, ends)
-    y = grouped_matmul(swiglu(h, act), weights.w2, offsets, impl, ends)
+    if impl != "grouped":
+        deferred = None  # the loop: autograd's own weight gradient
+    if deferred is not None:
+        x, w13, w2 = deferred.weights(x)
+    h = grouped_matmul(x, w13, offsets, impl, ends)
+    a = swiglu(h, act)
+    y = grouped_matmul(a, w2, offsets, impl, ends)
+    if deferred is not None:
+        deferred.keep(x, h, a, y, offsets, rows)
     return y[:rows] if pad else y
 
 
@@ -424,6 +441,9 @@ class MoELayer:
         # auto: a part has fewer rows per expert, where another implementation may be the fastest)
         self.part_gemm: str | None = None
         self.permute = permute  # resolved by moelab.measure.e2e.permute; triton fuses SwiGLU too
+        # the weight gradient of the overlapped forward under way, computed once for its parts (deferring)
+        self.deferred: DeferredWgrad | None = None
+        self.wgrad_how = ""  # how the last deferred weight gradient was computed (merged / per part)
 
     @contextlib.contextmanager
     def parts(self) -> Iterator[None]:
@@ -437,6 +457,25 @@ class MoELayer:
             yield
         finally:
             self.gemm = whole
+
+    @contextlib.contextmanager
+    def deferring(self, parts: int) -> Iterator[DeferredWgrad | None]:
+        """Around an overlapped schedule's forward of `parts` parts: where autograd records it (the weights
+        take gradients) and the parts' GEMM is grouped or padded, their weight gradient is computed once,
+        after the last part's backward (moelab.measure.e2e.wgrad)."""
+        impl = "grouped" if self.gemm == "grouped-wide" else self.gemm
+        w = self.weights
+        if parts < 2 or impl not in DEFERRED_IMPLS or not (torch.is_grad_enabled() and w.w13.requires_grad):
+            yield None
+            return
+        self.deferred = DeferredWgrad(w13=w.w13, w2=w.w2, impl=impl, on_done=self._wgrad_done)
+        try:
+            yield self.deferred
+        finally:
+            self.deferred = None
+
+    def _wgrad_done(self, how: str) -> None:
+        self.wgrad_how = how
 
     def layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor) -> Any:
         """The backend's layout of this routing (None when the backend has no layout step of its own)."""
@@ -533,7 +572,10 @@ class MoELayer:
         """The grouped GEMMs and activation of already-grouped rows: [P, H]."""
         counts = g.map.host_counts
         ends = None if counts is None else list(itertools.accumulate(counts))
-        return swiglu_ffn(g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group, ends)
+        deferred = self.deferred if g.num_pairs else None  # a part with no rows: autograd's own (zero)
+        return swiglu_ffn(
+            g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group, ends, deferred
+        )
 
     def combine(self, expert_out: torch.Tensor, received: Received) -> torch.Tensor:
         if torch.is_grad_enabled() and expert_out.requires_grad:

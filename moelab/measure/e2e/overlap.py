@@ -248,6 +248,13 @@ def run_pipeline(
 ) -> list[torch.Tensor]:
     """Each part's combined output, in order, communication on the comm stream beside the compute.
     `host_counts`: read every part's pair counts up front (no host sync per part); False: per part."""
+    with layer.deferring(len(parts)):  # the parts' weight gradient, once (moelab.measure.e2e.wgrad)
+        return _run_pipeline(layer, parts, streams, host_counts)
+
+
+def _run_pipeline(
+    layer: MoELayer, parts: list[Part], streams: Streams, host_counts: bool
+) -> list[torch.Tensor]:
     n = len(parts)
     received: list[Received | None] = [None] * n
     dispatched: list[torch.cuda.Event | None] = [None] * n
@@ -307,15 +314,16 @@ def forward_hooked(
         )
     hooks: list[Sent | None] = [None] * len(parts)
     outs: list[torch.Tensor] = []
-    hooks[0] = layer.send(parts[0].x, parts[0].topk_idx, parts[0].topk_weights)
-    for i in range(len(parts)):
-        hook = hooks[i]
-        assert hook is not None
-        r = layer.receive(hook, counts[i])
-        if i + 1 < len(parts):
-            p = parts[i + 1]
-            hooks[i + 1] = layer.send(p.x, p.topk_idx, p.topk_weights)
-        outs.append(layer.combine(layer.experts(r), r))
+    with layer.deferring(len(parts)):  # the parts' weight gradient, once (moelab.measure.e2e.wgrad)
+        hooks[0] = layer.send(parts[0].x, parts[0].topk_idx, parts[0].topk_weights)
+        for i in range(len(parts)):
+            hook = hooks[i]
+            assert hook is not None
+            r = layer.receive(hook, counts[i])
+            if i + 1 < len(parts):
+                p = parts[i + 1]
+                hooks[i + 1] = layer.send(p.x, p.topk_idx, p.topk_weights)
+            outs.append(layer.combine(layer.experts(r), r))
     return join(outs, False)
 
 
