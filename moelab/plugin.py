@@ -21,6 +21,10 @@ protocol of this module:
   (a built-in definition, one of `library_figures`, or the test's `definitions` for one verify derives).
 - `tuning`: a `TuneSpace` instance, what `moelab tune` varies beyond schedules and SMs.
 - `DispatchAlongHandle`, `ChainedPairs`, `DefaultWorkload`, `HandleDispatchReason`: capabilities.
+- For the e2e layer's schedules (moelab.measure.e2e): `MaskedRouting` (expert-chunked), `ZeroSmComm`
+  (comm = zero-sm), `RecvHook` (comm = hook), `ReusedReceiveBuffer` (says why several dispatches cannot be in
+  flight), `BatchedLayout` with `PartLayouts` (every part's layout and pair counts from one host read) and
+  `HostExpertCounts` (the fresh dispatch's own per-expert counts in `Dispatched.recv_expert_counts`).
 
 `moelab backends --check NAME` applies `problems` to a registered class and prints one line per problem;
 docs/plugins.md walks through writing one. The built-in `NcclA2ABackend` is exported as a base to build on.
@@ -38,11 +42,18 @@ from moelab.backends.base import (
     Registered,
 )
 from moelab.backends.capabilities import (
+    BatchedLayout,
     ChainedPairs,
     DefaultWorkload,
     DispatchAlongHandle,
     HandleDispatchReason,
+    HostExpertCounts,
     LibraryFigures,
+    MaskedRouting,
+    PartLayouts,
+    RecvHook,
+    ReusedReceiveBuffer,
+    ZeroSmComm,
 )
 from moelab.backends.contract import RESERVED_KNOBS, offered_ops, problems
 from moelab.backends.knobs import Knobs, knob
@@ -68,6 +79,7 @@ from moelab.job.rundir import JobFiles, now_iso
 __all__ = [
     "RESERVED_KNOBS",
     "Backend",
+    "BatchedLayout",
     "BackendContext",
     "BackendUnavailable",
     "CaseConfig",
@@ -81,6 +93,7 @@ __all__ = [
     "Dispatched",
     "Figure",
     "HandleDispatchReason",
+    "HostExpertCounts",
     "HostJob",
     "JobFiles",
     "JobOutcome",
@@ -89,16 +102,21 @@ __all__ = [
     "LibraryFigure",
     "LibraryFigures",
     "LibraryTest",
+    "MaskedRouting",
     "NcclA2ABackend",
     "OpResult",
+    "PartLayouts",
     "Placement",
     "RankRows",
+    "RecvHook",
     "Registered",
+    "ReusedReceiveBuffer",
     "RunSpec",
     "SpecError",
     "TuneSpace",
     "VerifyConfig",
     "Workload",
+    "ZeroSmComm",
     "knob",
     "now_iso",
     "offered_ops",

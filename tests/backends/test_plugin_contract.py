@@ -210,3 +210,24 @@ def test_the_separate_plugin_is_run_verified_and_tuned_on_cpu(
     with duckdb.connect(str(tdb), read_only=True) as con:
         ids = " ".join(r[0] for r in con.execute("SELECT case_id FROM cases WHERE status = 'ok'").fetchall())
     assert "counts=all_to_all" in ids and "counts=all_gather" in ids
+
+
+def test_every_capability_is_in_the_plugin_contract() -> None:
+    """A plugin imports only moelab.plugin: every capability protocol a built-in may declare (and the
+    dataclasses they return) is exported there."""
+    import inspect
+    from typing import Protocol
+
+    import moelab.plugin
+    from moelab.backends import capabilities
+
+    declared = {
+        name
+        for name, obj in vars(capabilities).items()
+        if inspect.isclass(obj)
+        and obj.__module__ == capabilities.__name__
+        and not name.startswith("_")
+        and (Protocol in getattr(obj, "__mro__", ()) or name == "PartLayouts")
+    }
+    assert {"BatchedLayout", "HostExpertCounts", "PartLayouts", "RecvHook"} <= declared
+    assert declared <= set(moelab.plugin.__all__), declared - set(moelab.plugin.__all__)
