@@ -254,11 +254,7 @@ class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, 
         ahead of the sync (on a slow host every launch before it delays the payload)."""
         world = self.ctx.world
         num_tokens = topk_idx.shape[0]
-        # a masked slot (-1, MaskedRouting) lands in a spare column that is dropped
-        dest = torch.where(topk_idx >= 0, topk_idx // self._experts_per_rank, world)
-        in_rank = torch.zeros(num_tokens, world + 1, dtype=torch.bool, device=topk_idx.device)
-        in_rank.scatter_(1, dest, True)
-        in_rank = in_rank[:, :world]
+        in_rank = self._in_rank(topk_idx)
         counts = self._counts
         torch.sum(in_rank, dim=0, out=counts[:world])
         dist.all_to_all_single(counts[world:], counts[:world], group=self._group)
@@ -268,6 +264,15 @@ class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, 
             ready = torch.cuda.Event()
             ready.record()
         return _Counted(self._counts_host, ready, in_rank, num_tokens)
+
+    def _in_rank(self, topk_idx: torch.Tensor) -> torch.Tensor:
+        """[T, W] bool: token t goes to rank w (once however many of its experts live there)."""
+        world = self.ctx.world
+        # a masked slot (-1, MaskedRouting) lands in a spare column that is dropped
+        dest = torch.where(topk_idx >= 0, topk_idx // self._experts_per_rank, world)
+        in_rank = torch.zeros(topk_idx.shape[0], world + 1, dtype=torch.bool, device=topk_idx.device)
+        in_rank.scatter_(1, dest, True)
+        return in_rank[:, :world]
 
     def _handle(self, counted: _Counted, topk: int) -> A2AHandle:
         """Wait for the counts (the one host sync) and lay out the sends. The send order (a stable sort) is
@@ -335,9 +340,7 @@ class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, 
         counts = torch.zeros(2, world, len(routings), 1 + epr, dtype=torch.int64, device=dev)
         in_ranks = []
         for part, (topk_idx, _) in enumerate(routings):
-            dest = torch.where(topk_idx >= 0, topk_idx // epr, world)  # a masked slot: the spare column
-            in_rank = torch.zeros(topk_idx.shape[0], world + 1, dtype=torch.bool, device=dev)
-            in_rank = in_rank.scatter_(1, dest, True)[:, :world]
+            in_rank = self._in_rank(topk_idx)
             in_ranks.append(in_rank)
             counts[0, :, part, 0] = in_rank.sum(dim=0)
             key = torch.where((topk_idx >= 0) & (topk_idx < total), topk_idx, total).reshape(-1).long()

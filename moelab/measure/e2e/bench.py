@@ -115,9 +115,7 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
         e2e_record["zero_sm"] = zero_sm
     backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
-    if (
-        settings.backward and settings.compares_serial
-    ):  # how the check's backward computed the weights' gradient
+    if settings.backward and settings.compares_serial:  # how the check's backward took the weights' gradient
         how = inputs.layer.wgrad_how  # moelab.measure.e2e.wgrad
         e2e_record["wgrad"] = f"deferred, {how}" if how else "autograd, per part"
     if check["messages"]:

@@ -49,6 +49,7 @@ from moelab.backends.capabilities import (
     DispatchAlongHandle,
     HandleDispatchReason,
     HostExpertCounts,
+    PartLayouts,
     RecvHook,
 )
 from moelab.core.e2e_spec import GEMM_IMPLS
@@ -483,6 +484,13 @@ class MoELayer:
             return None
         return self.backend.layout(topk_idx, topk_weights)  # type: ignore[attr-defined]
 
+    def _batched_layouts(self, routings: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> PartLayouts | None:
+        """Every routing's layout and pair counts from the backend's one read (BatchedLayout), or None where
+        it has none for the prepared case."""
+        if has_phases(self.backend) and isinstance(self.backend, BatchedLayout):
+            return self.backend.layouts(routings)
+        return None
+
     def part_layouts(
         self, routings: Sequence[tuple[torch.Tensor, torch.Tensor]], host_counts: bool = True
     ) -> tuple[list[Any], list[tuple[int, ...] | None]]:
@@ -493,10 +501,9 @@ class MoELayer:
         with each dispatch); else the pair-count all-reduce, launched ahead of the layouts and read after
         them (moelab.measure.e2e.pair_counts)."""
         unread: list[tuple[int, ...] | None] = [None] * len(routings)
-        if host_counts and has_phases(self.backend) and isinstance(self.backend, BatchedLayout):
-            batched = self.backend.layouts(routings)
-            if batched is not None:
-                return list(batched.handles), list(batched.pair_counts)
+        batched = self._batched_layouts(routings) if host_counts else None
+        if batched is not None:
+            return list(batched.handles), list(batched.pair_counts)
         if not host_counts or (
             isinstance(self.backend, HostExpertCounts) and self.backend.expert_counts_on_host()
         ):
@@ -525,10 +532,8 @@ class MoELayer:
         return self._grouped(recv_x, d, counts)
 
     def _grouped(self, recv_x: torch.Tensor, d: Dispatched, counts: Sequence[int] | None = None) -> Received:
-        if counts is None:
-            counts = (
-                d.recv_expert_counts
-            )  # read by the library in its own sync, where it does (HostExpertCounts)
+        if counts is None:  # the library's, read in its own sync where it does (HostExpertCounts)
+            counts = d.recv_expert_counts
         grouped = group_by_expert(
             recv_x, d.recv_topk_idx, d.recv_topk_weights, self.experts_per_rank, self.permute, counts
         )
@@ -587,9 +592,8 @@ class MoELayer:
         out with its pair counts in one read (BatchedLayout), the layout goes first and the grouping needs
         no read of its own: one host sync for the layer, as the overlapped schedules have."""
         layout, counts = None, None
-        if has_phases(self.backend) and isinstance(self.backend, BatchedLayout):
-            batched = self.backend.layouts([(topk_idx, topk_weights)])
-            if batched is not None:
-                layout, counts = batched.handles[0], batched.pair_counts[0]
+        batched = self._batched_layouts([(topk_idx, topk_weights)])
+        if batched is not None:
+            layout, counts = batched.handles[0], batched.pair_counts[0]
         received = self.dispatch(x, topk_idx, topk_weights, layout=layout, counts=counts)
         return self.combine(self.experts(received), received)
