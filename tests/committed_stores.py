@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
@@ -17,3 +18,15 @@ def import_export(export: Path, db: Path) -> str:
     r = CliRunner().invoke(app, ["db", "import", str(export), "--db", str(db)])
     assert r.exit_code == 0, r.output
     return r.stdout
+
+
+def imported_store(export: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
+    """A fresh store at a temporary path holding `export` (for a module-scoped fixture)."""
+    db = tmp_path_factory.mktemp(name) / f"{name}.duckdb"
+    import_export(export, db)
+    return str(db)
+
+
+def markdown_rows(lines: list[str]) -> list[list[str]]:
+    """The cells of each `| a | b |` row among `lines` (a table's body, its header and rule cut off)."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]

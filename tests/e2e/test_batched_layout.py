@@ -10,19 +10,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from typer.testing import CliRunner
 
 from moelab.backends.base import CaseConfig, Dispatched
 from moelab.backends.capabilities import PartLayouts
 from moelab.backends.deepep import expert_counts
 from moelab.backends.mxfp8_a2a import Mxfp8A2ABackend
 from moelab.backends.nccl_a2a import A2AHandle, NcclA2ABackend
-from moelab.cli.main import app
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure.e2e import layer as layer_module
@@ -30,6 +27,7 @@ from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weight
 from moelab.measure.e2e.overlap import Part, expert_parts, token_parts
 from moelab.measure.e2e.pair_counts import start_pair_counts
 from tests.distributed_helpers import gloo_context, run_ranks
+from tests.e2e.cli_suite import run_nccl_a2a_e2e
 from tests.e2e.test_e2e_layer import Loopback
 from tests.e2e.test_pair_counts import SpiedLayer, _in_layer, host_reads
 
@@ -281,35 +279,21 @@ def test_deepeps_per_expert_list_becomes_the_pair_counts() -> None:
 def test_moelab_run_e2e_on_nccl_a2a_says_its_one_read(tmp_path: Path, db_path: Path) -> None:
     """Through the command: the serial and tbo layers on nccl-a2a pass their correctness check (outputs
     and gradients) and the stored host-sync note names the one count exchange."""
-    suite = tmp_path / "suite.toml"
-    suite.write_text(
-        "\n".join(
-            [
-                'name = "e2e-small"',
-                "[workload]",
-                "hidden = 64",
-                "tokens_per_rank = 24",
-                "topk = 4",
-                "experts_per_rank = 3",
-                'routing = "zipf"',
-                "[backend.nccl-a2a.axes]",
-                'bench = ["e2e"]',
-                'mode = ["serial", "tbo", "expert"]',
-                "backward = [true]",
-                'exchange = ["splits"]',
-                "intermediate = [16]",
-            ]
-        )
-        + "\n"
+    rows = run_nccl_a2a_e2e(
+        tmp_path,
+        db_path,
+        "one-read",
+        {"hidden": 64, "tokens_per_rank": 24, "topk": 4, "experts_per_rank": 3, "routing": "zipf"},
+        {
+            "mode": ["serial", "tbo", "expert"],
+            "backward": [True],
+            "exchange": ["splits"],
+            "intermediate": [16],
+        },
+        "status",
+        "host_sync",
+        "json_extract_string(backend_record, '$.e2e.mode')",
     )
-    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
-    result = CliRunner().invoke(app, [*args, "--run-id", "one-read", "--out", str(tmp_path / "runs")])
-    assert result.exit_code == 0, result.output
-    with duckdb.connect(str(db_path), read_only=True) as con:
-        rows = con.execute(
-            "SELECT status, host_sync, json_extract_string(backend_record, '$.e2e.mode') FROM cases "
-            "WHERE run_id = 'one-read'"
-        ).fetchall()
     assert {r[2] for r in rows} == {"serial", "tbo", "expert"}, rows
     for status, host_sync, _ in rows:
         assert status == "ok" and "one count exchange and one device-to-host read" in host_sync, rows

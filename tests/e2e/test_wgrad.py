@@ -8,17 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from moelab.cli.main import app
 from moelab.measure.e2e.layer import MoELayer, local_expert_weights
 from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.wgrad import DeferredWgrad, PartRows
+from tests.e2e.cli_suite import run_nccl_a2a_e2e
 from tests.e2e.test_e2e_layer import Loopback
 
 needs_grouped = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch has no _grouped_mm")
@@ -141,34 +139,17 @@ def test_moelab_run_records_the_deferred_weight_gradient(tmp_path: Path, db_path
     gradient check and record how the weights' gradient was computed; serial records none."""
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("torch has no _grouped_mm")
-    suite = tmp_path / "suite.toml"
-    suite.write_text(
-        "\n".join(
-            [
-                'name = "e2e-wgrad"',
-                "[workload]",
-                "hidden = 64",
-                "tokens_per_rank = 8",
-                "topk = 2",
-                "experts_per_rank = 4",
-                "[backend.nccl-a2a.axes]",
-                'bench = ["e2e"]',
-                'mode = ["serial", "tbo", "expert"]',
-                "backward = [true]",
-                'gemm = ["grouped"]',
-                "intermediate = [64]",
-            ]
-        )
-        + "\n"
+    rows = run_nccl_a2a_e2e(
+        tmp_path,
+        db_path,
+        "wgrad",
+        {"hidden": 64, "tokens_per_rank": 8, "topk": 2, "experts_per_rank": 4},
+        {"mode": ["serial", "tbo", "expert"], "backward": [True], "gemm": ["grouped"], "intermediate": [64]},
+        "status",
+        "reason",
+        "json_extract_string(backend_record, '$.e2e.mode')",
+        "json_extract_string(backend_record, '$.e2e.wgrad')",
     )
-    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
-    result = CliRunner().invoke(app, [*args, "--run-id", "wgrad", "--out", str(tmp_path / "runs")])
-    assert result.exit_code == 0, result.output
-    with duckdb.connect(str(db_path), read_only=True) as con:
-        rows = con.execute(
-            "SELECT status, reason, json_extract_string(backend_record, '$.e2e.mode'), "
-            "json_extract_string(backend_record, '$.e2e.wgrad') FROM cases WHERE run_id = 'wgrad'"
-        ).fetchall()
     by_mode = {r[2]: r for r in rows}
     assert set(by_mode) == {"serial", "tbo", "expert"}, rows
     assert all(r[0] == "ok" for r in rows), rows

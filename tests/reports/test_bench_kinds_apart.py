@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from tests.committed_stores import RESULTS, import_export
+from tests.committed_stores import RESULTS, imported_store, markdown_rows
 
 EXPORT = RESULTS / "gpu-acceptance" / "h200x4" / "export"
 runner = CliRunner()
@@ -21,15 +21,13 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    db = tmp_path_factory.mktemp("acc") / "acc.duckdb"
-    import_export(EXPORT, db)
-    return str(db)
+    return imported_store(EXPORT, tmp_path_factory, "acc")
 
 
 def _answer_rows(md: str) -> list[list[str]]:
     head = md.index("| op | payload | workload | answer |")
     table = md[head:].split("\n\n", 1)[0].splitlines()[2:]
-    return [[c.strip() for c in line.strip("|").split("|")] for line in table if line.startswith("|")]
+    return markdown_rows(table)
 
 
 def test_the_reports_answer_keeps_the_layer_apart(store: str, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.reports.e2e_section import gemm_text
-from tests.committed_stores import RESULTS, import_export
+from tests.committed_stores import RESULTS, imported_store, markdown_rows
 
 EXPORT = RESULTS / "h200x2-r8" / "after-h100" / "export"
 runner = CliRunner()
@@ -20,16 +20,14 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    db = tmp_path_factory.mktemp("hs") / "hs.duckdb"
-    import_export(EXPORT, db)
-    return str(db)
+    return imported_store(EXPORT, tmp_path_factory, "hs")
 
 
 def _best_rows(md: str) -> list[list[str]]:
     rows = []
     for block in md.split("Best overlapped schedule per backend")[1:]:
         table = block.split("\n\n")[1].splitlines()[2:]
-        rows += [[c.strip() for c in line.strip("|").split("|")] for line in table if line.startswith("|")]
+        rows += markdown_rows(table)
     return rows
 
 
