@@ -15,6 +15,7 @@ import queue
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -102,3 +103,14 @@ def gloo_context(rank: int, world: int, group: Any = _WORLD) -> BackendContext:
         rank=rank, world=world, local_rank=rank, device=torch.device("cpu"),
         group=dist.group.WORLD if group is _WORLD else group, gpus_per_node=world, comm_backend="gloo",
     )  # fmt: skip
+
+
+def groups_left(run_dir: Path) -> dict[str, str]:
+    """Each rank log of a `moelab run` directory whose process groups did not end before its exit
+    (moelab.measure.teardown), with its teardown line; {} when every rank's did."""
+    left = {}
+    for log in sorted(run_dir.glob("*/rank*.log")):
+        lines = [line for line in log.read_text().splitlines() if line.startswith("teardown:")]
+        if not lines or "no communicator thread left" not in lines[-1]:
+            left[str(log.relative_to(run_dir))] = lines[-1] if lines else "no teardown line"
+    return left

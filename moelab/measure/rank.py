@@ -30,6 +30,7 @@ from moelab.job.rundir import JobFiles, RunDir
 from moelab.measure import environment
 from moelab.measure.case_context import CaseContext
 from moelab.measure.kinds import run_case
+from moelab.measure.teardown import release_process_groups, teardown_line
 from moelab.measure.timing import Clock
 from moelab.tracing.nvtx_ranges import cuda_profiler_range
 
@@ -118,6 +119,26 @@ def main(argv: list[str]) -> int:
             device = torch.device("cpu")
             comm = "gloo"
             dist.init_process_group(comm, timeout=timedelta(seconds=spec.launch.collective_timeout_s))
+    _run_cases(files, spec, events, rank, world, local_rank, device, comm, binding)
+    print(teardown_line(release_process_groups()), flush=True)  # the groups' threads end here, not at exit
+    return 0
+
+
+def _run_cases(
+    files: JobFiles,
+    spec: RunSpec,
+    events: ProgressEvents,
+    rank: int,
+    world: int,
+    local_rank: int,
+    device: torch.device,
+    comm: str,
+    binding: dict[str, Any] | None,
+) -> None:
+    """Every case of the job, on the process groups main set up. Everything that holds a group (the
+    context, the backend, the clock) lives in this frame only, so that it is gone when this returns and
+    main can destroy the groups (moelab.measure.teardown)."""
+    run_dir, backend_name = files.run_dir, files.backend
     group = dist.group.WORLD
     ctx = BackendContext(
         rank=rank,
@@ -162,5 +183,3 @@ def main(argv: list[str]) -> int:
             print(f"case {case.case_id}: {record.status}", flush=True)
     backend.close()
     dist.barrier(group=group)
-    dist.destroy_process_group()
-    return 0

@@ -26,7 +26,7 @@ from moelab.measure.e2e import layer as layer_module
 from moelab.measure.e2e.layer import MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Part, expert_parts, token_parts
 from moelab.measure.e2e.pair_counts import start_pair_counts
-from tests.distributed_helpers import gloo_context, run_ranks
+from tests.distributed_helpers import gloo_context, groups_left, run_ranks
 from tests.e2e.cli_suite import run_nccl_a2a_e2e
 from tests.e2e.test_e2e_layer import Loopback
 from tests.e2e.test_pair_counts import SpiedLayer, _in_layer, host_reads
@@ -297,3 +297,4 @@ def test_moelab_run_e2e_on_nccl_a2a_says_its_one_read(tmp_path: Path, db_path: P
     assert {r[2] for r in rows} == {"serial", "tbo", "expert"}, rows
     for status, host_sync, _ in rows:
         assert status == "ok" and "one count exchange and one device-to-host read" in host_sync, rows
+    assert groups_left(tmp_path / "runs" / "one-read") == {}  # the layer's ranks end their groups too

@@ -355,6 +355,15 @@ def backend_dispatch(
     return backend.dispatch(x, topk_idx, topk_weights, layout=layout)  # type: ignore[call-arg]
 
 
+def own_output(t: torch.Tensor) -> torch.Tensor:
+    """A Function's output as a tensor object of its own (an alias: no copy). Autograd sets the grad_fn on
+    the very object forward returns, and a backend may keep that object: nccl-a2a's receive rows live on in
+    its handle's views, and ctx holds the handle. That cycle runs through autograd's C++ graph, where
+    Python's collector cannot see it, so the graph, the backend and its process group lived until the
+    interpreter exited (moelab.measure.teardown)."""
+    return t.view_as(t)
+
+
 class _DispatchFn(torch.autograd.Function):
     """recv_x = dispatch(x); backward: combine of the received rows' gradients (summed at the source)."""
 
@@ -371,7 +380,7 @@ class _DispatchFn(torch.autograd.Function):
         d = backend_dispatch(backend, x, topk_idx, topk_weights, layout)
         out.append(d)
         ctx.backend, ctx.handle = backend, d.handle
-        return received_payload(d)
+        return own_output(received_payload(d))
 
     @staticmethod
     def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -389,7 +398,7 @@ class _HookedDispatchFn(torch.autograd.Function):
         d = hook()
         out.append(d)
         ctx.backend, ctx.handle = backend, d.handle
-        return received_payload(d)
+        return own_output(received_payload(d))
 
     @staticmethod
     def backward(ctx: Any, grad_recv: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -411,7 +420,7 @@ class _CombineFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, expert_out: torch.Tensor, handle: Any, backend: Backend) -> torch.Tensor:  # type: ignore[override]
         ctx.backend, ctx.handle = backend, handle
-        return backend.combine(expert_out, handle)
+        return own_output(backend.combine(expert_out, handle))
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
