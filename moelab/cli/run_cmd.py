@@ -233,7 +233,11 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
         console.print(
             f"error: {backend}: --trace nsys made no usable trace ({note}); its measurements are stored"
         )
-    if failed or not outcome.all_jobs_ok or empty or outcome.trace_notes:
+    broken = [f"{name}: {job.describe()}" for name, job in outcome.jobs.items() if not job.ok]
+    if failed or broken:  # last, where the exit code is read: the reasons above scroll away under the tables
+        why = ([f"{failed} case{'s' if failed != 1 else ''} failed"] if failed else []) + broken
+        console.print(f"error: run {spec.run_id} exits 1: {'; '.join(why)}; every finished case is stored")
+    if failed or broken or empty or outcome.trace_notes:
         raise typer.Exit(1)
 
 

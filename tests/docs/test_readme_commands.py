@@ -71,6 +71,13 @@ def _param(c: Command) -> object:
     return pytest.param(c, id=f"L{c.line}-{' '.join(c.text.split()[:3])}", marks=marks)
 
 
+def _ends(text: str, keep: int = 3000) -> str:
+    """A long output's head and tail: why a run failed is printed above its tables, its verdict below."""
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n[... {len(text) - 2 * keep} characters ...]\n{text[-keep:]}"
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("readme")
@@ -103,7 +110,7 @@ def test_readme_command_runs(command: Command, workdir: Path) -> None:
     r = subprocess.run(
         ["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=1800
     )
-    output = r.stdout[-3000:] + r.stderr[-3000:]
+    output = _ends(r.stdout) + _ends(r.stderr)
     assert "Traceback" not in r.stderr, output
     allowed = CHECK_VERDICTS if text.startswith("moelab check") else {0}
     assert r.returncode in allowed, f"README line {command.line}: `{text}` exited {r.returncode}\n{output}"

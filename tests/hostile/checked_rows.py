@@ -70,6 +70,9 @@ def _blames(first: str) -> object:
         assert rows and str(rows[0][2]).startswith(first), rows
         assert [r[0] for r in rows if r[1]] == [1], rows  # rank 1 is the cause, not rank 0 that waited
         assert f"cause: {first}" in out.stdout, out.stdout[-3000:]
+        last = " ".join(out.stdout.split("error: run r-bad exits 1:")[-1].split())  # unwrapped
+        assert "error: run r-bad exits 1:" in out.stdout and ": exit code" in last, out.stdout[-3000:]
+        assert "every finished case is stored" in last, last  # the exit code's reason, under the tables
 
     return check
 
