@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 37, host-sync part, on 2 GPUs (~4 min), from the repository root:
+# Issue 37, host-sync part, on 2 GPUs (~4 min; GPUS=4 for EP = 4), from the repository root:
 #   bash benchmarks/host_sync_overlap.sh [RESULT_DIR]       (DEEPEP=DIR: a built DeepEP v1.2.1 tree)
 # 0. tests/e2e/test_pair_counts_gpu.py: CUDA's sync detector over the overlapped layer (one GPU, ~30 s), and
 #    tests/e2e/test_schedules_gpu.py (the GEMM tiles grouped and grouped-wide run, the partition's streams);
@@ -24,7 +24,8 @@ M="python3 -m moelab.cli.main"
 S=benchmarks/host_sync_overlap.toml
 DEEPEP=${DEEPEP:-build/ext/deepep-v1}
 TRACED=h7168-t4096-k8-e128-uniform-s0-bf16-smdef-backward=True-bench=e2e-exchange=splits-intermediate=2048-mode=tbo
-COMMON="--db $R/moelab.duckdb --gpus 2 --suite $S --iters 8 --warmup 2 --no-health --timeout 240"
+RUN=hs-ep${GPUS:-2}
+COMMON="--db $R/moelab.duckdb --gpus ${GPUS:-2} --suite $S --iters 8 --warmup 2 --no-health --timeout 240"
 git log --oneline -1 > "$R/commit.txt"; nvidia-smi --query-gpu=name --format=csv,noheader >> "$R/commit.txt"
 
 CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_pair_counts_gpu.py \
@@ -35,7 +36,7 @@ if [ -n "${WAIT_FOR:-}" ]; then  # a DeepEP build running beside the GPU test: w
   for _ in $(seq 150); do [ -f "$WAIT_FOR" ] && break; sleep 2; done
 fi
 timeout 280 $M run $COMMON --out "$R/runs" --backend nccl-a2a,deepep --backend-path deepep="$DEEPEP" \
-  --run-id hs-ep2 > "$R/run.txt" 2>&1
+  --run-id "$RUN" > "$R/run.txt" 2>&1
 echo "exit $?" >> "$R/run.txt"; tail -4 "$R/run.txt"
 if [ -z "${NO_TRACE:-}" ]; then  # NO_TRACE=1: the runs and tables only
   timeout 120 $M run $COMMON --out "$R/trace" --backend nccl-a2a --case "$TRACED" --trace torch --trace-iters 3 \
@@ -43,19 +44,20 @@ if [ -z "${NO_TRACE:-}" ]; then  # NO_TRACE=1: the runs and tables only
   echo "exit $?" >> "$R/trace.txt"; tail -2 "$R/trace.txt"
 fi
 
-timeout 40 python3 benchmarks/overlap_summary.py --db "$R/moelab.duckdb" --run hs-ep2 > "$R/summary.txt" 2>&1
-timeout 40 python3 - "$R/moelab.duckdb" > "$R/overhead.txt" 2>&1 <<'PY'
+timeout 40 python3 benchmarks/overlap_summary.py --db "$R/moelab.duckdb" --run "$RUN" > "$R/summary.txt" 2>&1
+timeout 40 python3 - "$R/moelab.duckdb" "$RUN" > "$R/overhead.txt" 2>&1 <<'PY'
 import sys, duckdb
 con = duckdb.connect(sys.argv[1], read_only=True)
 rows = con.execute(
     "SELECT c.backend, c.case_id, c.status, m.name, m.value FROM cases c JOIN case_metrics m "
-    "USING (run_id, case_id) WHERE c.run_id = 'hs-ep2' AND m.name IN ('speedup_vs_serial', "
-    "'speedup_vs_serial_fwd_bwd', 'schedule_overhead_us', 'layer_rel_err', 'grad_x_rel_err') ORDER BY 1, 2, 4"
+    "USING (run_id, case_id) WHERE c.run_id = ? AND m.name IN ('speedup_vs_serial', "
+    "'speedup_vs_serial_fwd_bwd', 'schedule_overhead_us', 'layer_rel_err', 'grad_x_rel_err') ORDER BY 1, 2, 4",
+    [sys.argv[2]],
 ).fetchall()
 for backend, case, status, name, value in rows:
     mode = case.rsplit("mode=", 1)[-1]
     print(f"{backend:9s} {status:3s} {case.split('-smdef')[0]:34s} {mode:7s} {name:26s} {value:10.3f}")
-for row in con.execute("SELECT backend, case_id, status, reason FROM cases WHERE run_id = 'hs-ep2' AND status <> 'ok'").fetchall():
+for row in con.execute("SELECT backend, case_id, status, reason FROM cases WHERE run_id = ? AND status <> 'ok'", [sys.argv[2]]).fetchall():
     print("not ok:", *row)
 PY
 cat "$R/summary.txt" | head -40; cat "$R/overhead.txt"
