@@ -63,6 +63,17 @@ class MaskedRouting(Protocol):
 
 
 @runtime_checkable
+class ColumnCombine(Protocol):
+    """Combine, and dispatch_with_handle (its backward), take rows narrower than those dispatched: a slice of
+    the hidden columns, sent along the same handle. The e2e layer's column-pipelined schedule (mode
+    columns) combines the expert output a column slice at a time, each slice's combine under the next
+    slice's GEMM. `column_unit`: the columns every slice's width is a multiple of (the row alignment or the
+    quantization block); 0 declares none (a subclass that has not been checked)."""
+
+    column_unit: ClassVar[int]
+
+
+@runtime_checkable
 class ZeroSmComm(Protocol):
     """The backend can move the payload on no SM (a copy-engine path): the e2e layer's `comm = zero-sm`."""
 

@@ -32,6 +32,7 @@ from moelab.backends import deepep_common as common
 from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched, Placement, SourceBuild
 from moelab.backends.capabilities import (
     ChainedPairs,
+    ColumnCombine,
     DispatchAlongHandle,
     HostExpertCounts,
     LibraryFigures,
@@ -285,7 +286,7 @@ class DeepEPTuning(TuneSpace):
 
 
 class DeepEPBackend(
-    Backend, DispatchAlongHandle, HostExpertCounts, LibraryFigures, ChainedPairs, MaskedRouting
+    Backend, DispatchAlongHandle, HostExpertCounts, LibraryFigures, ChainedPairs, MaskedRouting, ColumnCombine
 ):
     name = "deepep"
     dispatch_family = "hierarchical"
@@ -308,6 +309,10 @@ class DeepEPBackend(
         "get_dispatch_layout and dispatch skip -1 entries of topk_idx (DeepEP's tests mask slots so); a token "
         "sent nowhere combines to 0"
     )
+    # V1's intranode combine reduces a row in steps of 32 lanes x 16 bytes with a __syncwarp() inside the loop
+    # (csrc/kernels/intranode.cu): a row that is not whole 512-byte steps (256 bf16 columns) leaves lanes out
+    # of the sync and faulted on 2 x H200 (illegal address at 896 columns: DeepSeek-V3's 7168 in 8 slices)
+    column_unit: ClassVar[int] = 256
 
     @classmethod
     def library_figures(

@@ -120,6 +120,7 @@ class Mxfp8A2ABackend(NcclA2ABackend):
     payload_dtypes = ("bf16", "mxfp8")
     knobs: ClassVar[type[Knobs]] = Mxfp8Knobs
     tuning: ClassVar[TuneSpace | None] = Mxfp8Tuning()
+    column_unit: ClassVar[int] = mxfp8.BLOCK  # a slice quantizes in whole 32-column blocks
 
     @classmethod
     def check_knobs(cls, knobs: Mapping[str, Any], workload: Workload) -> None:

@@ -33,6 +33,7 @@ from moelab.backends.base import Backend, BackendContext, CaseConfig, Dispatched
 from moelab.backends.capabilities import (
     BatchedLayout,
     ChainedPairs,
+    ColumnCombine,
     DispatchAlongHandle,
     MaskedRouting,
     PartLayouts,
@@ -164,7 +165,9 @@ def nccl_cta_policy_reason() -> str | None:
     return None
 
 
-class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, MaskedRouting, ZeroSmComm):
+class NcclA2ABackend(
+    Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, MaskedRouting, ZeroSmComm, ColumnCombine
+):
     name = "nccl-a2a"
     dispatch_family = "flat"
     dispatch_family_source = "torch.distributed.all_to_all_single over NCCL: each rank sends each peer its rows directly, no forwarding"
@@ -179,6 +182,7 @@ class NcclA2ABackend(Backend, BatchedLayout, DispatchAlongHandle, ChainedPairs, 
     masked_routing: ClassVar[str] = (
         "a -1 expert sends the token nowhere for that slot; a token with none left is not sent, combine gives it 0"
     )
+    column_unit: ClassVar[int] = 8  # any width moves; 16-byte rows keep the grouped GEMM's alignment
 
     @classmethod
     def zero_sm_reason(cls, comm_backend: str) -> str | None:

@@ -84,6 +84,7 @@ class UcclEPBackend(DeepEPBackend):
         "its normal kernels are tabled as 'Normal kernels with NVLink and RDMA forwarding' (hierarchical)"
     )
     source_build = None  # the wrapper is Python; uccl itself is installed, not given as a tree
+    column_unit = 0  # its combine on a column slice is unchecked: mode columns is unsupported
 
     @classmethod
     def availability(cls) -> str | None:

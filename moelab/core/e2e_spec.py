@@ -35,10 +35,12 @@ def bench_of(knobs: Mapping[str, Any] | None) -> str:
 
 
 E2E_KEYS = ("mode", "chunks", "intermediate", "backward", "gemm", "profile", "carveout", "comm")
-MODES = ("serial", "tbo", "chunked", "expert", "auto")
+MODES = ("serial", "tbo", "chunked", "expert", "columns", "auto")
 # auto: each rank times serial and the overlapped candidates (moelab.measure.e2e.auto_schedule) on the
 # case's own rows before the check and runs the fastest, so the layer is never slower than serial
-OVERLAPPED = ("tbo", "chunked", "expert", "auto")
+OVERLAPPED = ("tbo", "chunked", "expert", "columns", "auto")
+CHUNKED_MODES = ("chunked", "expert", "columns")  # the modes whose `chunks` is a choice (tbo: two)
+COLUMN_ALIGN = 8  # mode columns slices the hidden size in multiples of 8 (16-byte bf16 rows) at least
 # Where the overlapped schedules' communication runs (moelab.measure.e2e.schedules says what each needs):
 # shared: beside the GEMMs on whatever SMs its kernels take; partition: on a fixed SM partition (the
 # backend's SM count, the GEMMs held to the rest); zero-sm: on no SM (NCCL's zero-CTA copy-engine path);
@@ -104,7 +106,7 @@ class E2ESettings:
     def schedule(self) -> str:
         """The schedule's name as reports show it: the mode, its chunks where it has a choice, and where the
         communication runs when not shared (`tbo`, `chunked/4`, `expert/4+partition`, `auto:tbo`)."""
-        name = f"{self.mode}/{self.chunks}" if self.mode in ("chunked", "expert") else self.mode
+        name = f"{self.mode}/{self.chunks}" if self.mode in CHUNKED_MODES else self.mode
         name = name if self.comm == "shared" or self.mode == "serial" else f"{name}+{self.comm}"
         return f"auto:{name}" if self.asked_mode == "auto" else name
 
@@ -193,17 +195,17 @@ class E2ESpec:
         default) holds that many SMs back from the GEMMs of an overlapped layer (none at the library's
         default SMs)."""
         mode = self.mode or "serial"
-        default_chunks = {"chunked": DEFAULT_CHUNKS, "expert": DEFAULT_CHUNKS, "tbo": 2}.get(
-            mode, 1
-        )  # auto: 1
+        default_chunks = DEFAULT_CHUNKS if mode in CHUNKED_MODES else {"tbo": 2}.get(mode, 1)  # auto: 1
         chunks = self.chunks if self.chunks is not None else default_chunks
-        if mode not in ("chunked", "expert") and chunks != default_chunks:
+        if mode not in CHUNKED_MODES and chunks != default_chunks:
             raise SpecError(
-                f"e2e knob chunks = {chunks} needs mode = chunked or expert (serial runs one chunk, tbo two "
-                "micro-batches)"
+                f"e2e knob chunks = {chunks} needs mode = chunked, expert or columns (serial runs one chunk, "
+                "tbo two micro-batches)"
             )
         if mode == "expert":
             chunks = min(chunks, workload.experts_per_rank)  # a group holds at least one expert
+        if mode == "columns":  # a slice holds at least one aligned run of columns
+            chunks = max(1, min(chunks, workload.hidden // COLUMN_ALIGN))
         comm = self.comm or "shared"
         if comm != "shared" and mode not in OVERLAPPED:
             raise SpecError(

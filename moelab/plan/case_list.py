@@ -28,7 +28,9 @@ def planned_unsupported(case: CaseSpec, launch: LaunchSpec) -> str | None:
         from moelab.measure.e2e.schedules import schedule_reason
 
         try:
-            reason = schedule_reason(cls, case.e2e.resolve(case.workload, case.sms), where.comm_backend)
+            reason = schedule_reason(
+                cls, case.e2e.resolve(case.workload, case.sms), where.comm_backend, case.workload.hidden
+            )
         except SpecError as exc:  # bad settings are refused at planning; say so here too
             reason = str(exc)
         if reason:

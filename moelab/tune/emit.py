@@ -55,6 +55,8 @@ SCHEDULE_SETTINGS = {
     "chunked": "schedule: the token pipeline over more micro-batches (moelab e2e mode chunked)",
     "expert": "schedule: expert-chunked pipelining (each group of experts' dispatch/combine under the previous "
     "group's GEMMs, every expert keeping its rows; moelab e2e mode expert)",
+    "columns": "schedule: the second expert GEMM and the combine in hidden-column slices (each slice's combine "
+    "under the next slice's GEMM, every expert keeping its rows; moelab e2e mode columns)",
 }
 
 

@@ -16,6 +16,7 @@ from moelab.core.errors import SpecError
 from moelab.core.routing import route
 from moelab.core.spec import CaseSpec
 from moelab.core.workload import Workload
+from moelab.measure.e2e.columns import forward_column_pipelined
 from moelab.measure.e2e.correctness import StreamedError
 from moelab.measure.e2e.layer import (
     ExpertWeights,
@@ -275,6 +276,8 @@ class LoopbackForwardOnly(Backend):
 
 
 class Loopback(LoopbackForwardOnly):
+    column_unit = 8  # ColumnCombine: hands back rows of any width
+
     def dispatch_with_handle(self, rows: torch.Tensor, handle: Any) -> torch.Tensor:
         assert rows.shape[0] == handle
         return rows.detach().clone()
@@ -321,7 +324,7 @@ def test_tbo_computes_each_layout_once_before_any_payload() -> None:
     assert torch.equal(out, serial)
 
 
-@pytest.mark.parametrize("mode", ["serial", "tbo", "chunked"])
+@pytest.mark.parametrize("mode", ["serial", "tbo", "chunked", "columns"])
 @pytest.mark.parametrize("gemm", ["loop", "grouped"])
 def test_layer_on_one_rank_equals_reference_forward_and_backward(mode: str, gemm: str) -> None:
     if gemm == "grouped" and not HAS_GROUPED:
@@ -338,6 +341,8 @@ def test_layer_on_one_rank_equals_reference_forward_and_backward(mode: str, gemm
             return forward_pipelined(layer, xx, r.topk_idx, r.topk_weights, TBO_MICRO_BATCHES, streams)
         if mode == "chunked":
             return forward_pipelined(layer, xx, r.topk_idx, r.topk_weights, 3, streams)
+        if mode == "columns":
+            return forward_column_pipelined(layer, xx, r.topk_idx, r.topk_weights, 4, streams)
         return layer.forward(xx, r.topk_idx, r.topk_weights)
 
     with torch.no_grad():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import moelab
+from moelab.measure.e2e.columns import forward_column_pipelined
 from moelab.measure.e2e.layer import MoELayer, local_expert_weights
 from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_pipelined
 from moelab.measure.e2e.permute import resolve_permute
@@ -103,3 +104,31 @@ def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: st
     assert any(s.startswith(_ours("permute.py")) for s in slow), (
         slow
     )  # the detector sees the old per-micro-batch read
+
+
+@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+def test_column_layer_syncs_only_for_the_up_front_counts(gemm: str) -> None:
+    """Mode columns, forward and its own backward (the slices' gradient dispatches and input-gradient GEMMs
+    beside each other, the weight gradient once): no sync but the up-front pair counts."""
+    device = _cuda()
+    if gemm == "grouped" and (
+        not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability(device) < (9, 0)
+    ):
+        pytest.skip("torch._grouped_mm needs SM90 here")
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+    idx = torch.argsort(torch.rand(TOKENS, EXPERTS, device=device, generator=g), dim=1)[:, :TOPK]
+    w = torch.rand(TOKENS, TOPK, device=device, generator=g)
+    gout = torch.randn(TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+    weights = local_expert_weights(0, 0, EXPERTS, HIDDEN, INTER, device, requires_grad=True)
+    layer = MoELayer(Loopback(), weights, EXPERTS, gemm, resolve_permute("auto", device))
+    streams = Streams(device)
+
+    def step() -> None:
+        xg = x.detach().requires_grad_(True)
+        forward_column_pipelined(layer, xg, idx, w, 4, streams).backward(gout)
+
+    step()  # warm-up
+    _sync_sites(step)  # the detector's first use is not counted (see above)
+    sites = _sync_sites(step)
+    assert [s for s in sites if not s.startswith(_ours("pair_counts.py"))] == [], sites

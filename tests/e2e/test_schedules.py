@@ -54,7 +54,7 @@ def test_schedule_names_and_defaults() -> None:
         (None, {"comm": "hook"}, "comm = hook needs an overlapped mode"),
         (None, {"mode": "tbo", "comm": "partition"}, "comm = partition needs sms = N"),
         (None, {"mode": "tbo", "comm": "nvlink"}, "e2e knob comm must be one of shared, partition"),
-        (None, {"mode": "tbo", "chunks": 3}, "needs mode = chunked or expert"),
+        (None, {"mode": "tbo", "chunks": 3}, "needs mode = chunked, expert or columns"),
         (None, {"mode": "pipelined"}, "e2e knob mode must be one of serial, tbo, chunked, expert"),
     ],
 )
@@ -118,7 +118,13 @@ def test_auto_candidates_are_what_the_backend_can_run() -> None:
     def names(cls: type, comm: str = "shared") -> list[str]:
         return [c.schedule for c in candidates(_resolve(16, mode="auto", comm=comm), cls, "nccl", 6)]  # type: ignore[arg-type]
 
-    assert names(NcclA2ABackend) == ["auto:serial", "auto:tbo", "auto:expert/2", "auto:expert/4"]
+    assert names(NcclA2ABackend) == [
+        "auto:serial",
+        "auto:tbo",
+        "auto:expert/2",
+        "auto:expert/4",
+        "auto:columns/4",
+    ]
     assert names(HybridEPBackend) == ["auto:serial", "auto:tbo"]  # no masked routing: no expert groups
     assert names(DeepEPLowLatencyBackend, "hook") == ["auto:serial", "auto:tbo+hook"]
     assert all(c.carveout == 0 for c in candidates(_resolve(16, mode="auto"), NcclA2ABackend, "nccl", 6)[:1])  # type: ignore[arg-type]
@@ -179,7 +185,7 @@ dtype = "bf16"
 
 [backend.nccl-a2a.axes]
 bench = ["e2e"]
-mode = ["serial", "tbo", "expert", "auto"]
+mode = ["serial", "tbo", "expert", "columns", "auto"]
 comm = ["shared", "hook", "zero-sm"]
 backward = [true]
 intermediate = [16]
@@ -197,7 +203,7 @@ def test_list_cases_marks_schedules_the_backend_cannot_run(tmp_path: Path) -> No
     result = CliRunner().invoke(app, ["run", "--cpu", "--list-cases", "--suite", _suite(tmp_path)])
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "12 cases (4 to run, 8 not)" in out
+    assert "15 cases (5 to run, 10 not)" in out
     assert "capability RecvHook); nccl-a2a has none" in out
     assert "needs NCCL's zero-CTA policy; gloo has none" in out
 
@@ -222,10 +228,16 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
         ).fetchall()
     status = {c: (s, r) for c, s, r in rows}
     ok = {c for c, (s, _) in status.items() if s == "ok"}
-    assert len(ok) == 4 and any("mode=expert" in c for c in ok), status  # serial, tbo, expert, auto (shared)
+    # serial, tbo, expert, columns, auto (shared)
+    assert len(ok) == 5 and any("mode=expert" in c for c in ok) and any("mode=columns" in c for c in ok), (
+        status
+    )
     refused = {c: r for c, (s, r) in status.items() if s == "unsupported"}
-    assert len(refused) == 6 and all(("comm=hook" in c or "comm=zero-sm" in c) for c in refused), status
-    assert all(("RecvHook" in r) or ("zero-CTA" in r) for r in refused.values())
+    assert len(refused) == 8 and all(("comm=hook" in c or "comm=zero-sm" in c) for c in refused), status
+    assert all(
+        ("RecvHook" in r) or ("zero-CTA" in r) or ("dispatches the batch whole" in r)
+        for r in refused.values()
+    )
     skipped = {c: r for c, (s, r) in status.items() if s == "skipped"}  # serial x comm: no schedule
     assert len(skipped) == 2 and all("needs an overlapped mode" in r for r in skipped.values()), status
     by = {(c, n): v for c, n, v in metrics}
@@ -233,11 +245,21 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     assert by[(expert, "speedup_vs_serial")] > 0 and by[(expert, "speedup_vs_serial_fwd_bwd")] > 0
     assert by[(expert, "grad_x_rel_err")] < 0.05 and by[(expert, "grad_w_rel_err")] < 0.05
     assert (expert, "sms_taken_from_gemms") in by
+    # the column slices: checked forward and backward like the others, named in the record
+    columns = next(c for c in ok if "mode=columns" in c)
+    assert by[(columns, "speedup_vs_serial_fwd_bwd")] > 0 and by[(columns, "grad_w_rel_err")] < 0.05
+    assert json.loads(records[columns])["e2e"]["schedule"] == "columns/4"
     # auto timed serial, tbo and the expert groups on the case's rows and ran the best; serial compared too
     auto = next(c for c in ok if "mode=auto" in c)
     e2e = json.loads(records[auto])["e2e"]
     assert e2e["asked_mode"] == "auto" and e2e["schedule"].startswith("auto:")
-    assert set(e2e["auto_trials_us"]) == {"auto:serial", "auto:tbo", "auto:expert/2", "auto:expert/4"}
+    assert set(e2e["auto_trials_us"]) == {
+        "auto:serial",
+        "auto:tbo",
+        "auto:expert/2",
+        "auto:expert/4",
+        "auto:columns/4",
+    }
     assert by[(auto, "speedup_vs_serial")] > 0 and by[(auto, "grad_x_rel_err")] < 0.05
     # the report's layer section names each backend's best overlapped schedule with its speedup and interval
     md = tmp_path / "report.md"
@@ -249,9 +271,9 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     at = next(i for i, x in enumerate(lines) if x.startswith("Best overlapped schedule per backend"))
     line = lines[at + 4]  # the sentence, a blank line, the header, its rule, then nccl-a2a's row
     cells = [c.strip() for c in line.split("|")[1:-1]]
-    assert cells[1] in ("tbo", "expert/4") or cells[1].startswith("auto:")
+    assert cells[1] in ("tbo", "expert/4", "columns/4") or cells[1].startswith("auto:")
     assert cells[5].startswith("[") and cells[7].startswith("[")
-    assert cells[9] == "3"  # tbo, expert/4 and auto were compared
+    assert cells[9] == "4"  # tbo, expert/4, columns/4 and auto were compared
 
 
 @pytest.mark.slow  # real gloo ranks, several rounds
@@ -293,7 +315,7 @@ def test_moelab_run_takes_the_wide_tile_grouped_gemm(tmp_path: Path, db_path: Pa
     suite = tmp_path / "wide.toml"
     suite.write_text(
         SUITE.replace(
-            'mode = ["serial", "tbo", "expert", "auto"]', 'mode = ["tbo"]\ngemm = ["grouped-wide"]'
+            'mode = ["serial", "tbo", "expert", "columns", "auto"]', 'mode = ["tbo"]\ngemm = ["grouped-wide"]'
         ).replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
     )
     args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]

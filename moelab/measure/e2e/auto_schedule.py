@@ -1,7 +1,7 @@
 """`mode = auto`: the schedule the case runs, chosen on the case's own rows before its check.
 
-Every candidate the backend can run (serial, tbo, expert-chunked in 2 and 4 groups, each with the case's
-`comm`) is timed a few calls on this rank, forward and, with `backward`, forward+backward; every rank
+Every candidate the backend can run (serial, tbo, expert-chunked in 2 and 4 groups, hidden-column
+pipelining in 4 slices, each with the case's `comm`) is timed a few calls on this rank, forward and, with `backward`, forward+backward; every rank
 takes the slowest rank's time per candidate, so all agree; the case runs the candidate whose worse
 speedup over serial (forward or forward+backward) is the best. Serial is a candidate, so the layer an
 auto case runs is never slower than serial by more than the trials' noise: the overlap is kept only
@@ -26,12 +26,16 @@ from moelab.measure.e2e.correctness import LayerInputs
 from moelab.measure.e2e.layer import output_grad
 from moelab.measure.e2e.schedules import schedule_reason
 
-CANDIDATES = (("serial", 1), ("tbo", 2), ("expert", 2), ("expert", 4))
+CANDIDATES = (("serial", 1), ("tbo", 2), ("expert", 2), ("expert", 4), ("columns", 4))
 TRIALS = 3
 
 
 def candidates(
-    settings: E2ESettings, backend: Backend, comm_backend: str, experts_per_rank: int
+    settings: E2ESettings,
+    backend: Backend,
+    comm_backend: str,
+    experts_per_rank: int,
+    hidden: int | None = None,
 ) -> list[E2ESettings]:
     """The schedules auto may choose among for this backend (serial first), each once."""
     out: list[E2ESettings] = []
@@ -47,7 +51,7 @@ def candidates(
         )
         if (
             cand.schedule not in {c.schedule for c in out}
-            and schedule_reason(backend, cand, comm_backend) is None
+            and schedule_reason(backend, cand, comm_backend, hidden) is None
         ):
             out.append(cand)
     return out
@@ -90,7 +94,7 @@ def choose_schedule(
     inputs: LayerInputs, backend: Backend, ctx: BackendContext, wl: Workload
 ) -> tuple[LayerInputs, dict[str, Any]]:
     """`inputs` with the chosen schedule's settings, and the trials for the record."""
-    cands = candidates(inputs.settings, backend, ctx.comm_backend, wl.experts_per_rank)
+    cands = candidates(inputs.settings, backend, ctx.comm_backend, wl.experts_per_rank, wl.hidden)
     cuda = inputs.x.is_cuda
     gout = output_grad(wl.routing.seed, ctx.rank, wl.tokens_per_rank, wl.hidden, inputs.x.device)
     mine: list[tuple[float, float | None]] = []

@@ -58,6 +58,7 @@ from moelab.core.workload import Workload
 from moelab.measure.case_context import CaseContext
 from moelab.measure.e2e.auto_schedule import choose_schedule
 from moelab.measure.e2e.carveout import carveout_reason
+from moelab.measure.e2e.columns import column_compute
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
@@ -149,7 +150,7 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
     with torch.no_grad():
         grouped = layer.dispatch(x, idx, w).grouped
         parts: list[Grouped] = []
-        if settings.mode in OVERLAPPED and settings.mode != "auto":
+        if settings.mode in OVERLAPPED and settings.mode not in ("auto", "columns"):  # columns: whole rows
             split = schedule_parts(x, idx, w, settings.mode, settings.chunks, layer.experts_per_rank)
             parts = [layer.dispatch(p.x, p.topk_idx, p.topk_weights).grouped for p in split]
     record: dict[str, Any] = {}
@@ -194,7 +195,9 @@ def prepare_case(
     reason = carveout_reason(settings.carveout, ctx.device)
     if reason:
         return reason
-    reason = schedule_reason(backend, settings, ctx.comm_backend) or backend.unsupported_reason(cfg)
+    reason = schedule_reason(
+        backend, settings, ctx.comm_backend, case.workload.hidden
+    ) or backend.unsupported_reason(cfg)
     if reason:
         return reason
     backend.prepare(cfg)
@@ -212,7 +215,11 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         full = layer.dispatch(x, idx, w)
         expert_out = layer.experts(full)
         g = full.grouped
-        parts = schedule_parts(x, idx, w, settings.mode, settings.chunks, wl.experts_per_rank)
+        parts = (  # columns computes on `full`: no parts of its own
+            []
+            if settings.mode == "columns"
+            else schedule_parts(x, idx, w, settings.mode, settings.chunks, wl.experts_per_rank)
+        )
         split = [layer.dispatch(p.x, p.topk_idx, p.topk_weights) for p in parts]
         ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped
@@ -245,8 +252,12 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
     }
     if settings.compares_serial:
         forward["layer_serial"] = lambda: inputs.serial_forward(x)
-        # the parts' GEMM: see compute_chunked
-        forward["compute_only_split"] = lambda: compute_chunked(layer, split)
+        # the parts' GEMM: see compute_chunked; columns: the whole batch's rows, the tail in column slices
+        forward["compute_only_split"] = (
+            (lambda: column_compute(layer, full, settings.chunks))
+            if settings.mode == "columns"
+            else (lambda: compute_chunked(layer, split))
+        )
     if settings.profile == "layer":
         forward = {"layer": forward["layer"]}
     return E2ECalls(

@@ -16,6 +16,7 @@ from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
 from moelab.core.routing import Routing, route_all
 from moelab.core.workload import Workload
 from moelab.measure.e2e.carveout import gemm_carveout
+from moelab.measure.e2e.columns import forward_column_pipelined
 from moelab.measure.e2e.layer import ExpertWeights, MoELayer, layer_tokens, local_expert_weights, output_grad
 from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.permute import resolve_permute
@@ -53,6 +54,8 @@ class LayerInputs:
         forward: Callable[..., torch.Tensor] = forward_pipelined
         if s.mode == "expert":
             forward = forward_expert_pipelined
+        elif s.mode == "columns":
+            forward = forward_column_pipelined
         elif s.comm == "hook":
             forward = forward_hooked
         with self.carved(), self.layer.parts():
@@ -99,6 +102,11 @@ class LayerInputs:
         s = self.settings
         if s.mode == "expert":
             return f"{s.chunks} expert groups, each group's communication beside another's GEMMs ({s.comm})"
+        if s.mode == "columns":
+            return (
+                f"the batch dispatched whole; the second GEMM, un-permute and combine in {s.chunks} hidden-column "
+                f"slices, each slice's combine beside the next slice's GEMM ({s.comm})"
+            )
         if s.comm == "hook":
             return f"{s.chunks} micro-batches on one stream, each receive a hook called after the GEMMs before it"
         return f"{s.chunks} micro-batches, communication beside compute ({s.comm})"

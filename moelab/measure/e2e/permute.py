@@ -185,9 +185,13 @@ class _UnpermuteFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        m: PairMap = ctx.m
-        grad_y = _gather(grad.contiguous(), m.pair_row, m.pair_weight(), ctx.impl)
-        return grad_y, None, None
+        return unpermute_grad(grad, ctx.m, ctx.impl), None, None
+
+
+def unpermute_grad(grad: torch.Tensor, m: PairMap, impl: str) -> torch.Tensor:
+    """The un-permute's backward: [R, H] row gradients -> [P, H] pair gradients, each its row's scaled by
+    the pair's routing weight (a schedule that runs its own backward calls it directly)."""
+    return _gather(grad.contiguous(), m.pair_row, m.pair_weight(), impl)
 
 
 def permute(x: torch.Tensor, m: PairMap, impl: str) -> torch.Tensor:
