@@ -21,7 +21,8 @@ protocol of this module:
   (a built-in definition, one of `library_figures`, or the test's `definitions` for one verify derives).
 - `tuning`: a `TuneSpace` instance, what `moelab tune` varies beyond schedules and SMs.
 - `DispatchAlongHandle`, `ChainedPairs`, `DefaultWorkload`, `HandleDispatchReason`: capabilities.
-- For the e2e layer's schedules (moelab.measure.e2e): `MaskedRouting` (expert-chunked), `ZeroSmComm`
+- For the e2e layer's schedules (moelab.measure.e2e): `MaskedRouting` (expert-chunked), `ColumnCombine`
+  (mode columns: combine and dispatch_with_handle on a column slice, `column_unit` wide), `ZeroSmComm`
   (comm = zero-sm), `RecvHook` (comm = hook), `ReusedReceiveBuffer` (says why several dispatches cannot be in
   flight), `BatchedLayout` with `PartLayouts` (every part's layout and pair counts from one host read) and
   `HostExpertCounts` (the fresh dispatch's own per-expert counts in `Dispatched.recv_expert_counts`).
@@ -44,6 +45,7 @@ from moelab.backends.base import (
 from moelab.backends.capabilities import (
     BatchedLayout,
     ChainedPairs,
+    ColumnCombine,
     DefaultWorkload,
     DispatchAlongHandle,
     HandleDispatchReason,
@@ -86,6 +88,7 @@ __all__ = [
     "CaseRecord",
     "CaseSpec",
     "ChainedPairs",
+    "ColumnCombine",
     "CommandContext",
     "Comparison",
     "DefaultWorkload",

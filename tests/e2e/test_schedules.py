@@ -249,6 +249,7 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     columns = next(c for c in ok if "mode=columns" in c)
     assert by[(columns, "speedup_vs_serial_fwd_bwd")] > 0 and by[(columns, "grad_w_rel_err")] < 0.05
     assert json.loads(records[columns])["e2e"]["schedule"] == "columns/4"
+    assert json.loads(records[columns])["e2e"]["wgrad"].startswith("columns: W2 once")
     # auto timed serial, tbo and the expert groups on the case's rows and ran the best; serial compared too
     auto = next(c for c in ok if "mode=auto" in c)
     e2e = json.loads(records[auto])["e2e"]

@@ -119,6 +119,8 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     if settings.backward and settings.compares_serial:  # how the check's backward took the weights' gradient
         how = inputs.layer.wgrad_how  # moelab.measure.e2e.wgrad
         e2e_record["wgrad"] = f"deferred, {how}" if how else "autograd, per part"
+        if settings.mode == "columns" and inputs.overlaps:  # one part: moelab.measure.e2e.columns
+            e2e_record["wgrad"] = "columns: W2 once over the slices side by side, W13 by autograd (whole)"
     if check["messages"]:
         reason = "; ".join(check["messages"])[:2000]
         return CaseRecord(
