@@ -70,9 +70,11 @@ def _ours(module: str) -> str:
     return str(Path(PACKAGE) / "measure" / "e2e" / module)
 
 
-@pytest.mark.parametrize("mode", ["tbo", "chunked", "expert"])
-@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "padded", "loop"])
-def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: str) -> None:
+def _loopback_case(
+    gemm: str,
+) -> tuple[torch.device, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, MoELayer]:
+    """A one-device layer over the loopback backend with random tokens, routing and output gradient
+    (skipped without CUDA, or without the grouped kernel where `gemm` needs it)."""
     device = _cuda()
     if gemm.startswith("grouped") and (
         not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability(device) < (9, 0)
@@ -84,7 +86,20 @@ def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: st
     w = torch.rand(TOKENS, TOPK, device=device, generator=g)
     gout = torch.randn(TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
     weights = local_expert_weights(0, 0, EXPERTS, HIDDEN, INTER, device, requires_grad=True)
-    layer = MoELayer(Loopback(), weights, EXPERTS, gemm, resolve_permute("auto", device))
+    return (
+        device,
+        x,
+        idx,
+        w,
+        gout,
+        MoELayer(Loopback(), weights, EXPERTS, gemm, resolve_permute("auto", device)),
+    )
+
+
+@pytest.mark.parametrize("mode", ["tbo", "chunked", "expert"])
+@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "padded", "loop"])
+def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: str) -> None:
+    device, x, idx, w, gout, layer = _loopback_case(gemm)
     fn = forward_expert_pipelined if mode == "expert" else forward_pipelined
     chunks = {"tbo": 2, "chunked": 3, "expert": 2}[mode]
     streams = Streams(device)
@@ -110,18 +125,7 @@ def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: st
 def test_column_layer_syncs_only_for_the_up_front_counts(gemm: str) -> None:
     """Mode columns, forward and its own backward (the slices' gradient dispatches and input-gradient GEMMs
     beside each other, the weight gradient once): no sync but the up-front pair counts."""
-    device = _cuda()
-    if gemm == "grouped" and (
-        not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability(device) < (9, 0)
-    ):
-        pytest.skip("torch._grouped_mm needs SM90 here")
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
-    idx = torch.argsort(torch.rand(TOKENS, EXPERTS, device=device, generator=g), dim=1)[:, :TOPK]
-    w = torch.rand(TOKENS, TOPK, device=device, generator=g)
-    gout = torch.randn(TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
-    weights = local_expert_weights(0, 0, EXPERTS, HIDDEN, INTER, device, requires_grad=True)
-    layer = MoELayer(Loopback(), weights, EXPERTS, gemm, resolve_permute("auto", device))
+    device, x, idx, w, gout, layer = _loopback_case(gemm)
     streams = Streams(device)
 
     def step() -> None:
