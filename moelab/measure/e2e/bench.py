@@ -152,7 +152,7 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
     with torch.no_grad():
         grouped = layer.dispatch(x, idx, w).grouped
         parts: list[Grouped] = []
-        if settings.mode in OVERLAPPED and settings.mode not in ("auto", "columns"):  # columns: whole rows
+        if settings.mode in OVERLAPPED and settings.mode != "auto":
             split = schedule_parts(x, idx, w, settings.mode, settings.chunks, layer.experts_per_rank)
             parts = [layer.dispatch(p.x, p.topk_idx, p.topk_weights).grouped for p in split]
     record: dict[str, Any] = {}
@@ -217,11 +217,7 @@ def op_calls(backend: Backend, inputs: LayerInputs, wl: Workload, rank: int) -> 
         full = layer.dispatch(x, idx, w)
         expert_out = layer.experts(full)
         g = full.grouped
-        parts = (  # columns computes on `full`: no parts of its own
-            []
-            if settings.mode == "columns"
-            else schedule_parts(x, idx, w, settings.mode, settings.chunks, wl.experts_per_rank)
-        )
+        parts = schedule_parts(x, idx, w, settings.mode, settings.chunks, wl.experts_per_rank)
         split = [layer.dispatch(p.x, p.topk_idx, p.topk_weights) for p in parts]
         ha, hb = chunk_bounds(wl.tokens_per_rank, 2)[0]  # micro-batch A of the two-batch overlap
         first = layer.dispatch(x[ha:hb], idx[ha:hb], w[ha:hb]).grouped

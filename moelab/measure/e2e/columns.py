@@ -21,7 +21,6 @@ permute, the dispatch's combine) is autograd's, as in the serial layer.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from moelab.measure.e2e.layer import Grouped, MoELayer, Received, grouped_matmul
 from moelab.measure.e2e.overlap import Streams
 from moelab.measure.e2e.permute import unpermute, unpermute_grad
 from moelab.measure.e2e.schedules import column_bounds, column_unit
+from moelab.measure.e2e.wgrad import grouped_wgrad
 
 
 def column_gemm(layer: MoELayer, pairs: int) -> str:
@@ -118,7 +118,7 @@ def tail_backward(
 def _weight_grad(t: Tail, a: torch.Tensor, dy: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """[E, I, H]: per expert, its rows of a transposed times its rows of dy."""
     if t.impl == "grouped":
-        return torch._grouped_mm(a.t(), dy, offs=t.grouped.offsets)
+        return grouped_wgrad(a, dy, t.grouped.offsets)
     ends = t.ends if t.ends is not None else t.grouped.offsets.tolist()
     out = torch.zeros_like(w2)
     for e, (lo, hi) in enumerate(zip([0, *ends[:-1]], ends, strict=True)):
@@ -157,8 +157,7 @@ def slices(layer: MoELayer, chunks: int) -> list[tuple[int, int]]:
 
 def _tail(layer: MoELayer, received: Received, chunks: int, streams: Streams) -> tuple[Tail, torch.Tensor]:
     g = received.grouped
-    counts = g.map.host_counts
-    ends = None if counts is None else list(itertools.accumulate(counts))
+    ends = g.host_ends()
     impl = column_gemm(layer, g.num_pairs)
     t = Tail(layer, g, received.handle, slices(layer, chunks), streams, impl, ends)
     return t, head(layer, g, impl, ends)

@@ -299,6 +299,12 @@ class Grouped:
         """Every tensor the expert compute reads (handed over between streams)."""
         return (self.x, self.offsets, *self.map.tensors())
 
+    def host_ends(self) -> list[int] | None:
+        """The offsets on the host where the grouping was given the counts up front (the loop's sizes
+        without a sync), else None."""
+        counts = self.map.host_counts
+        return None if counts is None else list(itertools.accumulate(counts))
+
 
 @dataclass(slots=True)
 class Received:
@@ -584,8 +590,7 @@ class MoELayer:
 
     def ffn(self, g: Grouped) -> torch.Tensor:
         """The grouped GEMMs and activation of already-grouped rows: [P, H]."""
-        counts = g.map.host_counts
-        ends = None if counts is None else list(itertools.accumulate(counts))
+        ends = g.host_ends()
         deferred = self.deferred if g.num_pairs else None  # a part with no rows: autograd's own (zero)
         return swiglu_ffn(
             g.x, g.offsets, self.weights, self.gemm, self.permute, g.map.max_group, ends, deferred

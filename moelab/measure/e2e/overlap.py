@@ -198,7 +198,10 @@ def schedule_parts(
     chunks: int,
     experts_per_rank: int,
 ) -> list[Part]:
-    """The parts an overlapped schedule computes: `chunks` expert groups in mode expert, else token chunks."""
+    """The parts an overlapped schedule computes: `chunks` expert groups in mode expert, none in mode columns
+    (it computes on the whole batch's rows: moelab.measure.e2e.columns), else token chunks."""
+    if mode == "columns":
+        return []
     if mode == "expert":
         return expert_parts(x, topk_idx, topk_weights, experts_per_rank, chunks)
     return token_parts(x, topk_idx, topk_weights, chunks)

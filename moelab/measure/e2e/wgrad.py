@@ -54,7 +54,7 @@ class PartRows:
         return sum(self.rows * t.shape[1] * t.element_size() for t in kept)
 
 
-def _grouped_wgrad(x: torch.Tensor, g: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def grouped_wgrad(x: torch.Tensor, g: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """[E, K, N]: per expert, its rows of x [P, K] transposed times its rows of g [P, N]."""
     return torch._grouped_mm(x.t(), g, offs=offsets)
 
@@ -116,7 +116,7 @@ class DeferredWgrad:
             return torch.bmm(p.x.transpose(1, 2), p.dh), torch.bmm(p.a.transpose(1, 2), p.dy)
         assert p.offsets is not None
         r = p.rows
-        return _grouped_wgrad(p.x[:r], p.dh[:r], p.offsets), _grouped_wgrad(p.a[:r], p.dy[:r], p.offsets)
+        return grouped_wgrad(p.x[:r], p.dh[:r], p.offsets), grouped_wgrad(p.a[:r], p.dy[:r], p.offsets)
 
     def _merged(self) -> tuple[torch.Tensor, torch.Tensor]:
         parts = self.parts
@@ -142,7 +142,7 @@ class DeferredWgrad:
 
         x, a = gathered([p.x for p in parts]), gathered([p.a for p in parts])
         dh, dy = gathered([p.dh for p in parts]), gathered([p.dy for p in parts])
-        return _grouped_wgrad(x, dh, offsets), _grouped_wgrad(a, dy, offsets)
+        return grouped_wgrad(x, dh, offsets), grouped_wgrad(a, dy, offsets)
 
 
 class _TieWeights(torch.autograd.Function):
