@@ -3,12 +3,16 @@
     python benchmarks/grouped_gemm_gpu.py                 # one GPU, about a minute
     python benchmarks/grouped_gemm_gpu.py --json out.json
     python benchmarks/grouped_gemm_gpu.py --tiny          # CPU smoke run, tiny shapes
+    python benchmarks/grouped_gemm_gpu.py --backward      # also forward+backward (3x the FLOPs)
 
 For the DeepSeek-V3, Qwen3-235B-A22B and reference shapes at EP = 2 and 4 (rank 0's local experts and the
 (token, expert) pairs moelab's uniform routing gives them, 4096 tokens per rank, topk 8), it times the
-SwiGLU expert FFN (fc1 [H, 2I], SwiGLU, fc2 [I, H]: 6 x pairs x H x I FLOPs) with each implementation:
+SwiGLU expert FFN (fc1 [H, 2I], SwiGLU, fc2 [I, H]: 6 x pairs x H x I FLOPs; the activation is moelab's
+Triton kernel on CUDA, as in the layer, and fused into the first GEMM by `triton`) with each implementation:
 
 - grouped: torch._grouped_mm, bf16 (the CUTLASS grouped kernel on SM90), moelab's `gemm = grouped`;
+- triton: moelab's Triton grouped GEMM (moelab.measure.e2e.grouped_gemm), the activation in the first
+  GEMM's epilogue, `gemm = triton`;
 - padded: one torch.bmm per projection over the experts padded to the largest group, `gemm = padded`
   (FLOPs counted are the useful ones: padding rows are overhead);
 - loop: one matmul per expert, `gemm = loop`;
@@ -24,6 +28,7 @@ ran (torch.profiler, one call each).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -37,6 +42,7 @@ from moelab.core.models import MODELS
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
 from moelab.measure.e2e.gemm_choice import gemm_kernels
+from moelab.measure.e2e.grouped_gemm import unavailable_reason
 from moelab.measure.e2e.layer import ExpertWeights, swiglu_ffn
 from moelab.measure.e2e.permute import pair_map
 
@@ -142,6 +148,28 @@ def fp8_variant(
     return run, "GEMMs only, operands pre-quantised (quantisation not timed)"
 
 
+def train_step(
+    x: torch.Tensor, weights: ExpertWeights, offsets: torch.Tensor, impl: str, act: str, max_group: int
+) -> Callable[[], object]:
+    """One forward+backward of the FFN with the weights and input taking gradients."""
+    w = ExpertWeights(
+        w13=weights.w13.detach().requires_grad_(True),
+        w2=weights.w2.detach().requires_grad_(True),
+        first_expert=0,
+    )
+    xg = x.detach().requires_grad_(True)
+    grad = torch.ones_like(x)
+
+    def step() -> object:
+        xg.grad = None
+        w.zero_grad()
+        y = swiglu_ffn(xg, offsets, w, impl, act, max_group=max_group)
+        y.backward(grad)
+        return y
+
+    return step
+
+
 def bench_shape(
     name: str,
     hidden: int,
@@ -151,6 +179,7 @@ def bench_shape(
     device: torch.device,
     dense: float,
     tokens: int = TOKENS,
+    backward: bool = False,
 ) -> list[Row]:
     wl = Workload(
         hidden=hidden, tokens_per_rank=tokens, topk=TOPK, experts_per_rank=epr, routing=RoutingSpec(seed=0)
@@ -177,24 +206,33 @@ def bench_shape(
     rows = []
     want = None
     variants: dict[str, tuple[Callable[[], object] | None, str]] = {}
-    for impl in ("loop", "grouped", "padded"):
+    triton_reason = unavailable_reason(device, hidden, inter)
+    act = "triton" if device.type == "cuda" else "torch"  # the layer's activation (moelab's kernel on CUDA)
+    for impl in ("loop", "grouped", "triton", "padded"):
         if impl == "grouped" and not hasattr(torch, "_grouped_mm"):
             variants[impl] = (None, "no torch._grouped_mm")
             continue
+        if impl == "triton" and triton_reason:
+            variants[impl] = (None, triton_reason)
+            continue
         variants[impl] = (
-            (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, max_group=m.max_group)),
+            (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, act, max_group=m.max_group)),
             "",
         )
     variants["fp8-grouped"] = fp8_variant(x, weights, offsets)
+    if backward:  # forward+backward of the FFN: input and weight gradients (FLOPs: 3x forward)
+        for impl in ("grouped", "triton"):
+            if variants[impl][0] is not None:
+                variants[f"{impl}+bwd"] = (train_step(x, weights, offsets, impl, act, m.max_group), "")
     for variant, (fn, note) in variants.items():
         if fn is None:
             rows.append(
                 Row(**base, variant=variant, us=None, tflops=None, pct_dense=None, kernels="", note=note)
             )
             continue
-        with torch.no_grad():
+        with torch.no_grad() if not variant.endswith("+bwd") else contextlib.nullcontext():
             out = fn()
-            if variant in ("loop", "grouped", "padded"):
+            if variant in ("loop", "grouped", "triton", "padded"):
                 if want is None:
                     want = out.float()
                 else:
@@ -203,8 +241,8 @@ def bench_shape(
                     if err > 2e-2:
                         note = f"WRONG: rel err vs loop {err:.2e}"
             t = median_us(fn, device)
-            kernels = "; ".join(k[:70] for k in gemm_kernels(fn)[:2])
-        tf = flops / (t * 1e-6) / 1e12
+            kernels = "" if variant.endswith("+bwd") else "; ".join(k[:70] for k in gemm_kernels(fn)[:2])
+        tf = (3 if variant.endswith("+bwd") else 1) * flops / (t * 1e-6) / 1e12
         rows.append(
             Row(
                 **base,
@@ -223,6 +261,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny shapes")
     ap.add_argument("--json", type=Path, help="write every row here")
+    ap.add_argument("--backward", action="store_true", help="also time forward+backward (grouped, triton)")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     t0 = time.time()
@@ -234,7 +273,9 @@ def main() -> None:
     )
     rows: list[Row] = []
     for shape in shapes(args.tiny):
-        rows += bench_shape(*shape, device=device, dense=dense, tokens=64 if args.tiny else TOKENS)
+        rows += bench_shape(
+            *shape, device=device, dense=dense, tokens=64 if args.tiny else TOKENS, backward=args.backward
+        )
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the shape's weights are gone: the next one gets the memory
     head = f"{'shape':16} {'EP':>2} {'E/rank':>6} {'rows/E':>7} {'max':>5} {'variant':12} {'us':>9} {'TF/s':>6} {'%dense':>6}  kernel / note"
@@ -257,6 +298,7 @@ def main() -> None:
                 and r.ep == ep
                 and r.pct_dense is not None
                 and r.variant != "fp8-grouped"
+                and not r.variant.endswith("+bwd")
                 and "WRONG" not in r.note
             ]
             if not cand:

@@ -48,10 +48,14 @@ COLUMN_ALIGN = 8  # mode columns slices the hidden size in multiples of 8 (16-by
 COMMS = ("shared", "partition", "zero-sm", "hook")
 NO_SM_COMMS = ("zero-sm", "hook")  # the communication holds no SM while the GEMMs run: no carve-out
 PROFILES = ("full", "layer")
-GEMM_IMPLS = ("auto", "grouped", "grouped-wide", "padded", "loop")
+GEMM_IMPLS = ("auto", "grouped", "grouped-wide", "triton", "padded", "loop")
 # torch._grouped_mm's CUTLASS tiles on SM90, by the schedule word in the kernel's name: how the record and
 # the report name the tile a GEMM ran (moelab.measure.e2e.gemm_choice.gemm_kernels)
-GEMM_TILES = {"Pingpong": "64x128x128 ping-pong", "Cooperative": "128x256x64 cooperative"}
+GEMM_TILES = {
+    "Pingpong": "64x128x128 ping-pong",
+    "Cooperative": "128x256x64 cooperative",
+    "triton_grouped_gemm": "128x256x64 Triton, 64-row last tiles",
+}
 DEFAULT_CHUNKS = 4
 INTERMEDIATE_DIVISOR = 4
 
@@ -96,7 +100,7 @@ class E2ESettings:
     chunks: int  # 1 in serial mode
     intermediate: int
     backward: bool
-    gemm: str  # as asked: auto / grouped / grouped-wide / padded / loop
+    gemm: str  # as asked: auto / grouped / grouped-wide / triton / padded / loop
     profile: str = "full"  # "layer": time the layer alone (moelab tune's early rounds)
     carveout: int = 0  # SMs the expert GEMMs leave free in the overlapped modes (moelab.measure.e2e.carveout)
     comm: str = "shared"  # where the communication runs (COMMS)

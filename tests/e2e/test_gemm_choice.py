@@ -67,7 +67,7 @@ def test_gemm_knob_takes_padded_and_refuses_the_unknown() -> None:
     assert E2ESpec(gemm="padded").resolve(wl).gemm == "padded"
     assert resolve_gemm("padded", torch.device("cpu"), 64, 16) == "padded"
     with pytest.raises(
-        SpecError, match="e2e knob gemm must be one of auto, grouped, grouped-wide, padded, loop"
+        SpecError, match="e2e knob gemm must be one of auto, grouped, grouped-wide, triton, padded, loop"
     ):
         E2ESpec(gemm="fp4")
 
@@ -84,7 +84,7 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "gg.json"
     done = subprocess.run(
-        [sys.executable, "benchmarks/grouped_gemm_gpu.py", "--tiny", "--json", str(out)],
+        [sys.executable, "benchmarks/grouped_gemm_gpu.py", "--tiny", "--backward", "--json", str(out)],
         cwd=root,
         env=os.environ | {"PYTHONPATH": str(root)},
         capture_output=True,
@@ -94,8 +94,12 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     variants = {r["variant"] for r in rows}
-    assert variants == {"loop", "grouped", "padded", "fp8-grouped"}
+    assert variants == {"loop", "grouped", "triton", "padded", "fp8-grouped", "grouped+bwd"}
     assert all("WRONG" not in r["note"] for r in rows)
+    # the Triton GEMM is said unavailable on the CPU, with why, not timed
+    assert [(r["us"], r["note"]) for r in rows if r["variant"] == "triton"] == [
+        (None, "the Triton grouped GEMM runs on CUDA only")
+    ] * 2
     assert all(r["us"] is not None for r in rows if r["variant"] in ("loop", "padded"))
     assert "kernel / note" in done.stdout
 
@@ -150,6 +154,7 @@ def test_gemm_tile_reads_the_cutlass_schedule_off_the_kernel_name() -> None:
         gemm_tile("_ZN7cutlass...KernelPtrArrayTmaWarpSpecializedCooperativeE...") == "128x256x64 cooperative"
     )
     assert gemm_tile("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == ""
+    assert gemm_tile("triton_grouped_gemm") == "128x256x64 Triton, 64-row last tiles"
 
 
 def test_auto_times_grouped_wide_only_where_a_batch_would_take_the_narrow_tile() -> None:
@@ -164,6 +169,8 @@ def test_auto_times_grouped_wide_only_where_a_batch_would_take_the_narrow_tile()
         "grouped-wide",
         "padded",
     )
+    # moelab's Triton GEMM where it can run (gemm_choice.triton_runs: CUDA, SM90+, TMA, aligned rows)
+    assert candidates([batch(32768)], 128, triton=True) == ("grouped", "triton", "padded")
 
 
 def test_gemm_knob_takes_grouped_wide() -> None:

@@ -97,7 +97,7 @@ def _loopback_case(
 
 
 @pytest.mark.parametrize("mode", ["tbo", "chunked", "expert"])
-@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "padded", "loop"])
+@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "triton", "padded", "loop"])
 def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: str) -> None:
     device, x, idx, w, gout, layer = _loopback_case(gemm)
     fn = forward_expert_pipelined if mode == "expert" else forward_pipelined
@@ -121,7 +121,7 @@ def test_overlapped_layer_syncs_only_for_the_up_front_counts(mode: str, gemm: st
     )  # the detector sees the old per-micro-batch read
 
 
-@pytest.mark.parametrize("gemm", ["grouped", "loop"])
+@pytest.mark.parametrize("gemm", ["grouped", "triton", "loop"])
 def test_column_layer_syncs_only_for_the_up_front_counts(gemm: str) -> None:
     """Mode columns, forward and its own backward (the slices' gradient dispatches and input-gradient GEMMs
     beside each other, the weight gradient once): no sync but the up-front pair counts."""

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from moelab.measure.e2e.activation import swiglu
+from moelab.measure.e2e.grouped_gemm import triton_grouped_swiglu
 from moelab.measure.e2e.layer import Grouped, MoELayer, Received, grouped_matmul
 from moelab.measure.e2e.overlap import Streams
 from moelab.measure.e2e.permute import unpermute, unpermute_grad
@@ -37,9 +38,11 @@ from moelab.measure.e2e.wgrad import grouped_wgrad
 
 def column_gemm(layer: MoELayer, pairs: int) -> str:
     """The GEMM the schedule runs: the grouped kernel wherever the layer's is grouped, grouped-wide or
-    padded (the whole batch's rows per expert: the wide tile already), the loop where the layer's is or
-    no pair landed (torch's grouped backward refuses empty rows)."""
-    return "loop" if layer.gemm == "loop" or pairs == 0 else "grouped"
+    padded (the whole batch's rows per expert: the wide tile already), the Triton one where the layer's
+    is, the loop where the layer's is or no pair landed (torch's grouped backward refuses empty rows)."""
+    if layer.gemm == "loop" or pairs == 0:
+        return "loop"
+    return "triton" if layer.gemm == "triton" else "grouped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,7 @@ class Tail:
     ends: list[int] | None  # the grouping's offsets on the host, where known (the loop's sizes)
 
     def gemm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return grouped_matmul(x, w, self.grouped.offsets, self.impl, self.ends)
+        return grouped_matmul(x, w, self.grouped.offsets, self.impl, self.ends, self.grouped.map.max_group)
 
 
 def tail_forward(t: Tail, a: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -117,7 +120,7 @@ def tail_backward(
 
 def _weight_grad(t: Tail, a: torch.Tensor, dy: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """[E, I, H]: per expert, its rows of a transposed times its rows of dy."""
-    if t.impl == "grouped":
+    if t.impl in ("grouped", "triton"):
         return grouped_wgrad(a, dy, t.grouped.offsets)
     ends = t.ends if t.ends is not None else t.grouped.offsets.tolist()
     out = torch.zeros_like(w2)
@@ -142,8 +145,11 @@ class _TailFn(torch.autograd.Function):
 
 
 def head(layer: MoELayer, g: Grouped, impl: str, ends: list[int] | None) -> torch.Tensor:
-    """The first GEMM and the activation of every pair: [P, I] (autograd records them where it records)."""
-    h = grouped_matmul(g.x, layer.weights.w13, g.offsets, impl, ends)
+    """The first GEMM and the activation of every pair: [P, I] (autograd records them where it records;
+    the Triton GEMM fuses the activation)."""
+    if impl == "triton":
+        return triton_grouped_swiglu(g.x, layer.weights.w13, g.offsets, g.map.max_group)
+    h = grouped_matmul(g.x, layer.weights.w13, g.offsets, impl, ends, g.map.max_group)
     return swiglu(h, layer.permute)
 
 

@@ -1,7 +1,8 @@
 """Which expert-GEMM implementation a case runs, and which kernels it launched.
 
 `gemm = auto` on a GPU with torch._grouped_mm times the candidates (the grouped CUTLASS kernel, the same
-with its wide tile forced, and the padded batched matmul; moelab.measure.e2e.layer) on the whole batch,
+with its wide tile forced, moelab's Triton grouped GEMM where it can run
+(moelab.measure.e2e.grouped_gemm), and the padded batched matmul; moelab.measure.e2e.layer) on the whole batch,
 and apart on the parts of an overlapped schedule (each micro-batch or expert group, summed: the layer's
 `part_gemm`), a few calls each, and keeps the fastest by the slowest rank's time, so every rank runs the
 same one. At 128+ experts per rank each expert has a few hundred rows, where the grouped kernel's tiles
@@ -22,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from moelab.core.e2e_spec import GEMM_TILES
+from moelab.measure.e2e.grouped_gemm import unavailable_reason
 from moelab.measure.e2e.layer import Grouped, MoELayer, wide_tile_pad
 
-CANDIDATES = ("grouped", "grouped-wide", "padded")
+CANDIDATES = ("grouped", "grouped-wide", "triton", "padded")
 TRIALS = 3
 KERNEL_WORDS = ("gemm", "cutlass", "xmma", "sm90", "bmm", "matmul", "nvjet")
 
@@ -48,11 +50,18 @@ def _time_us(fn: Callable[[], object], iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def candidates(batches: Sequence[Grouped], experts: int) -> tuple[str, ...]:
+def candidates(batches: Sequence[Grouped], experts: int, triton: bool = False) -> tuple[str, ...]:
     """The implementations worth timing on `batches`: grouped-wide only where some batch averages few enough
-    rows per expert for torch's narrow tile (elsewhere it is the grouped kernel itself)."""
+    rows per expert for torch's narrow tile (elsewhere it is the grouped kernel itself); triton where
+    moelab's Triton grouped GEMM can run (`triton`)."""
     wide = any(wide_tile_pad(g.num_pairs, experts) for g in batches)
-    return tuple(c for c in CANDIDATES if c != "grouped-wide" or wide)
+    return tuple(c for c in CANDIDATES if (c != "grouped-wide" or wide) and (c != "triton" or triton))
+
+
+def triton_runs(layer: MoELayer) -> bool:
+    """moelab's Triton grouped GEMM can run the layer's GEMMs (moelab.measure.e2e.grouped_gemm)."""
+    w = layer.weights
+    return unavailable_reason(w.w13.device, int(w.w13.shape[1]), w.intermediate) is None
 
 
 def choose_gemm(layer: MoELayer, batches: Sequence[Grouped], group: Any, world: int) -> GemmChoice:
@@ -61,7 +70,7 @@ def choose_gemm(layer: MoELayer, batches: Sequence[Grouped], group: Any, world: 
     mine: dict[str, float] = {}
     before = layer.gemm
     with torch.no_grad():
-        for impl in candidates(batches, layer.experts_per_rank):
+        for impl in candidates(batches, layer.experts_per_rank, triton_runs(layer)):
             layer.gemm = impl
             mine[impl] = sum(_time_us(functools.partial(layer.ffn, g), TRIALS) for g in batches)
     layer.gemm = before

@@ -55,6 +55,7 @@ from moelab.backends.capabilities import (
 from moelab.core.e2e_spec import GEMM_IMPLS
 from moelab.core.errors import SpecError
 from moelab.measure.e2e.activation import swiglu
+from moelab.measure.e2e.grouped_gemm import triton_grouped_mm, triton_grouped_swiglu, unavailable_reason
 from moelab.measure.e2e.pair_counts import start_pair_counts
 from moelab.measure.e2e.permute import PairMap, pair_map, permute, unpermute
 from moelab.measure.e2e.wgrad import DEFERRED_IMPLS, DeferredWgrad
@@ -164,9 +165,15 @@ def local_expert_weights(
 
 def resolve_gemm(requested: str, device: torch.device, hidden: int, intermediate: int) -> str:
     """ "grouped" (torch._grouped_mm) or "loop" (one matmul per expert). auto: grouped on CUDA SM90+ with
-    aligned dims, where torch routes bf16 to its CUTLASS grouped kernel; the loop elsewhere."""
+    aligned dims, where torch routes bf16 to its CUTLASS grouped kernel; the loop elsewhere. "triton"
+    (moelab.measure.e2e.grouped_gemm) where it can run, else refused with the reason."""
     if requested not in GEMM_IMPLS:
         raise SpecError(f"gemm must be one of {', '.join(GEMM_IMPLS)}, got {requested!r}")
+    if requested == "triton":
+        reason = unavailable_reason(device, hidden, intermediate)
+        if reason is not None:
+            raise SpecError(f"gemm = triton: {reason}")
+        return requested
     has_grouped = hasattr(torch, "_grouped_mm")
     if requested in ("grouped", "grouped-wide"):
         if not has_grouped:
@@ -209,13 +216,29 @@ def wide_tile_pad(rows: int, groups: int) -> int:
     return (NARROW_TILE_MAX_ROWS + 1) * groups - rows
 
 
+def largest_group(x: torch.Tensor, offsets: torch.Tensor, ends: Sequence[int] | None, max_group: int) -> int:
+    """The largest group's rows: `max_group` where given, else from the host's ends, else read (a sync)."""
+    if max_group or not x.shape[0]:
+        return max_group
+    bounds = list(ends) if ends is not None else offsets.tolist()
+    return max(hi - lo for lo, hi in zip([0, *bounds[:-1]], bounds, strict=True))
+
+
 def grouped_matmul(
-    x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, impl: str, ends: Sequence[int] | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    impl: str,
+    ends: Sequence[int] | None = None,
+    max_group: int = 0,
 ) -> torch.Tensor:
     """x [P, K] rows sorted by group, w [G, K, N], offsets [G] int32 cumulative row ends -> [P, N]. `ends`:
-    the same offsets where the host has them (the loop then needs no host sync)."""
+    the same offsets where the host has them (the loop then needs no host sync). `max_group`: the largest
+    group's rows (the Triton kernel's grid; read here, one host sync, where not given)."""
     if impl == "grouped":
         return torch._grouped_mm(x, w, offs=offsets)
+    if impl == "triton":
+        return triton_grouped_mm(x, w, offsets, largest_group(x, offsets, ends, max_group))
     if ends is None:
         ends = offsets.tolist()  # host sync: the loop needs the group sizes on the host
     outs, start = [], 0
@@ -235,8 +258,8 @@ def swiglu_ffn(
     ends: Sequence[int] | None = None,
     deferred: DeferredWgrad | None = None,
 ) -> torch.Tensor:
-    """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's): expert-sorted rows
-    [P, H] -> [P, H]. `ends`: the offsets on the host, where known (the loop's sizes). `deferred`: an
+    """The grouped GEMMs and the activation (`act`: "triton" fused, else torch's; `impl` triton fuses it
+    into the first GEMM): expert-sorted rows [P, H] -> [P, H]. `ends`: the offsets on the host, where known (the loop's sizes). `deferred`: an
     overlapped forward's parts, whose weight gradient is computed once for all of them (grouped and
     padded GEMMs; moelab.measure.e2e.wgrad)."""
     w13, w2 = weights.w13, weights.w2
@@ -257,7 +280,7 @@ def swiglu_ffn(
         if deferred is not None:
             deferred.keep(padded, h3, a, y, None, 0)
         return y.view(experts * max_group, -1).index_select(0, index)
-    if impl in ("grouped", "grouped-wide") and x.shape[0] == 0:
+    if impl in ("grouped", "grouped-wide", "triton") and x.shape[0] == 0:
         impl = "loop"  # no pairs on this rank (skewed routing): torch's grouped backward refuses empty rows
     rows, pad = x.shape[0], 0
     if impl == "grouped-wide":
@@ -267,13 +290,19 @@ def swiglu_ffn(
         impl, pad = "grouped", wide_tile_pad(rows, w13.shape[0])
         if pad:
             x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    if impl != "grouped":
+    if impl not in ("grouped", "triton"):
         deferred = None  # the loop: autograd's own weight gradient
+    if impl == "triton" and deferred is None:
+        # the first GEMM and the activation in one kernel: h is written only where backward needs it
+        # (a deferred weight gradient reads h's gradient off a hook on h: the unfused path below)
+        max_group = largest_group(x, offsets, ends, max_group)
+        a = triton_grouped_swiglu(x, w13, offsets, max_group)
+        return triton_grouped_mm(a, w2, offsets, max_group)
     if deferred is not None:
         x, w13, w2 = deferred.weights(x)
-    h = grouped_matmul(x, w13, offsets, impl, ends)
+    h = grouped_matmul(x, w13, offsets, impl, ends, max_group)
     a = swiglu(h, act)
-    y = grouped_matmul(a, w2, offsets, impl, ends)
+    y = grouped_matmul(a, w2, offsets, impl, ends, max_group)
     if deferred is not None:
         deferred.keep(x, h, a, y, offsets, rows)
     return y[:rows] if pad else y
@@ -479,7 +508,7 @@ class MoELayer:
         """Around an overlapped schedule's forward of `parts` parts: where autograd records it (the weights
         take gradients) and the parts' GEMM is grouped or padded, their weight gradient is computed once,
         after the last part's backward (moelab.measure.e2e.wgrad)."""
-        impl = "grouped" if self.gemm == "grouped-wide" else self.gemm
+        impl = "grouped" if self.gemm in ("grouped-wide", "triton") else self.gemm  # the same rows in groups
         w = self.weights
         if parts < 2 or impl not in DEFERRED_IMPLS or not (torch.is_grad_enabled() and w.w13.requires_grad):
             yield None

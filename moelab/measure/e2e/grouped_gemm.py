@@ -1,0 +1,207 @@
+"""The expert GEMMs as moelab's own Triton grouped GEMM (`gemm = triton`; kernel and why it is faster in
+moelab.measure.e2e.grouped_gemm_jit), forward and backward.
+
+Forward and the input gradient run the Triton kernel (the input gradient on the weights transposed, read
+in place); the weight gradient is torch._grouped_mm's reduction over each group's rows
+(moelab.measure.e2e.wgrad.grouped_wgrad), as for `gemm = grouped`. The grid needs the largest group's
+rows, which the grouping reads in the same host sync as the pair count (PairMap.max_group): no sync here.
+
+triton is imported on first use, never at import; `unavailable_reason` says why a case cannot take this
+path (no CUDA, no triton or no TMA, rows not 16-byte aligned), and `gemm = triton` is refused with it
+before any kernel runs. Setting triton's interpreter (TRITON_INTERPRET=1) runs the kernel on the CPU, which
+is how the tests check it (in float16 and float32: the interpreter's bfloat16 dot is wrong).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from moelab.measure.e2e.wgrad import grouped_wgrad
+
+BLOCKS = (128, 256, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
+SWIGLU_BLOCKS = (128, 128, 64)  # the fused first GEMM: 128 gate and 128 up columns per tile
+INTERPRETED_BLOCKS = (32, 32, 16)  # under triton's interpreter (CPU tests)
+INTERPRETED_SWIGLU_BLOCKS = (32, 16, 16)
+INTERPRETED_OPTIONS = {"HALF_TAIL": True}  # the interpreter runs the plain kernel: no autotuned options
+ALIGN = 8  # TMA: every stride but the last a multiple of 16 bytes (8 bf16 elements)
+
+
+@functools.cache
+def _jit() -> ModuleType:
+    return importlib.import_module("moelab.measure.e2e.grouped_gemm_jit")
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _tma_reason() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    try:
+        importlib.import_module("triton.tools.tensor_descriptor")
+    except ImportError:
+        return "this triton has no tensor descriptors (TMA; triton >= 3.4)"
+    return None
+
+
+def unavailable_reason(device: torch.device, hidden: int, intermediate: int) -> str | None:
+    """None where the layer's GEMMs can run this kernel, else why not."""
+    reason = _tma_reason()
+    if reason is not None:
+        return reason
+    if device.type != "cuda":  # its CPU interpreter runs the tests, but its bfloat16 dot is wrong
+        return "the Triton grouped GEMM runs on CUDA only"
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        return "the Triton grouped GEMM reads through TMA descriptors: SM90 (Hopper) or newer"
+    if hidden % ALIGN or intermediate % ALIGN:
+        return f"hidden and intermediate must be multiples of {ALIGN} (TMA wants 16-byte aligned rows)"
+    return None
+
+
+def _blocks(swiglu: bool) -> tuple[int, int, int]:
+    if _interpreted():
+        return INTERPRETED_SWIGLU_BLOCKS if swiglu else INTERPRETED_BLOCKS
+    return SWIGLU_BLOCKS if swiglu else BLOCKS
+
+
+def _launch(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    offsets: torch.Tensor,
+    max_group: int,
+    swiglu: bool = False,
+    keep_h: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """a [P, K] rows sorted by group, w [E, K, N] (any layout with one unit stride in its last two dims),
+    offsets [E] int32 cumulative row ends, max_group the largest group's rows -> ([P, N] in a's dtype,
+    None). `swiglu`: w is W13 [E, K, 2I] and the first output the activation [P, I]; the second, with
+    `keep_h`, the GEMM's own output h [P, 2I] (what the activation's backward reads)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    k = _jit()
+    trans = w.stride(2) != 1  # a transposed view of [E, N, K]: read in place, used transposed
+    base = w.transpose(1, 2) if trans else w
+    if base.stride(2) != 1:
+        base = base.contiguous()
+    rows, kr = a.shape
+    experts, n = int(w.shape[0]), int(w.shape[2]) // (2 if swiglu else 1)
+    out = a.new_empty(rows, n)
+    h = a.new_empty(rows, 2 * n) if swiglu and keep_h else None
+    if rows == 0 or n == 0 or experts == 0 or max_group == 0:
+        return out, h
+    if kr == 0:
+        return out.zero_(), (h.zero_() if h is not None else None)
+    a = a.contiguous()
+    bm, bn, bk = _blocks(swiglu)
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
+    w_desc = TensorDescriptor.from_tensor(base, [1, bn, bk] if trans else [1, bk, bn])
+    row_tiles, col_tiles = k.cdiv(max_group, bm), k.cdiv(n, bn)
+    kernel, options = (
+        (k.triton_grouped_gemm, INTERPRETED_OPTIONS) if _interpreted() else (k.triton_grouped_gemm_tuned, {})
+    )
+    kernel[(experts * col_tiles * row_tiles,)](
+        a_desc,
+        a_half,
+        w_desc,
+        out,
+        h if h is not None else out,
+        offsets,
+        row_tiles,
+        col_tiles,
+        N=n,
+        KR=int(kr),
+        TRANS_W=trans,
+        SWIGLU=swiglu,
+        KEEP_H=h is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        **options,
+    )
+    return out, h
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, max_group: int
+    ) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, w, offsets)
+        ctx.max_group = max_group
+        return _launch(a, w, offsets, max_group)[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        a, w, offsets = ctx.saved_tensors
+        return (*_input_and_weight_grads(ctx, a, w, offsets, grad.contiguous()), None, None)
+
+
+def _input_and_weight_grads(
+    ctx: Any, a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The GEMM's input gradient (the kernel on the weights transposed) and weight gradient (torch's
+    reduction over each group's rows), each where autograd asks for it."""
+    da = _launch(grad, w.transpose(1, 2), offsets, ctx.max_group)[0] if ctx.needs_input_grad[0] else None
+    dw = grouped_wgrad(a, grad, offsets).to(w.dtype) if ctx.needs_input_grad[1] else None
+    return da, dw
+
+
+class _GroupedSwiGLU(torch.autograd.Function):
+    """a = swiglu(x @ W13) per group in one kernel; backward: the activation's gradient (moelab's Triton
+    kernel, or torch's ops), then the GEMM's."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, w13: torch.Tensor, offsets: torch.Tensor, max_group: int
+    ) -> torch.Tensor:  # type: ignore[override]
+        a, h = _launch(x, w13, offsets, max_group, swiglu=True, keep_h=True)
+        ctx.save_for_backward(x, w13, offsets, h)
+        ctx.max_group = max_group
+        return a
+
+    @staticmethod
+    def backward(ctx: Any, grad_a: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        x, w13, offsets, h = ctx.saved_tensors
+        grad_h = _swiglu_backward(h, grad_a.contiguous())
+        return (*_input_and_weight_grads(ctx, x, w13, offsets, grad_h), None, None)
+
+
+def _swiglu_backward(h: torch.Tensor, grad_a: torch.Tensor) -> torch.Tensor:
+    if h.is_cuda:
+        from moelab.measure.e2e import triton_kernels
+
+        return triton_kernels.swiglu_backward(h, grad_a)
+    hg = h.detach().float().requires_grad_(True)  # the interpreter's tests: torch's own gradient
+    inter = h.shape[1] // 2
+    with torch.enable_grad():  # backward runs with grad mode off
+        (torch.nn.functional.silu(hg[:, :inter]) * hg[:, inter:]).backward(grad_a.float())
+    assert hg.grad is not None
+    return hg.grad.to(h.dtype)
+
+
+def triton_grouped_mm(
+    a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, max_group: int
+) -> torch.Tensor:
+    """torch._grouped_mm(a, w, offs=offsets) through the Triton kernel, with autograd."""
+    if torch.is_grad_enabled() and (a.requires_grad or w.requires_grad):
+        return _GroupedMM.apply(a, w, offsets, max_group)  # type: ignore[no-any-return]
+    return _launch(a, w, offsets, max_group)[0]
+
+
+def triton_grouped_swiglu(
+    x: torch.Tensor, w13: torch.Tensor, offsets: torch.Tensor, max_group: int
+) -> torch.Tensor:
+    """silu(h[:, :I]) * h[:, I:] of h = x @ W13 per group, in one kernel (h is never written unless
+    backward needs it), with autograd."""
+    if torch.is_grad_enabled() and (x.requires_grad or w13.requires_grad):
+        return _GroupedSwiGLU.apply(x, w13, offsets, max_group)  # type: ignore[no-any-return]
+    return _launch(x, w13, offsets, max_group, swiglu=True)[0]
