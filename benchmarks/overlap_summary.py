@@ -56,6 +56,13 @@ def main() -> None:
         f"SELECT run_id, backend, case_id, name, value FROM case_metrics WHERE run_id IN ({marks})", runs
     ).fetchall():
         metrics[(run, backend, case)][name] = value
+    gemm_us = {
+        (run, backend, case): us
+        for run, backend, case, us in con.execute(
+            f"SELECT run_id, backend, case_id, median_us FROM results WHERE op = 'gemm' AND run_id IN ({marks})",
+            runs,
+        ).fetchall()
+    }
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record in cases:
@@ -70,7 +77,13 @@ def main() -> None:
             continue
         m = metrics[(run, backend, case)]
         groups[key].append(
-            {"schedule": rec.get("schedule", knobs.get("mode")), "sms": sms, "m": m, "rec": rec}
+            {
+                "schedule": rec.get("schedule", knobs.get("mode")),
+                "sms": sms,
+                "m": m,
+                "rec": rec,
+                "ms_gemm": gemm_us.get((run, backend, case), 0) / 1e3,
+            }
         )
     print(
         f"{'preset':16} {'EP':>2} {'backend':9} {'schedules (fwd | fwd+bwd speedup vs serial)':70} "
@@ -115,6 +128,29 @@ def main() -> None:
     print(
         "\nGEMM% ends in ! where below the issue's floor for that preset (65% DeepSeek-V3/Qwen3, 80% reference)"
     )
+    by_impl: dict[tuple[str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for (preset, ep, backend), rows in groups.items():
+        for r in rows:
+            by_impl[(preset, ep, backend, r["rec"].get("gemm", "?"))].append(r)
+    if len({k[3] for k in by_impl}) > 1:  # several GEMM implementations ran: each one's rate apart
+        print(
+            f"\n{'preset':16} {'EP':>2} {'backend':9} {'gemm':12} {'cases':>5} {'GEMM% (FLOP rate) min-max':>26} "
+            f"{'roofline share min-max':>23} {'gemm ms':>8}"
+        )
+        for (preset, ep, backend, impl), rows in sorted(by_impl.items()):
+            rate = [
+                r["m"]["gemm_tflops_per_rank"] / r["m"]["dense_matmul_tflops"]
+                for r in rows
+                if r["m"].get("gemm_tflops_per_rank") and r["m"].get("dense_matmul_tflops")
+            ]
+            share = [r["m"]["gemm_roofline_share"] for r in rows if r["m"].get("gemm_roofline_share")]
+            gemm_ms = [r["ms_gemm"] for r in rows if r.get("ms_gemm")]
+            span = lambda v: f"{100 * min(v):.1f}-{100 * max(v):.1f}%" if v else "-"  # noqa: E731
+            ms = f"{sorted(gemm_ms)[len(gemm_ms) // 2]:.2f}" if gemm_ms else "-"
+            print(
+                f"{preset:16} {ep:>2} {backend:9} {impl:12} {len(rows):5} {span(rate):>26} {span(share):>23} {ms:>8}"
+            )
+        print("GEMM% (FLOP rate): GEMM FLOPs / time / dense; roofline share also credits the SwiGLU bytes")
     if refused:
         print("\nnot measured:")
         for text, n in sorted(refused.items()):

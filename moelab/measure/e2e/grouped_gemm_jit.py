@@ -2,14 +2,16 @@
 triton at its top, so it is imported only on first use, never by moelab's import.
 
 One program computes one output tile of one expert: BLOCK_M rows of the expert's group by BLOCK_N columns,
-reading its rows and the expert's weights through TMA descriptors. Two choices make it faster than
-torch._grouped_mm's CUTLASS kernel where experts have a few hundred rows (issue 37):
+reading its rows and the expert's weights through TMA descriptors. What makes it faster than
+torch._grouped_mm's CUTLASS kernel where experts have a few hundred rows (issue 37; results/h200x2-r13):
 
 - program ids run over an expert's row tiles first, then its column tiles: the 2-3 programs that read the
   same weight tile run side by side and share it in L2, so each weight byte comes from HBM about once
-  (with rows fastest last, the DeepSeek-V3 shape at EP = 2 took 7% longer on H200);
-- a group's last row tile with at most BLOCK_M / 2 rows runs a half-height tile: at 256 +- 16 rows per
-  expert about half the experts end in a tile of a few rows, and a full tile there is a fifth of the work.
+  (with columns first, the DeepSeek-V3 shape at EP = 2 took 7% longer on H200);
+- SWIGLU: the first GEMM computes a tile's gate columns and the matching up columns together and writes
+  silu(gate) * up, so h is never written and read back (written only where backward needs it, KEEP_H);
+- a group's last row tile with at most BLOCK_M / 2 rows may run half-height (at 256 +- 16 rows per
+  expert about half the experts end in a tile of a few rows); the autotuner keeps it or not per shape.
 
 Rows past a group's end that a TMA load reads belong to the next group (or lie past the tensor, read as
 zeros); the store is masked to the group's rows, so they are never written. Columns and the reduction past
