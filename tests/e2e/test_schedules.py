@@ -335,3 +335,29 @@ def test_moelab_run_takes_the_wide_tile_grouped_gemm(tmp_path: Path, db_path: Pa
     assert not more and status == "ok" and "gemm=grouped-wide" in case_id
     assert json.loads(record)["e2e"]["gemm"] == "grouped-wide"
     assert set(errs) == {"layer_rel_err", "grad_x_rel_err", "grad_w_rel_err"} and max(errs.values()) < 0.05
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_moelab_run_refuses_the_triton_gemm_off_cuda_and_runs_the_rest(tmp_path: Path, db_path: Path) -> None:
+    """`gemm = "triton"` through `moelab run` on gloo: that case is stored `unsupported` with the reason
+    before any kernel runs, the run goes on and its other case (grouped) is measured."""
+    suite = tmp_path / "triton.toml"
+    suite.write_text(
+        SUITE.replace(
+            'mode = ["serial", "tbo", "expert", "columns", "auto"]',
+            'mode = ["serial"]\ngemm = ["triton", "grouped"]',
+        )
+        .replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
+        .replace("backward = [true]", "backward = [false]")
+    )
+    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--run-id", "tri", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        rows = con.execute("SELECT case_id, status, reason FROM cases WHERE run_id = 'tri'").fetchall()
+        timed = con.execute(
+            "SELECT DISTINCT case_id FROM results WHERE run_id = 'tri' AND case_id LIKE '%gemm=triton%'"
+        ).fetchall()
+    status = {("triton" if "gemm=triton" in c else "grouped"): (s, r) for c, s, r in rows}
+    assert status["triton"] == ("unsupported", "gemm = triton: the Triton grouped GEMM runs on CUDA only")
+    assert status["grouped"][0] == "ok" and timed == []
