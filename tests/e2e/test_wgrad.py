@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moelab.measure.e2e.grouped_gemm import unavailable_reason
 from moelab.measure.e2e.layer import MoELayer, local_expert_weights
 from moelab.measure.e2e.overlap import Streams, forward_expert_pipelined, forward_hooked, forward_pipelined
 from moelab.measure.e2e.wgrad import DeferredWgrad, PartRows
@@ -177,15 +178,18 @@ def test_hook_schedule_defers_too() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "padded"])
+@pytest.mark.parametrize("gemm", ["grouped", "grouped-wide", "triton", "padded"])
 def test_deferred_weight_gradient_on_cuda(gemm: str) -> None:
-    """On one GPU (torch's CUTLASS grouped kernel, cuBLAS's batched GEMM): tbo's merged weight gradient
-    against the serial layer's, with no host sync added (tests/e2e/test_pair_counts_gpu.py watches)."""
+    """On one GPU (torch's CUTLASS grouped kernel, moelab's Triton one, cuBLAS's batched GEMM): tbo's merged
+    weight gradient against the serial layer's, with no host sync added (tests/e2e/test_pair_counts_gpu.py
+    watches). Triton: serial runs the SwiGLU fused into the first GEMM, tbo's deferred parts unfused."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     device = torch.device("cuda", 0)
     if gemm.startswith("grouped") and torch.cuda.get_device_capability(device) < (9, 0):
         pytest.skip("torch._grouped_mm needs SM90 here")
+    if gemm == "triton" and (reason := unavailable_reason(device, 256, 512)):
+        pytest.skip(reason)
     experts, hidden, inter, tokens, topk = 8, 256, 512, 512, 2
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(tokens, hidden, device=device, generator=g).to(torch.bfloat16)
