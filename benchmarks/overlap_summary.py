@@ -38,6 +38,19 @@ def fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def gemm_rates(rows: list[dict[str, Any]]) -> list[float]:
+    """Each case's GEMM FLOP rate as a share of the run's dense matmul rate, where both were stored."""
+    return [
+        r["m"]["gemm_tflops_per_rank"] / r["m"]["dense_matmul_tflops"]
+        for r in rows
+        if r["m"].get("gemm_tflops_per_rank") and r["m"].get("dense_matmul_tflops")
+    ]
+
+
+def span(shares: list[float]) -> str:
+    return f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%" if shares else "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", required=True)
@@ -110,11 +123,7 @@ def main() -> None:
             if best_f >= want and best_b >= 0.99 and (share is None or share < 0.10 or best_b >= want)
             else "NOT MET"
         )
-        gemm = [
-            r["m"]["gemm_tflops_per_rank"] / r["m"]["dense_matmul_tflops"]
-            for r in rows
-            if r["m"].get("gemm_tflops_per_rank") and r["m"].get("dense_matmul_tflops")
-        ]
+        gemm = gemm_rates(rows)
         gemm_pct = max(gemm) if gemm else None
         impls = sorted({r["rec"].get("gemm", "?") for r in rows})
         gneed = GEMM_NEED.get(preset)
@@ -138,14 +147,9 @@ def main() -> None:
             f"{'roofline share min-max':>23} {'gemm ms':>8}"
         )
         for (preset, ep, backend, impl), rows in sorted(by_impl.items()):
-            rate = [
-                r["m"]["gemm_tflops_per_rank"] / r["m"]["dense_matmul_tflops"]
-                for r in rows
-                if r["m"].get("gemm_tflops_per_rank") and r["m"].get("dense_matmul_tflops")
-            ]
+            rate = gemm_rates(rows)
             share = [r["m"]["gemm_roofline_share"] for r in rows if r["m"].get("gemm_roofline_share")]
             gemm_ms = [r["ms_gemm"] for r in rows if r.get("ms_gemm")]
-            span = lambda v: f"{100 * min(v):.1f}-{100 * max(v):.1f}%" if v else "-"  # noqa: E731
             ms = f"{sorted(gemm_ms)[len(gemm_ms) // 2]:.2f}" if gemm_ms else "-"
             print(
                 f"{preset:16} {ep:>2} {backend:9} {impl:12} {len(rows):5} {span(rate):>26} {span(share):>23} {ms:>8}"

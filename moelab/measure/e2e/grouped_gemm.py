@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from moelab.measure.e2e import triton_kernels
+from moelab.measure.e2e.activation import swiglu
 from moelab.measure.e2e.wgrad import grouped_wgrad
 
 BLOCKS = (128, 256, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
@@ -176,16 +178,14 @@ class _GroupedSwiGLU(torch.autograd.Function):
 
 
 def _swiglu_backward(h: torch.Tensor, grad_a: torch.Tensor) -> torch.Tensor:
+    """The activation's gradient w.r.t. h: moelab's Triton kernel on CUDA; the interpreter's tests take
+    autograd's through the activation's torch path (in float32, as the kernel computes)."""
     if h.is_cuda:
-        from moelab.measure.e2e import triton_kernels
-
         return triton_kernels.swiglu_backward(h, grad_a)
-    hg = h.detach().float().requires_grad_(True)  # the interpreter's tests: torch's own gradient
-    inter = h.shape[1] // 2
+    hg = h.detach().float().requires_grad_(True)
     with torch.enable_grad():  # backward runs with grad mode off
-        (torch.nn.functional.silu(hg[:, :inter]) * hg[:, inter:]).backward(grad_a.float())
-    assert hg.grad is not None
-    return hg.grad.to(h.dtype)
+        (grad_h,) = torch.autograd.grad(swiglu(hg, "torch"), hg, grad_a.float())
+    return grad_h.to(h.dtype)
 
 
 def triton_grouped_mm(
