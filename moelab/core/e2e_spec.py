@@ -42,10 +42,13 @@ OVERLAPPED = ("tbo", "chunked", "expert", "columns", "auto")
 CHUNKED_MODES = ("chunked", "expert", "columns")  # the modes whose `chunks` is a choice (tbo: two)
 COLUMN_ALIGN = 8  # mode columns slices the hidden size in multiples of 8 (16-byte bf16 rows) at least
 # Where the overlapped schedules' communication runs (moelab.measure.e2e.schedules says what each needs):
-# shared: beside the GEMMs on whatever SMs its kernels take; partition: on a fixed SM partition (the
-# backend's SM count, the GEMMs held to the rest); zero-sm: on no SM (NCCL's zero-CTA copy-engine path);
-# hook: the receive deferred to a hook called just before the data is needed (DeepEP return_recv_hook)
-COMMS = ("shared", "partition", "zero-sm", "hook")
+# shared: beside the GEMMs on whatever SMs its kernels take; priority: the same, its stream at the
+# device's highest priority (a communication kernel launched under a GEMM of many blocks gets the SMs as
+# the GEMM's running blocks finish, not after its last block has started); partition: on a fixed SM
+# partition (the backend's SM count, the GEMMs held to the rest); zero-sm: on no SM (NCCL's zero-CTA
+# copy-engine path); hook: the receive deferred to a hook called just before the data is needed (DeepEP
+# return_recv_hook)
+COMMS = ("shared", "priority", "partition", "zero-sm", "hook")
 NO_SM_COMMS = ("zero-sm", "hook")  # the communication holds no SM while the GEMMs run: no carve-out
 PROFILES = ("full", "layer")
 GEMM_IMPLS = ("auto", "grouped", "grouped-wide", "triton", "padded", "loop")

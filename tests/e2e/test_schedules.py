@@ -46,6 +46,7 @@ def test_schedule_names_and_defaults() -> None:
     assert _resolve(mode="chunked", chunks=3, comm="hook").schedule == "chunked/3+hook"
     record = _resolve(mode="expert", chunks=2, comm="zero-sm").to_record("loop")
     assert record["schedule"] == "expert/2+zero-sm" and record["comm"] == "zero-sm"
+    assert _resolve(mode="columns", chunks=2, comm="priority").schedule == "columns/2+priority"
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_schedule_names_and_defaults() -> None:
     [
         (None, {"comm": "hook"}, "comm = hook needs an overlapped mode"),
         (None, {"mode": "tbo", "comm": "partition"}, "comm = partition needs sms = N"),
-        (None, {"mode": "tbo", "comm": "nvlink"}, "e2e knob comm must be one of shared, partition"),
+        (None, {"mode": "tbo", "comm": "nvlink"}, "e2e knob comm must be one of shared, priority, partition"),
         (None, {"mode": "tbo", "chunks": 3}, "needs mode = chunked, expert or columns"),
         (None, {"mode": "pipelined"}, "e2e knob mode must be one of serial, tbo, chunked, expert"),
     ],
@@ -61,6 +62,62 @@ def test_schedule_names_and_defaults() -> None:
 def test_bad_schedule_settings_are_refused(sms: int | None, knobs: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         _resolve(sms, **knobs)
+
+
+PRIORITY_SUITE = """
+name = "priority"
+description = "the communication stream at the highest priority"
+
+[workload]
+hidden = 64
+tokens_per_rank = 24
+topk = 4
+experts_per_rank = 4
+dtype = "bf16"
+
+[backend.nccl-a2a.axes]
+bench = ["e2e"]
+mode = ["tbo", "columns"]
+comm = ["priority"]
+backward = [true]
+intermediate = [16]
+"""
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_moelab_run_runs_comm_priority_and_says_so(tmp_path: Path, db_path: Path) -> None:
+    """`comm = priority` through `moelab run`: every backend can run it (a stream property), checked
+    forward and backward like shared; the record names it and says off CUDA there are no streams."""
+    suite = tmp_path / "priority.toml"
+    suite.write_text(PRIORITY_SUITE)
+    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--run-id", "prio", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        rows = con.execute(
+            "SELECT case_id, status, backend_record FROM cases WHERE run_id = 'prio'"
+        ).fetchall()
+        errs = con.execute(
+            "SELECT value FROM case_metrics WHERE run_id = 'prio' AND name IN ('layer_rel_err', 'grad_x_rel_err')"
+        ).fetchall()
+    assert len(rows) == 2 and all(status == "ok" for _, status, _ in rows), rows
+    schedules = {json.loads(r)["e2e"]["schedule"] for _, _, r in rows}
+    assert schedules == {"tbo+priority", "columns/4+priority"}
+    assert all("no streams off CUDA" in json.loads(r)["e2e"]["gemm_sms"] for _, _, r in rows)
+    assert len(errs) == 4 and all(v < 0.05 for (v,) in errs)
+
+
+@pytest.mark.gpu
+def test_comm_priority_puts_the_communication_stream_above_the_compute_stream() -> None:
+    from moelab.measure.e2e.overlap import Streams
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    device = torch.device("cuda", 0)
+    plain, high = Streams(device), Streams(device, priority=True)
+    assert high.comm is not None and high.compute is not None
+    assert plain.comm_priority == 0 and high.comm_priority < 0
+    assert high.comm.priority < high.compute.priority
 
 
 def test_sms_the_schedule_takes_from_the_gemms() -> None:
@@ -93,6 +150,9 @@ def test_sms_the_schedule_takes_from_the_gemms() -> None:
             "deepep-ll has no SM control",
         ),
         (DeepEPBackend, {"mode": "tbo", "comm": "partition"}, "nccl", None),
+        (DeepEPBackend, {"mode": "tbo", "comm": "priority"}, "nccl", None),
+        (HybridEPBackend, {"mode": "chunked", "comm": "priority"}, "nccl", None),
+        (NcclA2ABackend, {"mode": "expert", "comm": "priority"}, "gloo", None),
     ],
 )
 def test_what_each_schedule_needs_from_a_backend(

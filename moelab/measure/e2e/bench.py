@@ -8,7 +8,7 @@ Settings (`gemm` "auto" on a GPU picks the fastest expert-GEMM implementation on
 moelab.measure.e2e.gemm_choice, stored with the kernels that ran): `mode` "serial" (default), "tbo" (two micro-batches: one's communication under the other's
 experts, moelab.measure.e2e.overlap), "chunked" (the same pipeline over `chunks` token chunks, default 4)
 or "expert" (expert-chunked: `chunks` groups of experts, moelab.measure.e2e.schedules); `comm` where the
-overlapped schedules' communication runs: "shared" (default), "partition", "zero-sm" or "hook" (a schedule
+overlapped schedules' communication runs: "shared" (default), "priority", "partition", "zero-sm" or "hook" (a schedule
 the backend cannot run is unsupported, with the reason, before any kernel runs);
 `intermediate` (expert FFN width, default hidden // 4); `backward` (default false: also time and check
 forward+backward); `gemm` "auto" (default), "grouped", "padded" (one batched matmul over the experts

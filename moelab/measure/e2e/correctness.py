@@ -88,6 +88,12 @@ class LayerInputs:
             return f"all but {s.carveout} (torch GEMM SM carve-out{why})"
         if s.comm in ("zero-sm", "hook"):
             return "all (the communication holds no SM while they run)"
+        if s.comm == "priority":
+            return (
+                f"all, shared with whatever the communication kernels occupy, theirs first as SMs free up "
+                f"(communication stream priority {self.streams.comm_priority}"
+                + (")" if self.streams.cuda else "; no streams off CUDA)")
+            )
         return "all, shared with whatever the communication kernels occupy"
 
     def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -141,7 +147,11 @@ def make_layer_inputs(
         x=layer_tokens(seed, ctx.rank, wl.tokens_per_rank, wl.hidden, device),
         weights=weights,
         layer=MoELayer(backend, weights, wl.experts_per_rank, gemm, permute),
-        streams=Streams(device, comm_sms if settings.comm == "partition" and ctx.world > 1 else None),
+        streams=Streams(
+            device,
+            comm_sms if settings.comm == "partition" and ctx.world > 1 else None,
+            priority=settings.comm == "priority",
+        ),
         settings=settings,
         gemm=gemm,
         permute=permute,

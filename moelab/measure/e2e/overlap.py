@@ -66,6 +66,7 @@ def chunk_bounds(num_tokens: int, chunks: int) -> list[tuple[int, int]]:
     return [(edges[i], edges[i + 1]) for i in range(n)]
 
 
+HIGHEST_PRIORITY = -(2**10)  # below any device's range: torch clamps it to the highest it has
 GREEN_SM_STEP = 8  # SMs per green-context partition step on SM90 (cuDevSmResourceSplitByCount's granularity)
 
 
@@ -84,20 +85,29 @@ class Streams:
     With `comm_sms` (the `partition` schedule) and green contexts in torch, each stream belongs to its own
     green context: the communication's holds `comm_sms` SMs, the compute's the rest, so the GEMMs' SM count
     is fixed whatever the communication kernels ask for (`gemm_sms`). Without green contexts the partition
-    is the backend's SM control plus the GEMM carve-out, and `gemm_sms` stays None here."""
+    is the backend's SM control plus the GEMM carve-out, and `gemm_sms` stays None here.
 
-    def __init__(self, device: torch.device, comm_sms: int | None = None) -> None:
+    With `priority` (comm = priority) the communication stream is created at the device's highest
+    priority: the block scheduler then starts its kernels' blocks ahead of the pending blocks of a GEMM
+    launched earlier on the compute stream, as SMs free up. At equal priority they wait until the GEMM's
+    last block has been issued, so a communication kernel enqueued under a long GEMM runs at its tail.
+    `comm_priority` holds the priority the stream got (0: the default)."""
+
+    def __init__(self, device: torch.device, comm_sms: int | None = None, priority: bool = False) -> None:
         self.cuda = device.type == "cuda"
         self.gemm_sms: int | None = None
         self.comm: torch.cuda.Stream | None = None
         self.compute: torch.cuda.Stream | None = None
         self._contexts: tuple[Any, ...] = ()  # the green contexts, kept alive while their streams are
         self.partition_note = ""  # why the partition is not on green contexts, where asked and not
+        self.comm_priority = 0
         if self.cuda and comm_sms:
             self._green(device, comm_sms)
         if self.cuda and self.comm is None:
-            self.comm = torch.cuda.Stream(device)
+            # torch maps a priority past the device's range to its highest (the lowest number)
+            self.comm = torch.cuda.Stream(device, priority=HIGHEST_PRIORITY if priority else 0)
             self.compute = torch.cuda.Stream(device)
+            self.comm_priority = int(self.comm.priority)
 
     def _green(self, device: torch.device, comm_sms: int) -> None:
         """The two streams on green contexts of `comm_sms` SMs and the rest, each a multiple of the SM

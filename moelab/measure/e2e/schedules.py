@@ -16,6 +16,8 @@ Schedules (moelab.core.e2e_spec: `mode` x `comm`):
   expert's rows: at 128 experts per rank the micro-batches' GEMMs cost 1.5x the whole batch's), and no
   byte crosses the wire twice (an expert split sends a token once per group). The dispatch stays exposed.
   Needs ColumnCombine.
+- `comm = priority`: shared SMs, the communication stream at the device's highest priority, so its
+  kernels' blocks start ahead of a running GEMM's pending ones (any backend);
 - `comm = partition`: the communication held to the case's `sms` by the backend (its SM control), the
   GEMMs to the rest (a CUDA green context where torch has them, else the GEMM carve-out);
 - `comm = zero-sm`: the payload moved on no SM (ZeroSmComm: NCCL's zero-CTA policy);
