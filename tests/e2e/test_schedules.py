@@ -86,8 +86,10 @@ intermediate = [16]
 
 @pytest.mark.slow  # real gloo ranks
 def test_moelab_run_runs_comm_priority_and_says_so(tmp_path: Path, db_path: Path) -> None:
-    """`comm = priority` through `moelab run`: every backend can run it (a stream property), checked
-    forward and backward like shared; the record names it and says off CUDA there are no streams."""
+    """`comm = priority` through `moelab run`: a stream property any backend can run in the micro-batch
+    modes, checked forward and backward like shared; the record names it and says off CUDA there are no
+    streams. Beside mode columns (which hung DeepEP V1 on GPUs) it is stored unsupported, with the reason,
+    having run nothing."""
     suite = tmp_path / "priority.toml"
     suite.write_text(PRIORITY_SUITE)
     args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
@@ -100,11 +102,19 @@ def test_moelab_run_runs_comm_priority_and_says_so(tmp_path: Path, db_path: Path
         errs = con.execute(
             "SELECT value FROM case_metrics WHERE run_id = 'prio' AND name IN ('layer_rel_err', 'grad_x_rel_err')"
         ).fetchall()
-    assert len(rows) == 2 and all(status == "ok" for _, status, _ in rows), rows
-    schedules = {json.loads(r)["e2e"]["schedule"] for _, _, r in rows}
-    assert schedules == {"tbo+priority", "columns/4+priority"}
-    assert all("no streams off CUDA" in json.loads(r)["e2e"]["gemm_sms"] for _, _, r in rows)
-    assert len(errs) == 4 and all(v < 0.05 for (v,) in errs)
+    status = {("mode=columns" in c, s): r for c, s, r in rows}
+    assert set(status) == {(False, "ok"), (True, "unsupported")}, rows
+    tbo = json.loads(status[(False, "ok")])["e2e"]
+    assert tbo["schedule"] == "tbo+priority" and "no streams off CUDA" in tbo["gemm_sms"]
+    assert len(errs) == 2 and all(v < 0.05 for (v,) in errs)
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        (reason,) = con.execute(
+            "SELECT reason FROM cases WHERE run_id = 'prio' AND case_id LIKE '%mode=columns%'"
+        ).fetchone() or ("",)
+        columns_rows = con.execute(
+            "SELECT count(*) FROM results WHERE run_id = 'prio' AND case_id LIKE '%mode=columns%'"
+        ).fetchone()
+    assert "comm = priority runs micro-batches" in reason and columns_rows == (0,)
 
 
 @pytest.mark.gpu
@@ -153,6 +163,18 @@ def test_sms_the_schedule_takes_from_the_gemms() -> None:
         (DeepEPBackend, {"mode": "tbo", "comm": "priority"}, "nccl", None),
         (HybridEPBackend, {"mode": "chunked", "comm": "priority"}, "nccl", None),
         (NcclA2ABackend, {"mode": "expert", "comm": "priority"}, "gloo", None),
+        (
+            DeepEPBackend,
+            {"mode": "columns", "comm": "priority"},
+            "nccl",
+            "comm = priority runs micro-batches",
+        ),
+        (
+            NcclA2ABackend,
+            {"mode": "columns", "comm": "priority"},
+            "nccl",
+            "hung DeepEP V1's intranode kernels",
+        ),
     ],
 )
 def test_what_each_schedule_needs_from_a_backend(

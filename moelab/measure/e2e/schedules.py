@@ -17,7 +17,8 @@ Schedules (moelab.core.e2e_spec: `mode` x `comm`):
   byte crosses the wire twice (an expert split sends a token once per group). The dispatch stays exposed.
   Needs ColumnCombine.
 - `comm = priority`: shared SMs, the communication stream at the device's highest priority, so its
-  kernels' blocks start ahead of a running GEMM's pending ones (any backend);
+  kernels' blocks start ahead of a running GEMM's pending ones (any backend; micro-batch modes only:
+  beside mode columns it hung DeepEP V1 on 2 x H200);
 - `comm = partition`: the communication held to the case's `sms` by the backend (its SM control), the
   GEMMs to the rest (a CUDA green context where torch has them, else the GEMM carve-out);
 - `comm = zero-sm`: the payload moved on no SM (ZeroSmComm: NCCL's zero-CTA policy);
@@ -68,6 +69,11 @@ def _columns_reason(cls: type, name: str, settings: E2ESettings, hidden: int | N
     if settings.comm == "hook":
         return (
             "e2e comm = hook runs token micro-batches (tbo, chunked); mode columns dispatches the batch whole"
+        )
+    if settings.comm == "priority":
+        return (
+            "e2e comm = priority runs micro-batches (tbo, chunked, expert): beside mode columns it hung "
+            "DeepEP V1's intranode kernels on 2 x H200 and gained nothing on nccl-a2a (results/h200x2-r14)"
         )
     if hidden is not None and hidden % unit:
         return f"e2e mode columns slices hidden in multiples of {unit} columns on {name}; hidden {hidden} is not one"
