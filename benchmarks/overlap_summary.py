@@ -7,6 +7,14 @@ asks, serial's exposed communication share, and the expert GEMMs' % of the dense
 Asked (issue 37): best >= 0.99x serial everywhere, forward and forward+backward; where serial's exposed
 share s >= 10%, best >= 1 + s/2. GEMM % of dense = gemm_tflops_per_rank / dense_matmul_tflops (the run's
 measured rate); >= 65% at DeepSeek-V3 (and Qwen3), >= 80% at the reference.
+
+Ceiling: the most any schedule of a case's kind could gain over serial, from the case's own medians
+(`ceiling`): however perfectly it overlapped, and even if the communication slowed no GEMM, a layer in n
+token or expert parts still runs every part's expert compute (compute_only_split) plus, unhidden, at least
+1/n of everything else of the serial layer (the first part's layout, dispatch and grouping cannot run
+under a GEMM, nor the last part's combine); mode columns dispatches whole and hides at most n-1 of its n
+combine slices, paying its split. Where the best ceiling is below what is asked, no schedule of those
+kinds can meet it at that shape on that machine without a cheaper split or less work outside the GEMMs.
 """
 
 from __future__ import annotations
@@ -36,6 +44,29 @@ def need(share: float | None) -> float:
 
 def fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+CEILING_OPS = ("layer_serial", "compute_only", "compute_only_split", "combine")
+
+
+def ceiling(schedule: str, ops: dict[str, float]) -> float | None:
+    """The upper bound on speedup_vs_serial of a schedule of this kind (module docstring), or None where
+    the case lacks an op it needs or the schedule is not a split one."""
+    if any(op not in ops for op in CEILING_OPS):
+        return None
+    base = schedule.removeprefix("auto:").split("+")[0]
+    mode, _, count = base.partition("/")
+    parts = 2 if mode == "tbo" else int(count) if count.isdigit() else 0
+    if parts < 2:
+        return None
+    serial, whole, split = ops["layer_serial"], ops["compute_only"], ops["compute_only_split"]
+    if mode == "columns":
+        floor = serial - ops["combine"] * (parts - 1) / parts + max(0.0, split - whole)
+    elif mode in ("tbo", "chunked", "expert"):
+        floor = split + max(0.0, serial - whole) / parts
+    else:
+        return None
+    return serial / floor if floor > 0 else None
 
 
 def gemm_rates(rows: list[dict[str, Any]]) -> list[float]:
@@ -69,13 +100,12 @@ def main() -> None:
         f"SELECT run_id, backend, case_id, name, value FROM case_metrics WHERE run_id IN ({marks})", runs
     ).fetchall():
         metrics[(run, backend, case)][name] = value
-    gemm_us = {
-        (run, backend, case): us
-        for run, backend, case, us in con.execute(
-            f"SELECT run_id, backend, case_id, median_us FROM results WHERE op = 'gemm' AND run_id IN ({marks})",
-            runs,
-        ).fetchall()
-    }
+    ops: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for run, backend, case, op, us in con.execute(
+        f"SELECT run_id, backend, case_id, op, median_us FROM results WHERE run_id IN ({marks})", runs
+    ).fetchall():
+        ops[(run, backend, case)][op] = us
+    gemm_us = {key: o["gemm"] for key, o in ops.items() if "gemm" in o}
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record in cases:
@@ -96,11 +126,12 @@ def main() -> None:
                 "m": m,
                 "rec": rec,
                 "ms_gemm": gemm_us.get((run, backend, case), 0) / 1e3,
+                "ceiling": ceiling(rec.get("schedule", knobs.get("mode")) or "", ops[(run, backend, case)]),
             }
         )
     print(
         f"{'preset':16} {'EP':>2} {'backend':9} {'schedules (fwd | fwd+bwd speedup vs serial)':70} "
-        f"{'best fwd':>8} {'best f+b':>8} {'exposed':>7} {'need':>5} {'verdict':8} {'GEMM%':>6} gemm"
+        f"{'best fwd':>8} {'best f+b':>8} {'exposed':>7} {'need':>5} {'verdict':8} {'GEMM%':>6} {'ceiling':>24} gemm"
     )
     for (preset, ep, backend), rows in sorted(groups.items()):
         parts = []
@@ -127,15 +158,19 @@ def main() -> None:
         gemm_pct = max(gemm) if gemm else None
         impls = sorted({r["rec"].get("gemm", "?") for r in rows})
         gneed = GEMM_NEED.get(preset)
+        top = max((r for r in rows if r["ceiling"] is not None), key=lambda r: r["ceiling"], default=None)
+        ctext = f"{top['ceiling']:.3f} {top['schedule']}"[:24] if top is not None else "-"
         gtext = fmt(100 * gemm_pct, ".0f") + "%" if gemm_pct is not None else "-"
         if gneed is not None and gemm_pct is not None:
             gtext += "" if gemm_pct >= gneed else "!"
         print(
             f"{preset:16} {ep:>2} {backend:9} {'; '.join(parts)[:70]:70} {best_f:8.3f} {best_b:8.3f} "
-            f"{fmt(100 * share if share is not None else None, '.0f'):>6}% {want:5.2f} {verdict:8} {gtext:>6} {','.join(impls)}"
+            f"{fmt(100 * share if share is not None else None, '.0f'):>6}% {want:5.2f} {verdict:8} {gtext:>6} "
+            f"{ctext:>24} {','.join(impls)}"
         )
     print(
-        "\nGEMM% ends in ! where below the issue's floor for that preset (65% DeepSeek-V3/Qwen3, 80% reference)"
+        "\nGEMM% ends in ! where below the issue's floor for that preset (65% DeepSeek-V3/Qwen3, 80% reference);"
+        "\nceiling: the most the best schedule of the kinds measured could gain, from each case's own medians"
     )
     by_impl: dict[tuple[str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for (preset, ep, backend), rows in groups.items():

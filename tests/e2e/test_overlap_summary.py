@@ -1,0 +1,78 @@
+"""benchmarks/overlap_summary.py: the ceiling of each kind of overlapped schedule (the most it could gain
+over serial from a case's own medians), unit-checked, and the summary of a committed 2 x H200 store read
+back through the script as a user runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.committed_stores import RESULTS, import_export
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "overlap_summary.py"
+
+
+def _summary() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("overlap_summary", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+OPS = {"layer_serial": 8000.0, "compute_only": 5000.0, "compute_only_split": 5600.0, "combine": 600.0}
+
+
+@pytest.mark.parametrize(
+    ("schedule", "want"),
+    [
+        ("tbo", 8000 / (5600 + 3000 / 2)),  # every part's compute, then 1/2 of the rest unhidden
+        ("tbo+priority", 8000 / (5600 + 3000 / 2)),
+        ("chunked/4", 8000 / (5600 + 3000 / 4)),
+        ("expert/2", 8000 / (5600 + 3000 / 2)),
+        ("auto:chunked/4", 8000 / (5600 + 3000 / 4)),
+        ("columns/4", 8000 / (8000 - 600 * 3 / 4 + 600)),  # 3 of 4 combine slices hidden, the split paid
+        ("columns/2+partition", 8000 / (8000 - 600 / 2 + 600)),
+        ("serial", None),
+        ("chunked/1", None),
+    ],
+)
+def test_ceiling_of_each_kind_of_schedule(schedule: str, want: float | None) -> None:
+    got = _summary().ceiling(schedule, OPS)
+    assert got == pytest.approx(want) if want is not None else got is None
+
+
+def test_ceiling_needs_every_op_and_never_credits_a_split_that_saved_time() -> None:
+    summary = _summary()
+    assert summary.ceiling("tbo", {k: v for k, v in OPS.items() if k != "compute_only_split"}) is None
+    faster_split = {**OPS, "compute_only_split": 4900.0}  # noise: the split timed faster than whole
+    assert summary.ceiling("columns/2", faster_split) == pytest.approx(8000 / (8000 - 300))
+
+
+def test_summary_of_a_committed_run_prints_the_ceiling_beside_what_is_asked(tmp_path: Path) -> None:
+    """The round-14 nccl-a2a run (2 x H200): at DeepSeek-V3 the best ceiling of the schedules measured is
+    below the speedup asked (1 + exposed share / 2), at the reference it is above it."""
+    db = tmp_path / "r14.duckdb"
+    import_export(RESULTS / "h200x2-r14" / "nccl" / "export", db)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "prio-nccl"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    ).stdout
+    header, *lines = out.splitlines()
+    assert "ceiling" in header
+    rows = {line.split()[0]: line.split() for line in lines[:2]}
+    for preset, below in (("deepseek-v3", True), ("reference", False)):
+        cells = rows[preset]
+        need = float(cells[cells.index("NOT") - 1])
+        top = float(next(c for c in cells[cells.index("MET") + 2 :] if c[0].isdigit()))
+        assert (top < need) is below, cells
