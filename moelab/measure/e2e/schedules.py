@@ -72,8 +72,8 @@ def _columns_reason(cls: type, name: str, settings: E2ESettings, hidden: int | N
         )
     if settings.comm == "priority":
         return (
-            "e2e comm = priority runs micro-batches (tbo, chunked, expert): beside mode columns it hung "
-            "DeepEP V1's intranode kernels on 2 x H200 and gained nothing on nccl-a2a (results/h200x2-r14)"
+            "e2e comm = priority runs micro-batches (tbo, chunked, expert): beside mode columns it hung a "
+            "backend's kernels in backward on 2 x H200 and gained nothing on another (results/h200x2-r14)"
         )
     if hidden is not None and hidden % unit:
         return f"e2e mode columns slices hidden in multiples of {unit} columns on {name}; hidden {hidden} is not one"
