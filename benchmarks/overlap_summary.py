@@ -105,7 +105,6 @@ def main() -> None:
         f"SELECT run_id, backend, case_id, op, median_us FROM results WHERE run_id IN ({marks})", runs
     ).fetchall():
         ops[(run, backend, case)][op] = us
-    gemm_us = {key: o["gemm"] for key, o in ops.items() if "gemm" in o}
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record in cases:
@@ -118,15 +117,15 @@ def main() -> None:
         if status != "ok":
             refused[f"{backend} {status}: {(reason or '')[:110]}"] += 1
             continue
-        m = metrics[(run, backend, case)]
+        schedule, case_ops = rec.get("schedule", knobs.get("mode")), ops[(run, backend, case)]
         groups[key].append(
             {
-                "schedule": rec.get("schedule", knobs.get("mode")),
+                "schedule": schedule,
                 "sms": sms,
-                "m": m,
+                "m": metrics[(run, backend, case)],
                 "rec": rec,
-                "ms_gemm": gemm_us.get((run, backend, case), 0) / 1e3,
-                "ceiling": ceiling(rec.get("schedule", knobs.get("mode")) or "", ops[(run, backend, case)]),
+                "ms_gemm": case_ops.get("gemm", 0) / 1e3,
+                "ceiling": ceiling(schedule or "", case_ops),
             }
         )
     print(

@@ -97,23 +97,20 @@ def test_moelab_run_runs_comm_priority_and_says_so(tmp_path: Path, db_path: Path
     assert result.exit_code == 0, result.output
     with duckdb.connect(str(db_path), read_only=True) as con:
         rows = con.execute(
-            "SELECT case_id, status, backend_record FROM cases WHERE run_id = 'prio'"
+            "SELECT case_id, status, reason, backend_record FROM cases WHERE run_id = 'prio'"
         ).fetchall()
         errs = con.execute(
             "SELECT value FROM case_metrics WHERE run_id = 'prio' AND name IN ('layer_rel_err', 'grad_x_rel_err')"
         ).fetchall()
-    status = {("mode=columns" in c, s): r for c, s, r in rows}
-    assert set(status) == {(False, "ok"), (True, "unsupported")}, rows
-    tbo = json.loads(status[(False, "ok")])["e2e"]
-    assert tbo["schedule"] == "tbo+priority" and "no streams off CUDA" in tbo["gemm_sms"]
-    assert len(errs) == 2 and all(v < 0.05 for (v,) in errs)
-    with duckdb.connect(str(db_path), read_only=True) as con:
-        (reason,) = con.execute(
-            "SELECT reason FROM cases WHERE run_id = 'prio' AND case_id LIKE '%mode=columns%'"
-        ).fetchone() or ("",)
         columns_rows = con.execute(
             "SELECT count(*) FROM results WHERE run_id = 'prio' AND case_id LIKE '%mode=columns%'"
         ).fetchone()
+    status = {("mode=columns" in c, s): (why, r) for c, s, why, r in rows}
+    assert set(status) == {(False, "ok"), (True, "unsupported")}, rows
+    tbo = json.loads(status[(False, "ok")][1])["e2e"]
+    assert tbo["schedule"] == "tbo+priority" and "no streams off CUDA" in tbo["gemm_sms"]
+    assert len(errs) == 2 and all(v < 0.05 for (v,) in errs)
+    reason = status[(True, "unsupported")][0] or ""
     assert "comm = priority runs micro-batches" in reason and columns_rows == (0,)
 
 

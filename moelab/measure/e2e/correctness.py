@@ -88,13 +88,11 @@ class LayerInputs:
             return f"all but {s.carveout} (torch GEMM SM carve-out{why})"
         if s.comm in ("zero-sm", "hook"):
             return "all (the communication holds no SM while they run)"
+        shared = "all, shared with whatever the communication kernels occupy"
         if s.comm == "priority":
-            return (
-                f"all, shared with whatever the communication kernels occupy, theirs first as SMs free up "
-                f"(communication stream priority {self.streams.comm_priority}"
-                + (")" if self.streams.cuda else "; no streams off CUDA)")
-            )
-        return "all, shared with whatever the communication kernels occupy"
+            off_cuda = "" if self.streams.cuda else "; no streams off CUDA"
+            return f"{shared}, theirs first as SMs free up (communication stream priority {self.streams.comm_priority}{off_cuda})"
+        return shared
 
     def serial_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layer.forward(x, self.topk_idx, self.topk_weights)

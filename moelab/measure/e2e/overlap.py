@@ -91,7 +91,7 @@ class Streams:
     priority: the block scheduler then starts its kernels' blocks ahead of the pending blocks of a GEMM
     launched earlier on the compute stream, as SMs free up. At equal priority they wait until the GEMM's
     last block has been issued, so a communication kernel enqueued under a long GEMM runs at its tail.
-    `comm_priority` holds the priority the stream got (0: the default)."""
+    `comm_priority` is the priority the stream got (0: the default)."""
 
     def __init__(self, device: torch.device, comm_sms: int | None = None, priority: bool = False) -> None:
         self.cuda = device.type == "cuda"
@@ -100,14 +100,12 @@ class Streams:
         self.compute: torch.cuda.Stream | None = None
         self._contexts: tuple[Any, ...] = ()  # the green contexts, kept alive while their streams are
         self.partition_note = ""  # why the partition is not on green contexts, where asked and not
-        self.comm_priority = 0
         if self.cuda and comm_sms:
             self._green(device, comm_sms)
         if self.cuda and self.comm is None:
             # torch maps a priority past the device's range to its highest (the lowest number)
             self.comm = torch.cuda.Stream(device, priority=HIGHEST_PRIORITY if priority else 0)
             self.compute = torch.cuda.Stream(device)
-            self.comm_priority = int(self.comm.priority)
 
     def _green(self, device: torch.device, comm_sms: int) -> None:
         """The two streams on green contexts of `comm_sms` SMs and the rest, each a multiple of the SM
@@ -134,6 +132,10 @@ class Streams:
         self._contexts = (comm_ctx, compute_ctx)
         self.comm, self.compute = streams
         self.gemm_sms = gemm
+
+    @property
+    def comm_priority(self) -> int:
+        return int(self.comm.priority) if self.comm is not None else 0
 
     @property
     def partitioned(self) -> bool:
