@@ -39,6 +39,9 @@ MODES = ("serial", "tbo", "chunked", "expert", "columns", "auto")
 # auto: each rank times serial and the overlapped candidates (moelab.measure.e2e.auto_schedule) on the
 # case's own rows before the check and runs the fastest, so the layer is never slower than serial
 OVERLAPPED = ("tbo", "chunked", "expert", "columns", "auto")
+# how an overlapped case timed its serial baseline, as its record says (e2e.serial_timing): iteration by
+# iteration beside the schedule's (moelab.measure.timing.Clock.sample_interleaved); the report pairs them
+SERIAL_TIMING = "interleaved"
 CHUNKED_MODES = ("chunked", "expert", "columns")  # the modes whose `chunks` is a choice (tbo: two)
 COLUMN_ALIGN = 8  # mode columns slices the hidden size in multiples of 8 (16-byte bf16 rows) at least
 # Where the overlapped schedules' communication runs (moelab.measure.e2e.schedules says what each needs):

@@ -90,6 +90,28 @@ def _paired_ratio(base: np.ndarray, cand: np.ndarray, axis: int = -1) -> np.ndar
     return np.median(cand / base, axis=axis)
 
 
+def _ratio_of_medians_paired(base: np.ndarray, cand: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(cand, axis=axis) / np.median(base, axis=axis)
+
+
+def interleaved_ratio_interval(
+    base: Sequence[float] | np.ndarray, cand: Sequence[float] | np.ndarray
+) -> Interval | None:
+    """The bootstrap interval of median(cand) / median(base) for two ops timed interleaved (iteration k of
+    each ran side by side: moelab.measure.timing.Clock.sample_interleaved), resampling the iteration pairs
+    together so what moved both (clocks, power, the communicator) cancels; the point is the ratio of the
+    medians, as the stored metric is. None below two pairs or where the sides differ in length."""
+    b, c = _values(base), _values(cand)
+    if b.size < 2 or b.size != c.size or not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
+        return None
+    if np.any(b <= 0):
+        return None
+    point = float(np.median(c) / np.median(b))
+    if np.all(c / b == c[0] / b[0]):
+        return Interval(point, point)
+    return _within(_bootstrap((b, c), _ratio_of_medians_paired, paired=True), c / b, point)
+
+
 def ratio_point(
     base: Sequence[float] | np.ndarray, cand: Sequence[float] | np.ndarray, paired: bool = False
 ) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,31 +84,55 @@ class Clock:
         GPU with every rank's host past a barrier (as the libraries' own benches find it), so the op's
         internal sync does not wait on the flush and barrier queued ahead of it (a wait whose length
         depends on how fast the host thread wakes: what made such ops bimodal between runs)."""
+        reads = [self._iteration(fn, repeat, host_aligned) for _ in range(iters)]
         if self.cuda:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-            for i in range(iters):
-                if self._flush is not None:
-                    self._flush.zero_()
-                if host_aligned:
-                    torch.cuda.synchronize(self.device)
-                    dist.barrier(group=self.group)  # type: ignore[arg-type]
-                    torch.cuda.synchronize(self.device)
-                else:
-                    self._barrier()
-                starts[i].record()
-                for _ in range(repeat):
-                    fn()
-                ends[i].record()
             torch.cuda.synchronize(self.device)
-            return [s.elapsed_time(e) * 1e3 / repeat for s, e in zip(starts, ends, strict=True)]
-        times = []
-        for _ in range(iters):
+        return [read() for read in reads]
+
+    def _iteration(self, fn: Callable[[], object], repeat: int, host_aligned: bool) -> Callable[[], float]:
+        """One timed iteration (cold L2, ranks aligned); returns how to read its microseconds per call once
+        the device has finished (on GPU the events are read after one synchronize for the whole batch)."""
+        if not self.cuda:
             self._barrier()
             t0 = time.perf_counter_ns()
             for _ in range(repeat):
                 fn()
-            times.append((time.perf_counter_ns() - t0) / 1e3 / repeat)
+            us = (time.perf_counter_ns() - t0) / 1e3 / repeat
+            return lambda: us
+        if self._flush is not None:
+            self._flush.zero_()
+        if host_aligned:
+            torch.cuda.synchronize(self.device)
+            dist.barrier(group=self.group)  # type: ignore[arg-type]
+            torch.cuda.synchronize(self.device)
+        else:
+            self._barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        return lambda: start.elapsed_time(end) * 1e3 / repeat
+
+    def sample_interleaved(
+        self, fns: Sequence[Callable[[], object]], iters: int, warmup: int
+    ) -> list[list[float]]:
+        """Microseconds per iteration of each of `fns`, their iterations interleaved: iteration i runs
+        every fn once, in order on even i and in reverse on odd i (A B, B A, ...). Two ops compared as a
+        ratio (a schedule against its serial layer) then see the same clocks, power and communicator
+        state: timed one block after the other, the same code read up to 10% apart on 4 x H200."""
+        for fn in fns:
+            for _ in range(warmup):
+                fn()
+        self.sync()
+        reads: list[list[Callable[[], float]]] = [[] for _ in fns]
+        for i in range(iters):
+            for k in range(len(fns)) if i % 2 == 0 else reversed(range(len(fns))):
+                reads[k].append(self._iteration(fns[k], 1, False))
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        times = [[read() for read in per_fn] for per_fn in reads]
+        self.sync()
         return times
 
     def _share(self, times: list[float]) -> list[list[float]]:

@@ -5,19 +5,20 @@ slowdown the communication's SMs cause, the layer's and its compute's % of roofl
 
 Each block also names, per backend, the overlapped schedule with the best speedup over its serial layer
 (moelab.measure.e2e.schedules), forward and forward+backward, each with the bootstrap interval of the
-ratio of the two layers' medians (slowest rank per iteration, from the stored samples)."""
+ratio of the two layers' medians (slowest rank per iteration, from the stored samples; the iteration
+pairs resampled together where the case timed the two interleaved)."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import duckdb
 
-from moelab.core.e2e_spec import GEMM_TILES
-from moelab.core.intervals import Interval, ratio_interval
+from moelab.core.e2e_spec import GEMM_TILES, SERIAL_TIMING
+from moelab.core.intervals import Interval, interleaved_ratio_interval, ratio_interval
 from moelab.reports import charts
 from moelab.reports.query import select
 
@@ -40,10 +41,12 @@ SPEEDUPS = {"fwd": ("layer_serial", "layer"), "fwd_bwd": ("layer_fwd_bwd_serial"
 
 
 def speedup_intervals(
-    con: duckdb.DuckDBPyConnection,
+    con: duckdb.DuckDBPyConnection, interleaved: Collection[tuple[str, str, str]] = ()
 ) -> dict[tuple[str, str, str], dict[str, Interval | None]]:
     """Per overlapped e2e case of the selected runs, the interval of serial / schedule time, forward and
-    forward+backward, from the stored samples (the iteration's time is its slowest rank's)."""
+    forward+backward, from the stored samples (the iteration's time is its slowest rank's). The cases in
+    `interleaved` timed the two side by side, iteration by iteration: their pairs are resampled together;
+    a store from before that timed them apart, so its intervals are unpaired."""
     ops = sorted({op for pair in SPEEDUPS.values() for op in pair})
     samples: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = defaultdict(
         lambda: defaultdict(dict)
@@ -61,7 +64,12 @@ def speedup_intervals(
                 continue
             serial = _slowest(samples[(run, backend, case, serial_op)])
             layer = _slowest(per_rank)
-            out[(run, backend, case)][name] = ratio_interval(layer, serial) if serial and layer else None
+            if not (serial and layer):
+                out[(run, backend, case)][name] = None
+            elif (run, backend, case) in interleaved:
+                out[(run, backend, case)][name] = interleaved_ratio_interval(layer, serial)
+            else:
+                out[(run, backend, case)][name] = ratio_interval(layer, serial)
     return out
 
 
@@ -86,7 +94,12 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)",
     ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
-    intervals = speedup_intervals(con)
+    interleaved = {
+        (c["run_id"], c["backend"], c["case_id"])
+        for c in cases
+        if _obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
+    }
+    intervals = speedup_intervals(con, interleaved)
     out = []
     for c in cases:
         knobs = _obj(c["knobs"])

@@ -216,6 +216,8 @@ def test_auto_candidates_are_what_the_backend_can_run() -> None:
         ([(100.0, 300.0), (101.0, 320.0), (120.0, 299.0)], 0),  # nothing pays both ways: serial
         ([(100.0, None), (80.0, None)], 1),  # forward only
         ([(100.0, 300.0), (100.0, 300.0)], 0),  # a tie keeps serial
+        ([(100.0, 300.0), (99.5, 298.0)], 0),  # within MARGIN of serial: noise, serial kept
+        ([(100.0, 300.0), (98.5, 296.0), (99.5, 290.0)], 1),  # past MARGIN both ways
     ],
 )
 def test_auto_picks_the_best_worse_speedup(times: list[tuple[float, float | None]], chosen: int) -> None:
@@ -328,6 +330,9 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     columns = next(c for c in ok if "mode=columns" in c)
     assert by[(columns, "speedup_vs_serial_fwd_bwd")] > 0 and by[(columns, "grad_w_rel_err")] < 0.05
     assert json.loads(records[columns])["e2e"]["schedule"] == "columns/4"
+    # every overlapped case timed its serial baseline interleaved with itself, and says so
+    overlapped = {c for c in ok if "mode=serial" not in c}
+    assert all(json.loads(records[c])["e2e"]["serial_timing"] == "interleaved" for c in overlapped)
     assert json.loads(records[columns])["e2e"]["wgrad"].startswith("columns: W2 once")
     # auto timed serial, tbo and the expert groups on the case's rows and ran the best; serial compared too
     auto = next(c for c in ok if "mode=auto" in c)

@@ -103,3 +103,31 @@ def test_best_overlapped_schedule_per_backend_with_its_interval() -> None:
     assert "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 20% | 2 |" in md
     assert "| nccl-a2a | tbo+zero-sm | default | 0 | 0.97 | — |" in md
     assert '<td class="l">expert/4</td>' in render(data, "html")
+
+
+def test_speedup_intervals_pair_the_iterations_of_a_case_timed_interleaved() -> None:
+    """A schedule 5% faster than serial, both read while the machine slowed 40% over the iterations: a case
+    that timed the two interleaved gets the paired interval (above 1), one from before gets the unpaired
+    one, which the drift widens past 1."""
+    import duckdb
+    import numpy as np
+
+    from moelab.reports.e2e_section import speedup_intervals
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE samples (run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, "
+                "rank INTEGER, iter INTEGER, time_us DOUBLE)")  # fmt: skip
+    con.execute("CREATE TEMP TABLE _sel AS SELECT 'r' AS run_id")
+    drift = np.linspace(1.0, 1.4, 8)
+    jitter = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]
+    for case in ("new", "old"):
+        for rank in (0, 1):
+            for i in range(8):
+                for op, t in (("layer_serial", 1000.0 * drift[i]), ("layer", 950.0 * drift[i] * jitter[i])):
+                    con.execute(
+                        "INSERT INTO samples VALUES ('r', 'b', ?, ?, ?, ?, ?)", [case, op, rank, i, t]
+                    )
+    got = speedup_intervals(con, {("r", "b", "new")})
+    paired, unpaired = got[("r", "b", "new")]["fwd"], got[("r", "b", "old")]["fwd"]
+    assert paired is not None and 1.0 < paired.low <= paired.high < 1.1
+    assert unpaired is not None and unpaired.covers(1.0)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from moelab.core.intervals import (
     RESAMPLES,
+    interleaved_ratio_interval,
     median_interval,
     process_cv,
     ratio_interval,
@@ -77,6 +78,23 @@ def test_a_ratio_interval_covers_one_when_the_processes_overlap() -> None:
     assert paired is not None and paired.high < 1.0 and ratio_point(base, cand, paired=True) == 0.95
     unpaired = ratio_interval(base, cand)
     assert unpaired is not None and unpaired.covers(1.0)
+
+
+def test_an_interleaved_ratio_interval_pairs_iterations_and_keeps_the_ratio_of_medians() -> None:
+    """A schedule 5% faster than its serial layer, both timed interleaved while the machine slowed 40%:
+    paired, the interval excludes 1 and holds the stored metric's point (the ratio of the medians);
+    unpaired, the drift swamps it."""
+    drift = np.linspace(1.0, 1.4, 8)
+    serial = 1000.0 * drift
+    layer = 950.0 * drift * np.array([1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01])
+    ci = interleaved_ratio_interval(layer, serial)
+    point = float(np.median(serial) / np.median(layer))
+    assert ci is not None and ci.low <= point <= ci.high and ci.low > 1.0 and ci.high < 1.1
+    unpaired = ratio_interval(layer, serial)
+    assert unpaired is not None and unpaired.covers(1.0)
+    assert interleaved_ratio_interval(layer[:1], serial[:1]) is None
+    assert interleaved_ratio_interval(layer, serial[:-1]) is None  # not pairs
+    assert interleaved_ratio_interval([100.0, 200.0], [110.0, 220.0]) == type(ci)(1.1, 1.1)
 
 
 def test_an_interval_never_leaves_the_range_of_its_values() -> None:

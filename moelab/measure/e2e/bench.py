@@ -18,7 +18,9 @@ padded to the largest group) or "loop"; `profile` "full" (default) or "layer"
 Timed ops (samples [rank][iteration], µs; all but `layer*`, `compute_only_split` and `gemm_mb*` on the
 whole batch):
 - layer: dispatch → expert compute → combine in the case's mode (forward, no autograd);
-- layer_serial (tbo, chunked): the serial layer, the baseline the overlap must beat;
+- layer_serial (overlapped modes): the serial layer, the baseline the overlap must beat, its iterations
+  interleaved with the layer's (one of each in turn, the order alternating), so the two see the same
+  clocks and communicator state;
 - compute_only: the expert compute alone on already-dispatched and grouped rows (GEMMs, un-permute and
   weighting; the grouping runs inside the layer's dispatch step);
 - compute_only_split (overlapped modes): the same, micro-batch by micro-batch (expert group by group) as
@@ -32,7 +34,8 @@ whole batch):
   combine run on the communication stream: what the SMs the communication holds cost the GEMMs;
 - dispatch, combine: the backend's calls alone;
 - layer_fwd_bwd (backward): forward and backward with a fixed output gradient, weight gradients included;
-- layer_fwd_bwd_serial (backward; tbo, chunked): the same with the serial forward.
+- layer_fwd_bwd_serial (backward; overlapped modes): the same with the serial forward, interleaved with
+  layer_fwd_bwd as layer_serial is with layer.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import torch.distributed as dist
 from moelab.backends.base import Backend, BackendContext, CaseConfig
 from moelab.backends.capabilities import BatchedLayout, HostExpertCounts, ZeroSmComm
 from moelab.core.case_record import CaseRecord, CheckResult, Metric, TraceFile
-from moelab.core.e2e_spec import OVERLAPPED, E2ESettings
+from moelab.core.e2e_spec import OVERLAPPED, SERIAL_TIMING, E2ESettings
 from moelab.core.errors import SpecError
 from moelab.core.record_build import OpMeasurement, op_result
 from moelab.core.rows import count_rows
@@ -114,6 +117,8 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
     )
     if zero_sm is not None:
         e2e_record["zero_sm"] = zero_sm
+    if settings.compares_serial and settings.profile == "full":
+        e2e_record["serial_timing"] = SERIAL_TIMING  # time_ops: PAIRED_OPS
     backend_record = backend.case_record(cfg) | {"e2e": e2e_record}
     check = check_layer(inputs, case.workload, ctx, backend.combine_dtype(cfg))
     if settings.backward and settings.compares_serial:  # how the check's backward took the weights' gradient
@@ -285,20 +290,35 @@ def fwd_bwd_calls(inputs: LayerInputs, wl: Workload, rank: int) -> dict[str, Cal
     return calls
 
 
+# each overlapped schedule's op and its serial baseline: timed interleaved (Clock.sample_interleaved), so
+# speedup_vs_serial compares iterations run side by side in time, not two blocks minutes apart
+PAIRED_OPS = {"layer": "layer_serial", "layer_fwd_bwd": "layer_fwd_bwd_serial"}
+
+
 def time_ops(
     clock: Clock, timing: TimingSpec, calls: E2ECalls, inputs: LayerInputs
 ) -> dict[str, list[float]]:
-    """This rank's samples of each op, a fixed `timing.bounds[1]` iterations after `timing.warmup`."""
+    """This rank's samples of each op, a fixed `timing.bounds[1]` iterations after `timing.warmup`; an
+    op and its serial baseline (PAIRED_OPS) interleaved, iteration by iteration."""
     iters, warmup = timing.bounds[1], timing.warmup
     local: dict[str, list[float]] = {}
+
+    def sample(ops: Mapping[str, Callable[[], object]]) -> None:
+        for op, fn in ops.items():
+            if op in local:
+                continue
+            partner = PAIRED_OPS.get(op)
+            if partner is not None and partner in ops:
+                local[op], local[partner] = clock.sample_interleaved([fn, ops[partner]], iters, warmup)
+            else:
+                local[op] = clock.sample(fn, iters, warmup)
+
     with torch.no_grad():
-        for op, fn in calls.forward.items():
-            local[op] = clock.sample(fn, iters, warmup)
+        sample(calls.forward)
         if inputs.settings.profile == "full":
             clock.sample(calls.under_comm, iters, warmup)
             local["gemm_mb_under_comm"] = calls.under_comm.samples(iters)
-    for op, fn in calls.fwd_bwd.items():
-        local[op] = clock.sample(fn, iters, warmup)
+    sample(calls.fwd_bwd)
     if calls.fwd_bwd:
         inputs.weights.zero_grad()
     return local

@@ -291,7 +291,8 @@ OVERLAP = (
         name="speedup_vs_serial",
         unit="ratio",
         value=_ratio_of("layer_serial", "layer"),
-        definition="serial layer time / {mode} layer time (> 1: the overlap pays off)",
+        definition="serial layer time / {mode} layer time, medians of iterations timed interleaved "
+        "(> 1: the overlap pays off)",
     ),
     MetricDef(
         name="serial_exposed_comm_share",
@@ -367,7 +368,8 @@ OVERLAP_BACKWARD = (
         name="speedup_vs_serial_fwd_bwd",
         unit="ratio",
         value=_ratio_of("layer_fwd_bwd_serial", "layer_fwd_bwd"),
-        definition="serial forward+backward time / {mode} forward+backward time",
+        definition="serial forward+backward time / {mode} forward+backward time, medians of iterations "
+        "timed interleaved",
     ),
 )
 
