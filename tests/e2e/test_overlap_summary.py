@@ -76,3 +76,52 @@ def test_summary_of_a_committed_run_prints_the_ceiling_beside_what_is_asked(tmp_
         need = float(cells[cells.index("NOT") - 1])
         top = float(next(c for c in cells[cells.index("MET") + 2 :] if c[0].isdigit()))
         assert (top < need) is below, cells
+
+
+@pytest.mark.parametrize(
+    ("value", "ci", "want"),
+    [
+        (1.0, None, "met"),
+        (0.99, (0.95, 1.02), "met"),
+        (0.986, (0.959, 1.015), "not excluded"),  # below the floor, but the run cannot tell it from it
+        (0.905, (0.828, 0.958), "below"),
+        (0.98, None, "below"),  # no interval: the point decides
+        (None, None, "-"),
+    ],
+)
+def test_floor_verdict(value: float | None, ci: tuple[float, float] | None, want: str) -> None:
+    from moelab.core.intervals import Interval
+
+    assert _summary().floor_verdict(value, Interval(*ci) if ci else None) == want
+
+
+EP4_RUNS = "ep4-nccl,ep4-auto-nccl,ep4-deepep,ep4-auto-deepep"
+
+
+def _floor_rows(export: Path, tmp_path: Path) -> dict[tuple[str, str], list[str]]:
+    """The summary's best-schedule table of a committed store, by (preset, backend)."""
+    db = tmp_path / f"{export.parent.name}.duckdb"
+    import_export(export, db)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", EP4_RUNS],
+        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    ).stdout  # fmt: skip
+    table = out.split("best fwd (schedule, speedup, interval)", 1)[1].split("\ninterval:", 1)[0]
+    return {(line.split()[0], line.split()[2]): line.split() for line in table.splitlines()[1:]}
+
+
+def test_the_same_serial_layer_timed_in_blocks_reads_below_itself_and_interleaved_does_not(
+    tmp_path: Path,
+) -> None:
+    """4 x H200, EP 4 (results/h200x4-r15): mode auto chose serial, so its layer and serial baseline ran the
+    same code. Timed as two blocks (before 3a02d40) Qwen3 on nccl-a2a read 0.905x itself with an interval
+    wholly under 0.99; timed interleaved no best schedule's interval lies under the floor."""
+    blocks = _floor_rows(RESULTS / "h200x4-r15" / "blocks" / "export", tmp_path)
+    cells = blocks[("qwen3-235b-a22b", "nccl-a2a")]
+    assert cells[3:5] == ["auto:serial", "0.905"] and cells[7] == "below", cells
+    side = _floor_rows(RESULTS / "h200x4-r15" / "interleaved" / "export", tmp_path)
+    assert len(side) == 6
+    for key, cells in side.items():
+        verdicts = " ".join(cells[7:])
+        assert "below" not in verdicts, (key, cells)
+        assert cells[5].startswith("[") and cells[6].endswith("]"), cells
