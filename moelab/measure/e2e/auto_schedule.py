@@ -29,8 +29,8 @@ from moelab.measure.e2e.schedules import schedule_reason
 
 CANDIDATES = (("serial", 1), ("tbo", 2), ("expert", 2), ("expert", 4), ("columns", 4))
 TRIALS = 5  # calls per candidate (after one warm-up); their median is the candidate's time
-# an overlapped candidate must beat serial by this much (its worse speedup) to be chosen: a median of 5
-# calls moves by about this much between rounds, and a wrong overlapped pick costs more than a missed one
+# an overlapped candidate must beat serial by this much (its worse speedup) to be chosen: closer than this
+# the trials cannot tell it from serial, and a wrong overlapped pick costs more than a missed one
 MARGIN = 0.01
 
 
@@ -64,7 +64,8 @@ def candidates(
 def _time_us(fns: list[Callable[[], object]], cuda: bool) -> list[float]:
     """Each fn's median of TRIALS calls after one warm-up, the calls interleaved round by round (the
     order alternating): candidates timed one after the other drift apart with the clocks and the
-    communicator's state (the same serial layer read 0.91-1.06x itself at EP 4), side by side they don't."""
+    communicator's state (the same serial layer read 0.905-1.070x itself, timed in blocks at EP 4 on
+    4 x H200), side by side they don't."""
     for fn in fns:
         fn()  # warm-up
     times: list[list[float]] = [[] for _ in fns]
