@@ -32,7 +32,6 @@ from typing import Any
 
 import duckdb
 
-from moelab.core.e2e_spec import SERIAL_TIMING
 from moelab.core.intervals import Interval
 from moelab.core.models import MODELS
 from moelab.reports.e2e_section import speedup_intervals
@@ -91,7 +90,7 @@ def floor_verdict(value: float | None, ci: Interval | None) -> str:
 
 
 def ci_text(ci: Interval | None) -> str:
-    return "[-]" if ci is None else f"[{ci.low:.3f}, {ci.high:.3f}]"
+    return "[-]" if ci is None else ci.text(".3f")
 
 
 def gemm_rates(rows: list[dict[str, Any]]) -> list[float]:
@@ -130,16 +129,8 @@ def main() -> None:
         f"SELECT run_id, backend, case_id, op, median_us FROM results WHERE run_id IN ({marks})", runs
     ).fetchall():
         ops[(run, backend, case)][op] = us
-    interleaved = {
-        (run, backend, case)
-        for run, backend, case, *_rest, record in cases
-        if (json.loads(record) if isinstance(record, str) else (record or {}))
-        .get("e2e", {})
-        .get("serial_timing")
-        == SERIAL_TIMING
-    }
     con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [runs])
-    intervals = speedup_intervals(con, interleaved)
+    intervals = speedup_intervals(con)
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record in cases:

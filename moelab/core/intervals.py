@@ -90,10 +90,6 @@ def _paired_ratio(base: np.ndarray, cand: np.ndarray, axis: int = -1) -> np.ndar
     return np.median(cand / base, axis=axis)
 
 
-def _ratio_of_medians_paired(base: np.ndarray, cand: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.median(cand, axis=axis) / np.median(base, axis=axis)
-
-
 def interleaved_ratio_interval(
     base: Sequence[float] | np.ndarray, cand: Sequence[float] | np.ndarray
 ) -> Interval | None:
@@ -109,7 +105,7 @@ def interleaved_ratio_interval(
     point = float(np.median(c) / np.median(b))
     if np.all(c / b == c[0] / b[0]):
         return Interval(point, point)
-    return _within(_bootstrap((b, c), _ratio_of_medians_paired, paired=True), c / b, point)
+    return _within(_bootstrap((b, c), _ratio, paired=True), c / b, point)
 
 
 def ratio_point(

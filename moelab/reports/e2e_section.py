@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import duckdb
@@ -41,12 +41,19 @@ SPEEDUPS = {"fwd": ("layer_serial", "layer"), "fwd_bwd": ("layer_fwd_bwd_serial"
 
 
 def speedup_intervals(
-    con: duckdb.DuckDBPyConnection, interleaved: Collection[tuple[str, str, str]] = ()
+    con: duckdb.DuckDBPyConnection,
 ) -> dict[tuple[str, str, str], dict[str, Interval | None]]:
     """Per overlapped e2e case of the selected runs, the interval of serial / schedule time, forward and
-    forward+backward, from the stored samples (the iteration's time is its slowest rank's). The cases in
-    `interleaved` timed the two side by side, iteration by iteration: their pairs are resampled together;
-    a store from before that timed them apart, so its intervals are unpaired."""
+    forward+backward, from the stored samples (the iteration's time is its slowest rank's). A case whose
+    record says it timed the two interleaved (e2e.serial_timing) has its iteration pairs resampled
+    together; a store from before timed them apart, so its intervals are unpaired."""
+    interleaved = {
+        (c["run_id"], c["backend"], c["case_id"])
+        for c in select(
+            con, "SELECT run_id, backend, case_id, backend_record FROM cases SEMI JOIN _sel USING (run_id)"
+        )
+        if _obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
+    }
     ops = sorted({op for pair in SPEEDUPS.values() for op in pair})
     samples: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = defaultdict(
         lambda: defaultdict(dict)
@@ -64,12 +71,9 @@ def speedup_intervals(
                 continue
             serial = _slowest(samples[(run, backend, case, serial_op)])
             layer = _slowest(per_rank)
-            if not (serial and layer):
-                out[(run, backend, case)][name] = None
-            elif (run, backend, case) in interleaved:
-                out[(run, backend, case)][name] = interleaved_ratio_interval(layer, serial)
-            else:
-                out[(run, backend, case)][name] = ratio_interval(layer, serial)
+            paired = (run, backend, case) in interleaved
+            interval = interleaved_ratio_interval if paired else ratio_interval
+            out[(run, backend, case)][name] = interval(layer, serial) if serial and layer else None
     return out
 
 
@@ -94,12 +98,7 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)",
     ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
-    interleaved = {
-        (c["run_id"], c["backend"], c["case_id"])
-        for c in cases
-        if _obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
-    }
-    intervals = speedup_intervals(con, interleaved)
+    intervals = speedup_intervals(con)
     out = []
     for c in cases:
         knobs = _obj(c["knobs"])

@@ -107,7 +107,7 @@ def test_best_overlapped_schedule_per_backend_with_its_interval() -> None:
 
 def test_speedup_intervals_pair_the_iterations_of_a_case_timed_interleaved() -> None:
     """A schedule 5% faster than serial, both read while the machine slowed 40% over the iterations: a case
-    that timed the two interleaved gets the paired interval (above 1), one from before gets the unpaired
+    whose record says it timed the two interleaved gets the paired interval (above 1), one from before gets the unpaired
     one, which the drift widens past 1."""
     import duckdb
     import numpy as np
@@ -117,6 +117,11 @@ def test_speedup_intervals_pair_the_iterations_of_a_case_timed_interleaved() -> 
     con = duckdb.connect()
     con.execute("CREATE TABLE samples (run_id VARCHAR, backend VARCHAR, case_id VARCHAR, op VARCHAR, "
                 "rank INTEGER, iter INTEGER, time_us DOUBLE)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE cases (run_id VARCHAR, backend VARCHAR, case_id VARCHAR, backend_record VARCHAR)"
+    )
+    con.execute("""INSERT INTO cases VALUES ('r', 'b', 'new', '{"e2e": {"serial_timing": "interleaved"}}'),
+                   ('r', 'b', 'old', '{"e2e": {}}')""")  # fmt: skip
     con.execute("CREATE TEMP TABLE _sel AS SELECT 'r' AS run_id")
     drift = np.linspace(1.0, 1.4, 8)
     jitter = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01]
@@ -127,7 +132,7 @@ def test_speedup_intervals_pair_the_iterations_of_a_case_timed_interleaved() -> 
                     con.execute(
                         "INSERT INTO samples VALUES ('r', 'b', ?, ?, ?, ?, ?)", [case, op, rank, i, t]
                     )
-    got = speedup_intervals(con, {("r", "b", "new")})
+    got = speedup_intervals(con)
     paired, unpaired = got[("r", "b", "new")]["fwd"], got[("r", "b", "old")]["fwd"]
     assert paired is not None and 1.0 < paired.low <= paired.high < 1.1
     assert unpaired is not None and unpaired.covers(1.0)
