@@ -4,6 +4,7 @@
     python benchmarks/grouped_gemm_gpu.py --json out.json
     python benchmarks/grouped_gemm_gpu.py --tiny          # CPU smoke run, tiny shapes
     python benchmarks/grouped_gemm_gpu.py --backward      # also forward+backward (3x the FLOPs)
+    python benchmarks/grouped_gemm_gpu.py --carveout 8,16  # also grouped and triton with N SMs held back
 
 For the DeepSeek-V3, Qwen3-235B-A22B and reference shapes at EP = 2 and 4 (rank 0's local experts and the
 (token, expert) pairs moelab's uniform routing gives them, 4096 tokens per rank, topk 8), it times the
@@ -19,7 +20,12 @@ Triton kernel on CUDA, as in the layer, and fused into the first GEMM by `triton
 - fp8-grouped: torch._scaled_grouped_mm with row-wise fp8 scales, the GEMMs alone on pre-quantised
   operands (what a backend that dispatches FP8 could feed it); its % is of the bf16 dense rate;
 
-and the dense bf16 matmul rate the way `moelab run` measures it (an 8192^3 matmul of random data, median
+With --carveout N, `grouped@N` and `triton@N` are the same FFNs launched under a GEMM SM carve-out of N
+(moelab.measure.e2e.carveout, what an overlapped layer at sms = N sets): torch's kernel sized to the SMs
+left, moelab's Triton kernel persistent on them. Alone, with nothing beside them, the difference to the
+whole-GPU launch is the price of leaving N SMs to the communication.
+
+And the dense bf16 matmul rate the way `moelab run` measures it (an 8192^3 matmul of random data, median
 of 20). Each variant's output is checked against the loop's first. Prints one table and the acceptance
 lines (best bf16 variant >= 65% of dense at DeepSeek-V3, >= 80% at the reference), with the kernels that
 ran (torch.profiler, one call each).
@@ -41,6 +47,7 @@ import torch
 from moelab.core.models import MODELS
 from moelab.core.routing import route_all
 from moelab.core.workload import RoutingSpec, Workload
+from moelab.measure.e2e.carveout import gemm_carveout
 from moelab.measure.e2e.gemm_choice import gemm_kernels
 from moelab.measure.e2e.grouped_gemm import unavailable_reason
 from moelab.measure.e2e.layer import ExpertWeights, swiglu_ffn
@@ -170,6 +177,14 @@ def train_step(
     return step
 
 
+def _carved(fn: Callable[[], object], held: int, device: torch.device) -> Callable[[], object]:
+    def run() -> object:
+        with gemm_carveout(held, device):
+            return fn()
+
+    return run
+
+
 def bench_shape(
     name: str,
     hidden: int,
@@ -180,6 +195,7 @@ def bench_shape(
     dense: float,
     tokens: int = TOKENS,
     backward: bool = False,
+    carveouts: tuple[int, ...] = (),
 ) -> list[Row]:
     wl = Workload(
         hidden=hidden, tokens_per_rank=tokens, topk=TOPK, experts_per_rank=epr, routing=RoutingSpec(seed=0)
@@ -219,6 +235,11 @@ def bench_shape(
             (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, act, max_group=m.max_group)),
             "",
         )
+    for held in carveouts:  # the same FFN launched under the carve-out an overlapped layer at sms = held sets
+        for impl in ("grouped", "triton"):
+            fn, _ = variants[impl]
+            if fn is not None:
+                variants[f"{impl}@{held}"] = (_carved(fn, held, device), f"{held} SMs held back")
     variants["fp8-grouped"] = fp8_variant(x, weights, offsets)
     if backward:  # forward+backward of the FFN: input and weight gradients (FLOPs: 3x forward)
         for impl in ("grouped", "triton"):
@@ -232,7 +253,7 @@ def bench_shape(
             continue
         with torch.no_grad() if not variant.endswith("+bwd") else contextlib.nullcontext():
             out = fn()
-            if variant in ("loop", "grouped", "triton", "padded"):
+            if variant in ("loop", "grouped", "triton", "padded") or "@" in variant:
                 if want is None:
                     want = out.float()
                 else:
@@ -262,7 +283,13 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny shapes")
     ap.add_argument("--json", type=Path, help="write every row here")
     ap.add_argument("--backward", action="store_true", help="also time forward+backward (grouped, triton)")
+    ap.add_argument(
+        "--carveout",
+        default="",
+        help="comma-separated SM counts: also grouped and triton with that many held back",
+    )
     args = ap.parse_args()
+    carveouts = tuple(int(v) for v in args.carveout.split(",") if v.strip())
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     t0 = time.time()
     dense = dense_tflops(device, 256 if args.tiny else DENSE_N)  # --tiny: a small matmul, CPU
@@ -274,7 +301,12 @@ def main() -> None:
     rows: list[Row] = []
     for shape in shapes(args.tiny):
         rows += bench_shape(
-            *shape, device=device, dense=dense, tokens=64 if args.tiny else TOKENS, backward=args.backward
+            *shape,
+            device=device,
+            dense=dense,
+            tokens=64 if args.tiny else TOKENS,
+            backward=args.backward,
+            carveouts=carveouts,
         )
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the shape's weights are gone: the next one gets the memory
@@ -299,6 +331,7 @@ def main() -> None:
                 and r.pct_dense is not None
                 and r.variant != "fp8-grouped"
                 and not r.variant.endswith("+bwd")
+                and "@" not in r.variant  # a carve-out's run holds SMs back on purpose
                 and "WRONG" not in r.note
             ]
             if not cand:

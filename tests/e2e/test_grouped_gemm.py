@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moelab.core.errors import SpecError
-from moelab.measure.e2e.grouped_gemm import triton_grouped_mm, triton_grouped_swiglu, unavailable_reason
+from moelab.measure.e2e import grouped_gemm
+from moelab.measure.e2e.carveout import gemm_carveout, held_sms
+from moelab.measure.e2e.grouped_gemm import (
+    INTERPRETED_SMS,
+    programs,
+    triton_grouped_mm,
+    triton_grouped_swiglu,
+    unavailable_reason,
+)
 from moelab.measure.e2e.layer import ExpertWeights, grouped_matmul, resolve_gemm, swiglu_ffn
 
 pytest.importorskip("triton")
@@ -85,6 +93,75 @@ def test_backward_gives_both_gradients() -> None:
     assert x.grad is not None and w.grad is not None and xr.grad is not None and wr.grad is not None
     torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(w.grad.double(), wr.grad, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    tiles=st.integers(min_value=1, max_value=5000),
+    sms=st.integers(min_value=1, max_value=200),
+    held=st.integers(min_value=-1, max_value=220),
+)
+def test_programs_leave_the_carved_out_sms_free(tiles: int, sms: int, held: int) -> None:
+    """One program per tile without a carve-out; with one, never more programs than the SMs left (at least
+    one program, never more than the tiles)."""
+    got = programs(tiles, sms, held)
+    if held <= 0:
+        assert got == tiles
+    else:
+        assert 1 <= got <= tiles
+        assert got <= max(1, sms - held)
+        assert got == min(tiles, sms - held) or sms - held < 1
+
+
+class _GridSpy:
+    """Stands in for the kernel object: records each launch's grid, then launches the real kernel."""
+
+    def __init__(self, kernel: object) -> None:
+        self.kernel, self.grids = kernel, []  # type: list[tuple[int, ...]]
+
+    def __getitem__(self, grid: tuple[int, ...]) -> object:
+        self.grids.append(grid)
+        return self.kernel[grid]  # type: ignore[index]
+
+
+@pytest.fixture
+def carved_out() -> object:
+    """A GEMM carve-out of INTERPRETED_SMS - 1 SMs (the interpreter's stand-in GPU keeps one), restored after."""
+    previous = torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(INTERPRETED_SMS - 1)
+    yield
+    torch._C._set_sm_carveout_experimental(previous)
+
+
+def test_under_a_carve_out_the_kernel_runs_persistent_with_the_same_bits(
+    carved_out: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a carve-out the launch has one program per SM left (here one for the interpreter's 4 SMs),
+    looping over every tile, and gives the bits of the one-program-per-tile launch: the GEMM, its input
+    gradient and the fused SwiGLU. Before, the Triton GEMM ignored the carve-out and filled every SM."""
+    _cpu_interpreted()
+    assert held_sms() == INTERPRETED_SMS - 1
+    spy = _GridSpy(grouped_gemm._jit().triton_grouped_gemm)
+    monkeypatch.setattr(grouped_gemm._jit(), "triton_grouped_gemm", spy)
+    g = torch.Generator().manual_seed(7)
+    sizes = [40, 0, 17, 33]
+    x = torch.randn(sum(sizes), 32, generator=g).half().requires_grad_(True)
+    w = torch.randn(4, 32, 48, generator=g).half().requires_grad_(True)
+    w13 = torch.randn(4, 32, 32, generator=g).half()
+    gy = torch.randn(sum(sizes), 48, generator=g).half()
+    carved = triton_grouped_mm(x, w, _ends(sizes), max(sizes))
+    carved.backward(gy)
+    carved_grad, x.grad = x.grad, None
+    carved_swiglu = triton_grouped_swiglu(x.detach(), w13, _ends(sizes), max(sizes))
+    assert spy.grids and all(grid == (1,) for grid in spy.grids)  # forward, input gradient, SwiGLU
+    launches = len(spy.grids)
+    torch._C._set_sm_carveout_experimental(None)
+    whole = triton_grouped_mm(x, w, _ends(sizes), max(sizes))
+    whole.backward(gy)
+    assert all(grid[0] > 1 for grid in spy.grids[launches:])  # one program per tile again
+    assert torch.equal(carved, whole)
+    assert carved_grad is not None and x.grad is not None and torch.equal(carved_grad, x.grad)
+    assert torch.equal(carved_swiglu, triton_grouped_swiglu(x.detach(), w13, _ends(sizes), max(sizes)))
 
 
 def _swiglu_reference(x: torch.Tensor, w13: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -239,3 +316,27 @@ def test_cuda_layer_ffn_with_triton_matches_grouped() -> None:
     for got, want in zip(*grads, strict=True):
         assert got is not None and want is not None
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_carve_out_gives_the_same_bits_on_fewer_programs() -> None:
+    """On the GPU, the persistent launch under a 24-SM carve-out (what `comm = priority` at sms = 24 sets
+    around the overlapped layer) gives the bits of the whole-GPU launch, forward and input gradient."""
+    device = _cuda()
+    g = torch.Generator(device=device).manual_seed(5)
+    sizes = [300, 0, 200, 77, 129] * 8
+    k, n = 1024, 1536
+    x = torch.randn(sum(sizes), k, generator=g, device=device).bfloat16().requires_grad_(True)
+    w = (torch.randn(len(sizes), k, n, generator=g, device=device) * k**-0.5).bfloat16()
+    gy = torch.randn(sum(sizes), n, generator=g, device=device).bfloat16()
+    ends = _ends(sizes).to(device)
+    outs = []
+    for held in (0, 24):
+        with gemm_carveout(held, device):
+            assert held_sms() == held
+            y = triton_grouped_mm(x, w, ends, max(sizes))
+            y.backward(gy)
+        outs.append((y, x.grad))
+        x.grad = None
+    for got, want in zip(*outs, strict=True):
+        assert got is not None and want is not None and torch.equal(got, want)

@@ -148,7 +148,7 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
 def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, dict[str, Any]]:
     """The expert-GEMM implementation the case runs (auto on a GPU with the grouped kernel: the fastest of
     the candidates on the rows its GEMMs see, moelab.measure.e2e.gemm_choice: the whole batch, and the
-    parts of an overlapped schedule) and, on CUDA, the kernels it launched on them, for the record.
+    parts of an overlapped schedule under its GEMM carve-out) and, on CUDA, the kernels it launched on them, for the record.
     Untimed dispatches of the whole batch and of the parts, on every rank."""
     if not inputs.x.is_cuda:
         return inputs, {}
@@ -169,13 +169,19 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
         inputs = dataclasses.replace(inputs, gemm=choice.impl)
         record["gemm_trials_us"] = {k: round(v, 2) for k, v in choice.trials_us.items()}
         if parts:
-            part = choose_gemm(layer, parts, ctx.group, ctx.world)
+            # the parts' GEMMs run under the overlapped layer's carve-out, so they are timed under it: held
+            # to the SMs it leaves, moelab's Triton kernel runs persistent and torch's CUTLASS kernel sizes
+            # its grid, at costs that differ by shape (4 x H200, DeepSeek-V3: Triton +28%, CUTLASS +0% at
+            # 8 SMs held back; results/h200x4-r16)
+            with inputs.carved():
+                part = choose_gemm(layer, parts, ctx.group, ctx.world)
             layer.part_gemm = part.impl
             record["gemm_part"] = part.impl
             record["gemm_part_trials_us"] = {k: round(v, 2) for k, v in part.trials_us.items()}
+            record["gemm_part_carveout"] = settings.carveout
     record["gemm_kernels"] = gemm_kernels(lambda: layer.ffn(grouped))
     if parts:  # a part averages fewer rows per expert: torch may pick another tile for it
-        with layer.parts():
+        with layer.parts(), inputs.carved():
             record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
     return inputs, record
 

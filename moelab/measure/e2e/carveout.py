@@ -7,7 +7,9 @@ under the GEMMs of the two-batch overlap (results/h200x2-r3). torch's experiment
 the GEMMs launched while it is set leave that many SMs free (GroupMM.cu: `hw_info.sm_count =
 multiProcessorCount - carveout`), the way DeepSeek's DeepGEMM is held to the SMs DeepEP leaves. It is a
 process-wide setting read when a GEMM is launched, so it is set around the overlapped layer's launches
-(forward and backward) and restored after.
+(forward and backward) and restored after. moelab's Triton grouped GEMM (`gemm = triton`) reads it too: a
+grid of one program per output tile would fill every SM as torch's uncarved GEMMs do, so under a
+carve-out it launches one program per SM left to it, each looping over tiles (`held_sms`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ def _set(sms: int | None) -> None:
 
 def available() -> bool:
     return hasattr(torch._C, "_set_sm_carveout_experimental")
+
+
+def held_sms() -> int:
+    """The SMs the GEMMs launched now must leave free (0 where no carve-out is set): moelab's own Triton
+    GEMM reads it at launch (moelab.measure.e2e.grouped_gemm), as torch's GEMMs do."""
+    if not hasattr(torch._C, "_get_sm_carveout_experimental"):
+        return 0
+    return int(torch._C._get_sm_carveout_experimental() or 0)
 
 
 @contextlib.contextmanager

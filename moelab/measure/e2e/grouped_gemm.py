@@ -5,6 +5,8 @@ Forward and the input gradient run the Triton kernel (the input gradient on the 
 in place); the weight gradient is torch._grouped_mm's reduction over each group's rows
 (moelab.measure.e2e.wgrad.grouped_wgrad), as for `gemm = grouped`. The grid needs the largest group's
 rows, which the grouping reads in the same host sync as the pair count (PairMap.max_group): no sync here.
+Under the GEMM carve-out of an overlapped layer (moelab.measure.e2e.carveout) the kernel runs persistent
+on the SMs left to it (`programs`), so the communication beside it has its SMs while it runs.
 
 triton is imported on first use, never at import; `unavailable_reason` says why a case cannot take this
 path (no CUDA, no triton or no TMA, rows not 16-byte aligned), and `gemm = triton` is refused with it
@@ -24,6 +26,7 @@ import torch
 
 from moelab.measure.e2e import triton_kernels
 from moelab.measure.e2e.activation import swiglu
+from moelab.measure.e2e.carveout import held_sms
 from moelab.measure.e2e.wgrad import grouped_wgrad
 
 BLOCKS = (128, 256, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
@@ -32,6 +35,22 @@ INTERPRETED_BLOCKS = (32, 32, 16)  # under triton's interpreter (CPU tests)
 INTERPRETED_SWIGLU_BLOCKS = (32, 16, 16)
 INTERPRETED_OPTIONS = {"HALF_TAIL": True}  # the interpreter runs the plain kernel: no autotuned options
 ALIGN = 8  # TMA: every stride but the last a multiple of 16 bytes (8 bf16 elements)
+INTERPRETED_SMS = 4  # the SMs the interpreter stands in for (CPU tests of the carve-out's persistent grid)
+
+
+def programs(tiles: int, sms: int, held: int) -> int:
+    """The grid of a launch of `tiles` output tiles on a GPU of `sms` SMs with `held` of them carved out for
+    the communication: one program per tile without a carve-out (the whole GPU, as torch's GEMMs), else
+    one per SM left (at least one), each looping over tiles."""
+    if held <= 0:
+        return tiles
+    return max(1, min(tiles, sms - held))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETED_SMS
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 @functools.cache
@@ -107,10 +126,12 @@ def _launch(
     a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
     w_desc = TensorDescriptor.from_tensor(base, [1, bn, bk] if trans else [1, bk, bn])
     row_tiles, col_tiles = k.cdiv(max_group, bm), k.cdiv(n, bn)
+    tiles = experts * col_tiles * row_tiles
+    grid = programs(tiles, _sm_count(a.device), held_sms())
     kernel, options = (
         (k.triton_grouped_gemm, INTERPRETED_OPTIONS) if _interpreted() else (k.triton_grouped_gemm_tuned, {})
     )
-    kernel[(experts * col_tiles * row_tiles,)](
+    kernel[(grid,)](
         a_desc,
         a_half,
         w_desc,
@@ -119,11 +140,14 @@ def _launch(
         offsets,
         row_tiles,
         col_tiles,
+        tiles,
+        grid,
         N=n,
         KR=int(kr),
         TRANS_W=trans,
         SWIGLU=swiglu,
         KEEP_H=h is not None,
+        PERSISTENT=grid < tiles,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,

@@ -104,7 +104,8 @@ def _store_swiglu(
 
 
 @triton.jit
-def triton_grouped_gemm(
+def _group_tile(
+    pid,
     a_desc,
     a_half_desc,
     w_desc,
@@ -123,10 +124,7 @@ def triton_grouped_gemm(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """out[rows of group e] = a[rows of group e] @ w[e] (w[e]^T with TRANS_W); `ends` [E] int32 cumulative
-    row ends; row_tiles: BLOCK_M tiles of the largest group; col_tiles: BLOCK_N tiles of N. SWIGLU: w is
-    [E, KR, 2N] (gate, up), out the activation [P, N] (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output."""
-    pid = tl.program_id(0)
+    """Output tile `pid`: the expert's row tiles first, then its column tiles (see the module docstring)."""
     m_t = pid % row_tiles
     rest = pid // row_tiles
     n_t = rest % col_tiles
@@ -152,6 +150,52 @@ def triton_grouped_gemm(
             _store(out, acc, row0, end, n0, N, BLOCK_M // 2, BLOCK_N)
 
 
+@triton.jit
+def triton_grouped_gemm(
+    a_desc,
+    a_half_desc,
+    w_desc,
+    out,
+    h,
+    ends,
+    row_tiles,
+    col_tiles,
+    tiles,
+    step,
+    N: tl.constexpr,
+    KR: tl.constexpr,
+    TRANS_W: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    KEEP_H: tl.constexpr,
+    HALF_TAIL: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out[rows of group e] = a[rows of group e] @ w[e] (w[e]^T with TRANS_W); `ends` [E] int32 cumulative
+    row ends; row_tiles: BLOCK_M tiles of the largest group; col_tiles: BLOCK_N tiles of N; tiles: all of
+    them (E * col_tiles * row_tiles); step: the grid's programs. SWIGLU: w is [E, KR, 2N] (gate, up), out the activation [P, N]
+    (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output.
+
+    PERSISTENT: the grid is fewer programs than tiles (the SMs a carve-out leaves the GEMMs), each looping
+    over tiles pid, pid + programs, ...: like torch's carved-out GEMMs, it then leaves the SMs held back
+    for the communication beside it free. Each tile is computed as without it."""
+    if PERSISTENT:
+        t = tl.program_id(0)
+        while t < tiles:  # a while, not a range: triton's interpreter takes no tensor range bounds
+            _group_tile(
+                t, a_desc, a_half_desc, w_desc, out, h, ends, row_tiles, col_tiles,
+                N, KR, TRANS_W, SWIGLU, KEEP_H, HALF_TAIL, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            t += step
+    else:
+        _group_tile(
+            tl.program_id(0), a_desc, a_half_desc, w_desc, out, h, ends, row_tiles, col_tiles,
+            N, KR, TRANS_W, SWIGLU, KEEP_H, HALF_TAIL, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+
+
 # pipeline depth and whether a short last tile runs half-height, tried per shape on CUDA: neither changes
 # a result bit (each output element sums the same products in the same order)
 TUNED = [
@@ -159,6 +203,6 @@ TUNED = [
     for stages in (3, 4)
     for half in (True, False)
 ]
-triton_grouped_gemm_tuned = triton.autotune(configs=TUNED, key=["N", "KR", "TRANS_W", "SWIGLU", "KEEP_H"])(
-    triton_grouped_gemm
-)
+triton_grouped_gemm_tuned = triton.autotune(
+    configs=TUNED, key=["N", "KR", "TRANS_W", "SWIGLU", "KEEP_H", "PERSISTENT"]
+)(triton_grouped_gemm)
