@@ -34,7 +34,7 @@ import duckdb
 
 from moelab.core.intervals import Interval
 from moelab.core.models import MODELS
-from moelab.reports.e2e_section import speedup_intervals
+from moelab.reports.e2e_section import best_serial, serial_us, speedup_intervals
 
 GEMM_NEED = {"deepseek-v3": 0.65, "qwen3-235b-a22b": 0.65, "reference": 0.80}
 
@@ -106,6 +106,30 @@ def span(shares: list[float]) -> str:
     return f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%" if shares else "-"
 
 
+def _fwd_bwd_us(t: dict[str, Any]) -> float | None:
+    tps = t.get("tokens_per_s_per_rank_fwd_bwd")
+    return t["tokens_per_rank"] / tps * 1e6 if tps else None
+
+
+def vs_best_serial(rows: list[dict[str, Any]]) -> str:
+    """The fastest overlapped layer, forward and forward+backward, against the fastest serial layer of any SM
+    count (moelab.reports.e2e_section.best_serial), as one line of the summary's third table."""
+    cells = []
+    for way, layer_of in (("fwd", lambda t: t.get("layer_us")), ("fwd_bwd", _fwd_bwd_us)):
+        timed = [(r, layer_of(r["timing"])) for r in rows if r["timing"]["mode"] not in ("serial", "auto")]
+        timed = [(r, us) for r, us in timed if us]
+        base = best_serial([(r["sms"], us) for r in rows if (us := serial_us(r["timing"], way)) is not None])
+        if not timed or base is None:
+            cells.append(f"{'-':40} {'-':26} {'-':>6}" if way == "fwd" else f"{'-':30} {'-':18} {'-':>6}")
+            continue
+        top, us = min(timed, key=lambda t: t[1])
+        name = f"{top['schedule']}@{top['sms'] if top['sms'] is not None else 'def'} {us / 1e3:.2f}"
+        serial = f"{base[0] if base[0] is not None else 'def'} {base[1] / 1e3:.2f}"
+        width = (40, 26) if way == "fwd" else (30, 18)
+        cells.append(f"{name:{width[0]}} {serial:{width[1]}} {base[1] / us:6.3f}")
+    return "   ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", required=True)
@@ -116,7 +140,7 @@ def main() -> None:
     marks = ", ".join("?" for _ in runs)
     cases = con.execute(
         f"SELECT run_id, backend, case_id, status, reason, sms, hidden, topk, experts_per_rank, world, knobs, "
-        f"backend_record FROM cases WHERE run_id IN ({marks})",
+        f"backend_record, tokens_per_rank FROM cases WHERE run_id IN ({marks})",
         runs,
     ).fetchall()
     metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
@@ -133,7 +157,7 @@ def main() -> None:
     intervals = speedup_intervals(con)
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
-    for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record in cases:
+    for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
         knobs = json.loads(knobs) if isinstance(knobs, str) else (knobs or {})
         if knobs.get("bench") != "e2e":
             continue
@@ -153,6 +177,9 @@ def main() -> None:
                 "ms_gemm": case_ops.get("gemm", 0) / 1e3,
                 "ceiling": ceiling(schedule or "", case_ops),
                 "ci": intervals.get((run, backend, case), {}),
+                # the fields moelab.reports.e2e_section.serial_us reads
+                "timing": {"mode": knobs.get("mode", "serial"), "tokens_per_rank": tokens, "sms": sms}
+                | metrics[(run, backend, case)],
             }
         )
     print(
@@ -222,6 +249,18 @@ def main() -> None:
     print(
         "interval: ~95% bootstrap of serial / schedule (iteration pairs resampled together where timed "
         "interleaved); vs 0.99: met, not excluded (its interval reaches 0.99) or below"
+    )
+    print(
+        f"\n{'preset':16} {'EP':>2} {'backend':9} {'fastest overlapped fwd (sched@SMs, ms)':40} "
+        f"{'best serial fwd (SMs, ms)':26} {'vs it':>6}   {'fastest f+b':30} {'best serial f+b':18} {'vs it':>6}"
+    )
+    for (preset, ep, backend), rows in sorted(groups.items()):
+        print(f"{preset:16} {ep:>2} {backend:9} {vs_best_serial(rows)}")
+    print(
+        "vs it: the fastest serial layer measured for the preset on that backend (per SM count the median of "
+        "its cases' serial layers, then the fastest) / the fastest overlapped layer. Where the cases hold the "
+        "communication to different SM counts, the in-case speedups above compare each schedule with a serial "
+        "layer held to the same count; this does not"
     )
     by_impl: dict[tuple[str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for (preset, ep, backend), rows in groups.items():

@@ -3,14 +3,16 @@ communication holds, every backend and schedule on one chart, each line's best S
 winning backend+S named, and the figures behind it (exposed communication, overlap efficiency, the GEMM
 slowdown the communication's SMs cause, the layer's and its compute's % of roofline). Rows come from the e2e cases' stored metrics (moelab.measure.e2e).
 
-Each block also names, per backend, the overlapped schedule with the best speedup over its serial layer
-(moelab.measure.e2e.schedules), forward and forward+backward, each with the bootstrap interval of the
+Each block also names, per backend, the fastest overlapped layer (moelab.measure.e2e.schedules) and its
+speedup over its own serial layer, forward and forward+backward, each with the bootstrap interval of the
 ratio of the two layers' medians (slowest rank per iteration, from the stored samples; the iteration
-pairs resampled together where the case timed the two interleaved)."""
+pairs resampled together where the case timed the two interleaved), and over the fastest serial layer
+measured for the workload at any SM count (`best_schedules`)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -219,19 +221,59 @@ def _block(n: int, key: tuple[Any, ...], grows: list[dict[str, Any]], draw: bool
     }
 
 
+def serial_us(r: dict[str, Any], way: str) -> float | None:
+    """The serial layer time (µs) a case measured, forward ("fwd") or forward+backward ("fwd_bwd"): a serial
+    case's own layer, an overlapped case's in-case baseline (its layer time x its speedup over it, the ratio
+    of the two medians)."""
+    if way == "fwd":
+        layer, speedup = r.get("layer_us"), r.get("speedup_vs_serial")
+    else:
+        tps = r.get("tokens_per_s_per_rank_fwd_bwd")
+        layer = r["tokens_per_rank"] / tps * 1e6 if tps else None
+        speedup = r.get("speedup_vs_serial_fwd_bwd")
+    if layer is None:
+        return None
+    if r["mode"] == "serial":
+        return float(layer)
+    return float(layer) * speedup if speedup is not None else None
+
+
+def best_serial(points: Sequence[tuple[int | None, float]]) -> tuple[int | None, float] | None:
+    """The fastest serial layer among (SMs, serial µs) readings: per SM count the median of its readings
+    (every overlapped case times its own serial layer: their median, not their minimum, so the noise of
+    many cases does not pull the baseline down), then the fastest SM count."""
+    by_sms: dict[int | None, list[float]] = defaultdict(list)
+    for sms, us in points:
+        by_sms[sms].append(us)
+    if not by_sms:
+        return None
+    medians = {sms: statistics.median(v) for sms, v in by_sms.items()}
+    sms = min(medians, key=lambda k: medians[k])
+    return sms, medians[sms]
+
+
 def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per backend, its overlapped case with the highest forward speedup over serial: the schedule, its SMs,
-    the SMs it took from the GEMMs, both speedups with their intervals, and serial's exposed share."""
+    """Per backend, its fastest overlapped layer (forward): the schedule, its SMs, the SMs it took from the
+    GEMMs, its speedups over its own serial layer with their intervals, and over the fastest serial layer
+    the workload measured on that backend (`best_serial`). The two differ where cases hold the
+    communication to different SM counts: a schedule at 8 SMs against a serial layer also held to 8 SMs
+    can read 1.12 in-case and lose to the serial layer at the library's default (4 x H200, reference,
+    DeepEP: results/h200x4-r16); the table shows both."""
     by_backend: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in grows:
-        if r.get("speedup_vs_serial") is not None:
+        if r.get("speedup_vs_serial") is not None and r.get("layer_us"):
             by_backend[r["backend"]].append(r)
     out = []
     for backend, rows in sorted(by_backend.items()):
-        top = max(rows, key=lambda r: r["speedup_vs_serial"])
-        serial = [
-            r for r in grows if r["backend"] == backend and r["mode"] == "serial" and r["sms"] == top["sms"]
-        ]
+        top = min(rows, key=lambda r: r["layer_us"])
+        mine = [r for r in grows if r["backend"] == backend]
+        baseline = {
+            way: best_serial([(r["sms"], us) for r in mine if (us := serial_us(r, way)) is not None])
+            for way in ("fwd", "fwd_bwd")
+        }
+        serial = [r for r in mine if r["mode"] == "serial" and r["sms"] == top["sms"]]
+        layer_fb = serial_us(top | {"mode": "serial"}, "fwd_bwd")  # the schedule's own forward+backward
+        fwd, fb = baseline["fwd"], baseline["fwd_bwd"]
         out.append(
             {
                 "backend": backend,
@@ -243,6 +285,9 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_ci": _ci_text(top.get("speedup_ci")),
                 "speedup_fwd_bwd": top.get("speedup_vs_serial_fwd_bwd"),
                 "speedup_fwd_bwd_ci": _ci_text(top.get("speedup_fwd_bwd_ci")),
+                "vs_best_serial": fwd[1] / top["layer_us"] if fwd else None,
+                "vs_best_serial_fwd_bwd": fb[1] / layer_fb if fb and layer_fb else None,
+                "best_serial_sms": _sms_text(fwd[0]) if fwd else "—",
                 "serial_exposed_share": (
                     top.get("serial_exposed_comm_share")
                     if top.get("serial_exposed_comm_share") is not None

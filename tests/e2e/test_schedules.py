@@ -346,19 +346,20 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
         "auto:columns/4",
     }
     assert by[(auto, "speedup_vs_serial")] > 0 and by[(auto, "grad_x_rel_err")] < 0.05
-    # the report's layer section names each backend's best overlapped schedule with its speedup and interval
+    # the report's layer section names each backend's fastest overlapped layer with its speedups and interval
     md = tmp_path / "report.md"
     shown = CliRunner().invoke(app, ["report", "--run", "sched", "--format", "md", "-o", str(md)])
     assert shown.exit_code == 0, shown.output
     text = md.read_text()
-    assert "Best overlapped schedule per backend" in text
+    assert "Fastest overlapped layer per backend" in text
     lines = text.splitlines()
-    at = next(i for i, x in enumerate(lines) if x.startswith("Best overlapped schedule per backend"))
+    at = next(i for i, x in enumerate(lines) if x.startswith("Fastest overlapped layer per backend"))
     line = lines[at + 4]  # the sentence, a blank line, the header, its rule, then nccl-a2a's row
     cells = [c.strip() for c in line.split("|")[1:-1]]
     assert cells[1] in ("tbo", "expert/4", "columns/4") or cells[1].startswith("auto:")
     assert cells[5].startswith("[") and cells[7].startswith("[")
-    assert cells[9] == "4"  # tbo, expert/4, columns/4 and auto were compared
+    assert float(cells[8]) > 0 and cells[10] == "default"  # against the fastest serial layer, its SMs
+    assert cells[12] == "4"  # tbo, expert/4, columns/4 and auto were compared
 
 
 @pytest.mark.slow  # real gloo ranks, several rounds

@@ -100,9 +100,45 @@ def test_best_overlapped_schedule_per_backend_with_its_interval() -> None:
     data = ReportData(runs=[], environment=[], results=[], not_measured=[], jobs=[], definitions=[])
     data.e2e = [block]
     md = render(data, "md")
-    assert "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 20% | 2 |" in md
+    assert (
+        "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 1.18 | — | 24 | 20% | 2 |"
+        in md
+    )
     assert "| nccl-a2a | tbo+zero-sm | default | 0 | 0.97 | — |" in md
     assert '<td class="l">expert/4</td>' in render(data, "html")
+
+
+def test_best_schedule_is_held_to_the_fastest_serial_layer_at_any_sm_count() -> None:
+    """What 4 x H200 showed at the reference on DeepEP (results/h200x4-r16): tbo at 8 SMs read 1.12x its own
+    serial layer, itself held to 8 SMs, and was slower than the serial layer at the library's default. The
+    fastest overlapped layer is named with both figures: 1.12 in-case, 0.91 against the best serial."""
+    rows = [
+        _row("deepep", "serial", None, 4096 / 7728e-6, schedule="serial"),
+        _row("deepep", "tbo", 8, 4096 / 8503e-6, schedule="tbo+priority", speedup_vs_serial=1.121,
+             speedup_vs_serial_fwd_bwd=1.053, tokens_per_s_per_rank_fwd_bwd=4096 / 23334e-6),
+        _row("deepep", "tbo", None, 4096 / 9701e-6, schedule="tbo+priority", speedup_vs_serial=0.803,
+             speedup_vs_serial_fwd_bwd=0.831, tokens_per_s_per_rank_fwd_bwd=4096 / 25112e-6),
+    ]  # fmt: skip
+    (block,) = build(rows, draw=False)
+    (best,) = block["best_schedules"]
+    assert best["sms"] == "8" and best["speedup"] == 1.121
+    serial_default = (7728 + 9701 * 0.803) / 2  # the default's two readings: the serial case, tbo's baseline
+    assert best["vs_best_serial"] == pytest.approx(serial_default / 8503)
+    assert best["vs_best_serial"] < 0.92 and best["best_serial_sms"] == "default"
+    assert best["vs_best_serial_fwd_bwd"] == pytest.approx(25112 * 0.831 / 23334)
+    data = ReportData(runs=[], environment=[], results=[], not_measured=[], jobs=[], definitions=[])
+    data.e2e = [block]
+    assert "| 8 | shared | 1.12 | — | 1.05 | — | 0.912 | 0.894 | default |" in render(data, "md")
+
+
+def test_best_serial_is_the_fastest_sm_counts_median_reading() -> None:
+    """Per SM count the median of its readings (not the minimum: one low reading of many cases is noise),
+    then the fastest SM count; nothing read, nothing named."""
+    from moelab.reports.e2e_section import best_serial
+
+    assert best_serial([(8, 100.0), (8, 90.0), (8, 200.0), (None, 120.0)]) == (8, 100.0)
+    assert best_serial([(8, 100.0), (None, 95.0), (None, 99.0)]) == (None, 97.0)
+    assert best_serial([]) is None
 
 
 def test_speedup_intervals_pair_the_iterations_of_a_case_timed_interleaved() -> None:

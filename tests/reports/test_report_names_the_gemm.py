@@ -25,7 +25,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _best_rows(md: str) -> list[list[str]]:
     rows = []
-    for block in md.split("Best overlapped schedule per backend")[1:]:
+    for block in md.split("Fastest overlapped layer per backend")[1:]:
         table = block.split("\n\n")[1].splitlines()[2:]
         rows += markdown_rows(table)
     return rows
