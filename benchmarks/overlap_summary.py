@@ -111,23 +111,46 @@ def _fwd_bwd_us(t: dict[str, Any]) -> float | None:
     return t["tokens_per_rank"] / tps * 1e6 if tps else None
 
 
+def _overlapped(r: dict[str, Any]) -> bool:
+    """A case whose layer overlaps: not serial, nor mode auto having chosen serial."""
+    return r["timing"]["mode"] != "serial" and r["schedule"] != "auto:serial"
+
+
+def fastest_vs_best_serial(
+    rows: list[dict[str, Any]], way: str
+) -> tuple[dict[str, Any], float, tuple[int | None, float]] | None:
+    """The fastest overlapped layer ("fwd" or "fwd_bwd"), its time, and the fastest serial layer of any SM
+    count (moelab.reports.e2e_section.best_serial), or None where either is missing."""
+    layer_of = _fwd_bwd_us if way == "fwd_bwd" else (lambda t: t.get("layer_us"))
+    timed = [(r, us) for r in rows if _overlapped(r) and (us := layer_of(r["timing"]))]
+    base = best_serial([(r["sms"], us) for r in rows if (us := serial_us(r["timing"], way)) is not None])
+    if not timed or base is None:
+        return None
+    top, us = min(timed, key=lambda t: t[1])
+    return top, us, base
+
+
 def vs_best_serial(rows: list[dict[str, Any]]) -> str:
-    """The fastest overlapped layer, forward and forward+backward, against the fastest serial layer of any SM
-    count (moelab.reports.e2e_section.best_serial), as one line of the summary's third table."""
+    """The summary's third table's line: the fastest overlapped layer, forward and forward+backward, against
+    the fastest serial layer."""
     cells = []
-    for way, layer_of in (("fwd", lambda t: t.get("layer_us")), ("fwd_bwd", _fwd_bwd_us)):
-        timed = [(r, layer_of(r["timing"])) for r in rows if r["timing"]["mode"] not in ("serial", "auto")]
-        timed = [(r, us) for r, us in timed if us]
-        base = best_serial([(r["sms"], us) for r in rows if (us := serial_us(r["timing"], way)) is not None])
-        if not timed or base is None:
-            cells.append(f"{'-':40} {'-':26} {'-':>6}" if way == "fwd" else f"{'-':30} {'-':18} {'-':>6}")
+    for way, width in (("fwd", (40, 26)), ("fwd_bwd", (30, 18))):
+        found = fastest_vs_best_serial(rows, way)
+        if found is None:
+            cells.append(f"{'-':{width[0]}} {'-':{width[1]}} {'-':>6}")
             continue
-        top, us = min(timed, key=lambda t: t[1])
+        top, us, (sms, base) = found
         name = f"{top['schedule']}@{top['sms'] if top['sms'] is not None else 'def'} {us / 1e3:.2f}"
-        serial = f"{base[0] if base[0] is not None else 'def'} {base[1] / 1e3:.2f}"
-        width = (40, 26) if way == "fwd" else (30, 18)
-        cells.append(f"{name:{width[0]}} {serial:{width[1]}} {base[1] / us:6.3f}")
+        serial = f"{sms if sms is not None else 'def'} {base / 1e3:.2f}"
+        cells.append(f"{name:{width[0]}} {serial:{width[1]}} {base / us:6.3f}")
     return "   ".join(cells)
+
+
+def held_to_best_serial(best: float, rows: list[dict[str, Any]], way: str) -> float:
+    """A best in-case speedup, no higher than the fastest overlapped layer against the fastest serial layer:
+    a schedule held to few SMs beats its serial layer, held to as few, more easily than the best serial."""
+    found = fastest_vs_best_serial(rows, way)
+    return min(best, found[2][1] / found[1]) if found is not None else best
 
 
 def main() -> None:
@@ -202,9 +225,14 @@ def main() -> None:
         ]
         share = sorted(shares)[len(shares) // 2] if shares else None
         want = need(share)
+        # the verdict holds both readings to what is asked: in-case, and against the fastest serial layer
+        held_f, held_b = (
+            held_to_best_serial(best_f, rows, "fwd"),
+            held_to_best_serial(best_b, rows, "fwd_bwd"),
+        )
         verdict = (
             "MET"
-            if best_f >= want and best_b >= 0.99 and (share is None or share < 0.10 or best_b >= want)
+            if held_f >= want and held_b >= 0.99 and (share is None or share < 0.10 or held_b >= want)
             else "NOT MET"
         )
         gemm = gemm_rates(rows)

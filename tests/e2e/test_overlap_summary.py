@@ -125,3 +125,40 @@ def test_the_same_serial_layer_timed_in_blocks_reads_below_itself_and_interleave
         verdicts = " ".join(cells[7:])
         assert "below" not in verdicts, (key, cells)
         assert cells[5].startswith("[") and cells[6].endswith("]"), cells
+
+
+def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(tmp_path: Path) -> None:
+    """4 x H200, EP 4, reference, DeepEP (results/h200x4-r16/sms): tbo at 8 and 12 SMs read 1.06x their own
+    serial layers, themselves held to 8 and 12 SMs, while the serial layer at DeepEP's default SMs was
+    faster than every overlapped layer. The third table names the fastest overlapped layer against that
+    serial layer (below 1), and the script's own tables are read as a user runs it."""
+    db = tmp_path / "r16.duckdb"
+    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "sms-nccl,sms-deepep"],
+        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    ).stdout  # fmt: skip
+    first = {(line.split()[0], line.split()[2]): line for line in out.splitlines()[1:5]}
+    reference = first[("reference", "deepep")]
+    assert "tbo+priority@12 1.06" in reference and "tbo+priority@8 1.06" in reference
+    table = out.split("fastest overlapped fwd", 1)[1].split("\nvs it:", 1)[0].splitlines()[1:]
+    rows = {(line.split()[0], line.split()[2]): line.split() for line in table}
+    cells = rows[("reference", "deepep")]
+    assert cells[5] == "def" and float(cells[7]) < 1.0, cells  # the best serial at the default SMs wins
+    assert len(rows) == 4 and all(float(c[7]) < 1.0 for c in rows.values())
+
+
+def test_held_to_best_serial_takes_the_lower_reading() -> None:
+    """The verdict's reading: the in-case best, but never above the fastest overlapped layer against the
+    fastest serial layer of any SM count."""
+    m = _summary()
+
+    def row(mode: str, sms: int | None, layer_us: float, speedup: float | None) -> dict[str, object]:
+        timing = {"mode": mode, "tokens_per_rank": 4096, "sms": sms, "layer_us": layer_us}
+        timing["speedup_vs_serial"] = speedup
+        return {"schedule": mode, "sms": sms, "timing": timing}
+
+    rows = [row("serial", None, 7700.0, None), row("tbo", 8, 8500.0, 1.12), row("tbo", None, 9700.0, 0.80)]
+    assert m.held_to_best_serial(1.12, rows, "fwd") == pytest.approx(7730.0 / 8500.0)  # median of 7700 and 9700 x 0.8
+    assert m.held_to_best_serial(0.9, rows, "fwd") == 0.9
+    assert m.held_to_best_serial(1.12, rows[:1], "fwd") == 1.12  # no overlapped layer: nothing to hold it to

@@ -292,7 +292,8 @@ OVERLAP = (
         unit="ratio",
         value=_ratio_of("layer_serial", "layer"),
         definition="serial layer time / {mode} layer time, medians of iterations timed interleaved "
-        "(> 1: the overlap pays off)",
+        "(> 1: the overlap pays off), the serial layer's communication at this case's SMs (against the "
+        "fastest serial layer of any SM count: the report's vs best serial)",
     ),
     MetricDef(
         name="serial_exposed_comm_share",
@@ -369,7 +370,7 @@ OVERLAP_BACKWARD = (
         unit="ratio",
         value=_ratio_of("layer_fwd_bwd_serial", "layer_fwd_bwd"),
         definition="serial forward+backward time / {mode} forward+backward time, medians of iterations "
-        "timed interleaved",
+        "timed interleaved, the serial layer's communication at this case's SMs",
     ),
 )
 
