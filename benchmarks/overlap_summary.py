@@ -34,7 +34,7 @@ import duckdb
 
 from moelab.core.intervals import Interval
 from moelab.core.models import MODELS
-from moelab.reports.e2e_section import best_serial, serial_us, speedup_intervals
+from moelab.reports.e2e_section import best_serial, layer_us, serial_us, speedup_intervals
 
 GEMM_NEED = {"deepseek-v3": 0.65, "qwen3-235b-a22b": 0.65, "reference": 0.80}
 
@@ -106,11 +106,6 @@ def span(shares: list[float]) -> str:
     return f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%" if shares else "-"
 
 
-def _fwd_bwd_us(t: dict[str, Any]) -> float | None:
-    tps = t.get("tokens_per_s_per_rank_fwd_bwd")
-    return t["tokens_per_rank"] / tps * 1e6 if tps else None
-
-
 def _overlapped(r: dict[str, Any]) -> bool:
     """A case whose layer overlaps: not serial, nor mode auto having chosen serial."""
     return r["timing"]["mode"] != "serial" and r["schedule"] != "auto:serial"
@@ -121,8 +116,7 @@ def fastest_vs_best_serial(
 ) -> tuple[dict[str, Any], float, tuple[int | None, float]] | None:
     """The fastest overlapped layer ("fwd" or "fwd_bwd"), its time, and the fastest serial layer of any SM
     count (moelab.reports.e2e_section.best_serial), or None where either is missing."""
-    layer_of = _fwd_bwd_us if way == "fwd_bwd" else (lambda t: t.get("layer_us"))
-    timed = [(r, us) for r in rows if _overlapped(r) and (us := layer_of(r["timing"]))]
+    timed = [(r, us) for r in rows if _overlapped(r) and (us := layer_us(r["timing"], way))]
     base = best_serial([(r["sms"], us) for r in rows if (us := serial_us(r["timing"], way)) is not None])
     if not timed or base is None:
         return None

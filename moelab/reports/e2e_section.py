@@ -221,21 +221,23 @@ def _block(n: int, key: tuple[Any, ...], grows: list[dict[str, Any]], draw: bool
     }
 
 
-def serial_us(r: dict[str, Any], way: str) -> float | None:
-    """The serial layer time (µs) a case measured, forward ("fwd") or forward+backward ("fwd_bwd"): a serial
-    case's own layer, an overlapped case's in-case baseline (its layer time x its speedup over it, the ratio
-    of the two medians)."""
+def layer_us(r: dict[str, Any], way: str) -> float | None:
+    """A case's own layer time (µs), forward ("fwd") or forward+backward ("fwd_bwd", from its tokens/s)."""
     if way == "fwd":
-        layer, speedup = r.get("layer_us"), r.get("speedup_vs_serial")
-    else:
-        tps = r.get("tokens_per_s_per_rank_fwd_bwd")
-        layer = r["tokens_per_rank"] / tps * 1e6 if tps else None
-        speedup = r.get("speedup_vs_serial_fwd_bwd")
-    if layer is None:
-        return None
-    if r["mode"] == "serial":
-        return float(layer)
-    return float(layer) * speedup if speedup is not None else None
+        return float(r["layer_us"]) if r.get("layer_us") is not None else None
+    tps = r.get("tokens_per_s_per_rank_fwd_bwd")
+    return r["tokens_per_rank"] / tps * 1e6 if tps else None
+
+
+def serial_us(r: dict[str, Any], way: str) -> float | None:
+    """The serial layer time (µs) a case measured, forward or forward+backward: a serial case's own layer,
+    an overlapped case's in-case baseline (its layer time x its speedup over it, the ratio of the two
+    medians)."""
+    layer = layer_us(r, way)
+    if layer is None or r["mode"] == "serial":
+        return layer
+    speedup = r.get("speedup_vs_serial" if way == "fwd" else "speedup_vs_serial_fwd_bwd")
+    return layer * speedup if speedup is not None else None
 
 
 def best_serial(points: Sequence[tuple[int | None, float]]) -> tuple[int | None, float] | None:
@@ -272,7 +274,7 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for way in ("fwd", "fwd_bwd")
         }
         serial = [r for r in mine if r["mode"] == "serial" and r["sms"] == top["sms"]]
-        layer_fb = serial_us(top | {"mode": "serial"}, "fwd_bwd")  # the schedule's own forward+backward
+        layer_fb = layer_us(top, "fwd_bwd")
         fwd, fb = baseline["fwd"], baseline["fwd_bwd"]
         out.append(
             {

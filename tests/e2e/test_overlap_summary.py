@@ -159,6 +159,8 @@ def test_held_to_best_serial_takes_the_lower_reading() -> None:
         return {"schedule": mode, "sms": sms, "timing": timing}
 
     rows = [row("serial", None, 7700.0, None), row("tbo", 8, 8500.0, 1.12), row("tbo", None, 9700.0, 0.80)]
-    assert m.held_to_best_serial(1.12, rows, "fwd") == pytest.approx(7730.0 / 8500.0)  # median of 7700 and 9700 x 0.8
+    assert m.held_to_best_serial(1.12, rows, "fwd") == pytest.approx(
+        7730.0 / 8500.0
+    )  # median of 7700 and 9700 x 0.8
     assert m.held_to_best_serial(0.9, rows, "fwd") == 0.9
     assert m.held_to_best_serial(1.12, rows[:1], "fwd") == 1.12  # no overlapped layer: nothing to hold it to

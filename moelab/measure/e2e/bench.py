@@ -148,8 +148,8 @@ def run_e2e_case(cc: CaseContext, case: CaseSpec) -> CaseRecord:
 def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, dict[str, Any]]:
     """The expert-GEMM implementation the case runs (auto on a GPU with the grouped kernel: the fastest of
     the candidates on the rows its GEMMs see, moelab.measure.e2e.gemm_choice: the whole batch, and the
-    parts of an overlapped schedule under its GEMM carve-out) and, on CUDA, the kernels it launched on them, for the record.
-    Untimed dispatches of the whole batch and of the parts, on every rank."""
+    parts of an overlapped schedule under its GEMM carve-out) and, on CUDA, the kernels it launched on
+    them, for the record. Untimed dispatches of the whole batch and of the parts, on every rank."""
     if not inputs.x.is_cuda:
         return inputs, {}
     settings, layer = inputs.settings, inputs.layer

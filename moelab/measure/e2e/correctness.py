@@ -85,7 +85,8 @@ class LayerInputs:
             return f"{self.streams.gemm_sms} (CUDA green context; the communication's holds the rest)"
         if s.carveout:
             why = f"; {self.streams.partition_note}" if self.streams.partition_note else ""
-            return f"all but {s.carveout} (GEMM SM carve-out: torch's GEMMs, and moelab's Triton GEMM run persistent on the rest{why})"
+            held = "GEMM SM carve-out: torch's GEMMs and moelab's Triton GEMM (persistent) run on the rest"
+            return f"all but {s.carveout} ({held}{why})"
         if s.comm in ("zero-sm", "hook"):
             return "all (the communication holds no SM while they run)"
         shared = "all, shared with whatever the communication kernels occupy"

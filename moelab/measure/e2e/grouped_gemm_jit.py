@@ -175,8 +175,8 @@ def triton_grouped_gemm(
 ):
     """out[rows of group e] = a[rows of group e] @ w[e] (w[e]^T with TRANS_W); `ends` [E] int32 cumulative
     row ends; row_tiles: BLOCK_M tiles of the largest group; col_tiles: BLOCK_N tiles of N; tiles: all of
-    them (E * col_tiles * row_tiles); step: the grid's programs. SWIGLU: w is [E, KR, 2N] (gate, up), out the activation [P, N]
-    (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output.
+    them (E * col_tiles * row_tiles); step: the grid's programs. SWIGLU: w is [E, KR, 2N] (gate, up), out
+    the activation [P, N] (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output.
 
     PERSISTENT: the grid is fewer programs than tiles (the SMs a carve-out leaves the GEMMs), each looping
     over tiles pid, pid + programs, ...: like torch's carved-out GEMMs, it then leaves the SMs held back
