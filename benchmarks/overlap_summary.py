@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -147,6 +148,25 @@ def held_to_best_serial(best: float, rows: list[dict[str, Any]], way: str) -> fl
     return min(best, found[2][1] / found[1]) if found is not None else best
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    """A JSON column as a dict (the store keeps knobs and records as JSON text)."""
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
+def missing_runs(con: duckdb.DuckDBPyConnection, runs: list[str], cases: list[tuple[Any, ...]]) -> str | None:
+    """Why the summary would print empty tables for `runs` (a run not in the store, or no MoE-layer case in
+    those runs), naming what the store holds; None where there is something to summarise."""
+    found = {c[0] for c in cases}
+    absent = [r for r in runs if r not in found]
+    if absent:
+        known = sorted(r for (r,) in con.execute("SELECT run_id FROM runs").fetchall())
+        shown = ", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
+        return f"no case of run {', '.join(absent)} in this store (its runs: {shown or 'none'})"
+    if not any(_obj(c[10]).get("bench") == "e2e" for c in cases):
+        return f"run {', '.join(runs)} holds no MoE-layer case (bench = e2e): nothing to summarise"
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", required=True)
@@ -160,6 +180,10 @@ def main() -> None:
         f"backend_record, tokens_per_rank FROM cases WHERE run_id IN ({marks})",
         runs,
     ).fetchall()
+    missing = missing_runs(con, runs, cases)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        raise SystemExit(2)
     metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
     for run, backend, case, name, value in con.execute(
         f"SELECT run_id, backend, case_id, name, value FROM case_metrics WHERE run_id IN ({marks})", runs
@@ -175,10 +199,10 @@ def main() -> None:
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
-        knobs = json.loads(knobs) if isinstance(knobs, str) else (knobs or {})
+        knobs = _obj(knobs)
         if knobs.get("bench") != "e2e":
             continue
-        rec = (json.loads(record) if isinstance(record, str) else (record or {})).get("e2e", {})
+        rec = _obj(record).get("e2e", {})
         inter = rec.get("intermediate", knobs.get("intermediate"))
         key = (preset_of(hidden, topk, inter), world, backend)
         if status != "ok":

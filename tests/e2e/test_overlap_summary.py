@@ -164,3 +164,35 @@ def test_held_to_best_serial_takes_the_lower_reading() -> None:
     )  # median of 7700 and 9700 x 0.8
     assert m.held_to_best_serial(0.9, rows, "fwd") == 0.9
     assert m.held_to_best_serial(1.12, rows[:1], "fwd") == 1.12  # no overlapped layer: nothing to hold it to
+
+
+@pytest.mark.parametrize(
+    ("run", "says"),
+    [
+        ("nope", "error: no case of run nope in this store (its runs: sms-deepep, sms-nccl, trace-ep4)"),
+        ("sms-nccl,nope", "error: no case of run nope in this store"),
+    ],
+)
+def test_an_unknown_run_is_one_clear_error_not_empty_tables(tmp_path: Path, run: str, says: str) -> None:
+    """A run id the store does not hold (a typo, another store) used to print the tables' headers and no
+    row, exit 0. Now: one line naming the runs the store holds, exit 2."""
+    db = tmp_path / "r16.duckdb"
+    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", run],
+        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().startswith(says), done.stderr
+
+
+def test_a_run_without_moe_layer_cases_says_so(tmp_path: Path) -> None:
+    """A run of dispatch/combine cases only (the 2 x H200 acceptance's verify run): nothing to summarise."""
+    db = tmp_path / "verify.duckdb"
+    import_export(RESULTS / "gpu-acceptance" / "h200x2" / "export-verify", db)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "20261128T200511Z-29d152"],
+        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "holds no MoE-layer case (bench = e2e)" in done.stderr
