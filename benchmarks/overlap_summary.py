@@ -26,7 +26,6 @@ kinds can meet it at that shape on that machine without a cheaper split or less 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from typing import Any
@@ -35,7 +34,8 @@ import duckdb
 
 from moelab.core.intervals import Interval
 from moelab.core.models import MODELS
-from moelab.reports.e2e_section import best_serial, layer_us, serial_us, speedup_intervals
+from moelab.reports.e2e_section import best_serial_of, layer_us, speedup_intervals
+from moelab.reports.query import json_obj
 
 GEMM_NEED = {"deepseek-v3": 0.65, "qwen3-235b-a22b": 0.65, "reference": 0.80}
 
@@ -118,7 +118,7 @@ def fastest_vs_best_serial(
     """The fastest overlapped layer ("fwd" or "fwd_bwd"), its time, and the fastest serial layer of any SM
     count (moelab.reports.e2e_section.best_serial), or None where either is missing."""
     timed = [(r, us) for r in rows if _overlapped(r) and (us := layer_us(r["timing"], way))]
-    base = best_serial([(r["sms"], us) for r in rows if (us := serial_us(r["timing"], way)) is not None])
+    base = best_serial_of([r["timing"] for r in rows], way)
     if not timed or base is None:
         return None
     top, us = min(timed, key=lambda t: t[1])
@@ -148,11 +148,6 @@ def held_to_best_serial(best: float, rows: list[dict[str, Any]], way: str) -> fl
     return min(best, found[2][1] / found[1]) if found is not None else best
 
 
-def _obj(value: Any) -> dict[str, Any]:
-    """A JSON column as a dict (the store keeps knobs and records as JSON text)."""
-    return json.loads(value) if isinstance(value, str) else dict(value or {})
-
-
 def missing_runs(con: duckdb.DuckDBPyConnection, runs: list[str], cases: list[tuple[Any, ...]]) -> str | None:
     """Why the summary would print empty tables for `runs` (a run not in the store, or no MoE-layer case in
     those runs), naming what the store holds; None where there is something to summarise."""
@@ -162,7 +157,7 @@ def missing_runs(con: duckdb.DuckDBPyConnection, runs: list[str], cases: list[tu
         known = sorted(r for (r,) in con.execute("SELECT run_id FROM runs").fetchall())
         shown = ", ".join(known[:12]) + (f" and {len(known) - 12} more" if len(known) > 12 else "")
         return f"no case of run {', '.join(absent)} in this store (its runs: {shown or 'none'})"
-    if not any(_obj(c[10]).get("bench") == "e2e" for c in cases):
+    if not any(json_obj(c[10]).get("bench") == "e2e" for c in cases):
         return f"run {', '.join(runs)} holds no MoE-layer case (bench = e2e): nothing to summarise"
     return None
 
@@ -199,10 +194,10 @@ def main() -> None:
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
-        knobs = _obj(knobs)
+        knobs = json_obj(knobs)
         if knobs.get("bench") != "e2e":
             continue
-        rec = _obj(record).get("e2e", {})
+        rec = json_obj(record).get("e2e", {})
         inter = rec.get("intermediate", knobs.get("intermediate"))
         key = (preset_of(hidden, topk, inter), world, backend)
         if status != "ok":

@@ -11,7 +11,6 @@ measured for the workload at any SM count (`best_schedules`)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ import duckdb
 from moelab.core.e2e_spec import GEMM_TILES, SERIAL_TIMING
 from moelab.core.intervals import Interval, interleaved_ratio_interval, ratio_interval
 from moelab.reports import charts
-from moelab.reports.query import select
+from moelab.reports.query import json_obj, select
 
 METRICS = (
     "layer_us",
@@ -54,7 +53,7 @@ def speedup_intervals(
         for c in select(
             con, "SELECT run_id, backend, case_id, backend_record FROM cases SEMI JOIN _sel USING (run_id)"
         )
-        if _obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
+        if json_obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
     }
     ops = sorted({op for pair in SPEEDUPS.values() for op in pair})
     samples: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = defaultdict(
@@ -103,10 +102,10 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     intervals = speedup_intervals(con)
     out = []
     for c in cases:
-        knobs = _obj(c["knobs"])
+        knobs = json_obj(c["knobs"])
         if knobs.get("bench") != "e2e":
             continue
-        e2e = _obj(c["backend_record"]).get("e2e", {})
+        e2e = json_obj(c["backend_record"]).get("e2e", {})
         m = metrics.get((c["run_id"], c["backend"], c["case_id"]), {})
         if m.get("tokens_per_s_per_rank") is None:
             continue
@@ -149,16 +148,6 @@ def gemm_text(e2e: dict[str, Any]) -> str:
     if part and (part != whole or tile(e2e.get("gemm_kernels_part")) != tile(e2e.get("gemm_kernels"))):
         text += f"; parts {part}{tile(e2e.get('gemm_kernels_part'))}"
     return text
-
-
-def _obj(text: Any) -> dict[str, Any]:
-    if isinstance(text, dict):
-        return text
-    try:
-        value = json.loads(text) if text else {}
-    except (TypeError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _series_name(r: dict[str, Any]) -> str:
@@ -254,6 +243,11 @@ def best_serial(points: Sequence[tuple[int | None, float]]) -> tuple[int | None,
     return sms, medians[sms]
 
 
+def best_serial_of(rows: Sequence[dict[str, Any]], way: str) -> tuple[int | None, float] | None:
+    """`best_serial` over every serial reading the cases hold (`serial_us`), each at its case's SMs."""
+    return best_serial([(r["sms"], us) for r in rows if (us := serial_us(r, way)) is not None])
+
+
 def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per backend, its fastest overlapped layer (forward): the schedule, its SMs, the SMs it took from the
     GEMMs, its speedups over its own serial layer with their intervals, and over the fastest serial layer
@@ -269,13 +263,9 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for backend, rows in sorted(by_backend.items()):
         top = min(rows, key=lambda r: r["layer_us"])
         mine = [r for r in grows if r["backend"] == backend]
-        baseline = {
-            way: best_serial([(r["sms"], us) for r in mine if (us := serial_us(r, way)) is not None])
-            for way in ("fwd", "fwd_bwd")
-        }
         serial = [r for r in mine if r["mode"] == "serial" and r["sms"] == top["sms"]]
         layer_fb = layer_us(top, "fwd_bwd")
-        fwd, fb = baseline["fwd"], baseline["fwd_bwd"]
+        fwd, fb = best_serial_of(mine, "fwd"), best_serial_of(mine, "fwd_bwd")
         out.append(
             {
                 "backend": backend,

@@ -70,7 +70,7 @@ def environment(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
            FROM environment SEMI JOIN _sel USING (run_id) ORDER BY run_id, node, backend, rank""",
     )
     for r in rows:
-        r["library_versions"] = _json_obj(r["library_versions"])
+        r["library_versions"] = json_obj(r["library_versions"])
     return rows
 
 
@@ -101,7 +101,7 @@ def results(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
            ORDER BY {case_order("c")}, {op_order("r.op")}, c.run_id""",
     )
     for r in rows:
-        r["knobs"] = _json_obj(r["knobs"])
+        r["knobs"] = json_obj(r["knobs"])
     return rows
 
 
@@ -229,10 +229,14 @@ def definitions(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return select(con, "SELECT name, text FROM definitions ORDER BY name")
 
 
-def _json_obj(text: Any) -> dict[str, Any]:
+def json_obj(text: Any) -> dict[str, Any]:
+    """A JSON column of the store (knobs, records, versions) as a dict: {} where it is empty, not an
+    object, or not JSON."""
+    if isinstance(text, dict):
+        return text
     try:
-        value = json.loads(text) if isinstance(text, str) else text
-    except json.JSONDecodeError:
+        value = json.loads(text) if text else {}
+    except (TypeError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
 
