@@ -278,6 +278,17 @@ def bench_shape(
     return rows
 
 
+def sm_counts(text: str) -> tuple[int, ...]:
+    """--carveout: comma-separated SM counts, each a whole number above 0 (argparse says which is not)."""
+    try:
+        counts = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"SM counts must be whole numbers, got {text!r}") from None
+    if any(c <= 0 for c in counts):
+        raise argparse.ArgumentTypeError(f"SM counts must be above 0, got {text!r}")
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run on tiny shapes")
@@ -285,11 +296,12 @@ def main() -> None:
     ap.add_argument("--backward", action="store_true", help="also time forward+backward (grouped, triton)")
     ap.add_argument(
         "--carveout",
-        default="",
+        type=sm_counts,
+        default=(),
         help="comma-separated SM counts: also grouped and triton with that many held back",
     )
     args = ap.parse_args()
-    carveouts = tuple(int(v) for v in args.carveout.split(",") if v.strip())
+    carveouts: tuple[int, ...] = args.carveout
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     t0 = time.time()
     dense = dense_tflops(device, 256 if args.tiny else DENSE_N)  # --tiny: a small matmul, CPU

@@ -104,6 +104,30 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
     assert "kernel / note" in done.stdout
 
 
+@pytest.mark.slow
+def test_grouped_gemm_benchmark_times_the_kernels_under_a_carve_out(tmp_path: Path) -> None:
+    """--carveout 3: grouped@3 beside grouped (triton@3 unavailable on the CPU, as triton), checked against
+    the loop like the others; a count that is not a whole number above 0 is one line and exit 2."""
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "gg.json"
+
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "benchmarks/grouped_gemm_gpu.py", "--tiny", *args],
+            cwd=root, env=os.environ | {"PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+
+    done = bench("--carveout", "3", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    carved = [r for r in rows if r["variant"] == "grouped@3"]
+    assert len(carved) == 2 and all(r["us"] is not None and r["note"] == "3 SMs held back" for r in carved)
+    assert "triton@3" not in {r["variant"] for r in rows}  # no Triton on the CPU: nothing to hold back
+    for bad in ("8,x", "0"):
+        refused = bench("--carveout", bad)
+        assert refused.returncode == 2 and "error: argument --carveout: SM counts must" in refused.stderr
+
+
 # --- grouped-wide: torch._grouped_mm with tail rows that make it launch its wide tile (issue 37) ---
 
 

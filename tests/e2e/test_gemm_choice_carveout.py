@@ -1,7 +1,8 @@
 """gemm = auto chooses the overlapped layer's part GEMM under the carve-out that layer launches it with
 (moelab.measure.e2e.bench.settle_gemm): held to fewer SMs, torch's and moelab's kernels lose by different
-amounts (on 4 x H200 at DeepSeek-V3 with 8 SMs held back: moelab's Triton kernel, persistent, +28%, torch's
-CUTLASS kernel +0%), so a choice timed on the whole GPU can pick the slower one for the layer it runs in."""
+amounts (on one H200, DeepSeek-V3's EP = 4 shape with 8 SMs held back: moelab's Triton kernel, persistent,
++28%, torch's CUTLASS kernel +0%), so a choice timed on the whole GPU can pick the slower one for the
+layer it runs in."""
 
 from __future__ import annotations
 
