@@ -34,7 +34,14 @@ import duckdb
 
 from moelab.core.intervals import Interval
 from moelab.core.models import MODELS
-from moelab.reports.e2e_section import best_serial_of, layer_us, speedup_intervals
+from moelab.reports.e2e_section import (
+    best_serial_of,
+    case_samples,
+    layer_us,
+    overlaps,
+    speedup_intervals,
+    vs_best_serial_interval,
+)
 from moelab.reports.query import json_obj
 
 GEMM_NEED = {"deepseek-v3": 0.65, "qwen3-235b-a22b": 0.65, "reference": 0.80}
@@ -107,17 +114,16 @@ def span(shares: list[float]) -> str:
     return f"{100 * min(shares):.1f}-{100 * max(shares):.1f}%" if shares else "-"
 
 
-def _overlapped(r: dict[str, Any]) -> bool:
-    """A case whose layer overlaps: not serial, nor mode auto having chosen serial."""
-    return r["timing"]["mode"] != "serial" and r["schedule"] != "auto:serial"
-
-
 def fastest_vs_best_serial(
     rows: list[dict[str, Any]], way: str
 ) -> tuple[dict[str, Any], float, tuple[int | None, float]] | None:
     """The fastest overlapped layer ("fwd" or "fwd_bwd"), its time, and the fastest serial layer of any SM
     count (moelab.reports.e2e_section.best_serial), or None where either is missing."""
-    timed = [(r, us) for r in rows if _overlapped(r) and (us := layer_us(r["timing"], way))]
+    timed = [
+        (r, us)
+        for r in rows
+        if overlaps(r["timing"]["mode"], r["schedule"]) and (us := layer_us(r["timing"], way))
+    ]
     base = best_serial_of([r["timing"] for r in rows], way)
     if not timed or base is None:
         return None
@@ -127,17 +133,18 @@ def fastest_vs_best_serial(
 
 def vs_best_serial(rows: list[dict[str, Any]]) -> str:
     """The summary's third table's line: the fastest overlapped layer, forward and forward+backward, against
-    the fastest serial layer."""
+    the fastest serial layer, with the interval of that ratio (moelab.reports.e2e_section.vs_best_serial_interval)."""
     cells = []
     for way, width in (("fwd", (40, 26)), ("fwd_bwd", (30, 18))):
         found = fastest_vs_best_serial(rows, way)
         if found is None:
-            cells.append(f"{'-':{width[0]}} {'-':{width[1]}} {'-':>6}")
+            cells.append(f"{'-':{width[0]}} {'-':{width[1]}} {'-':>6} {'-':18}")
             continue
         top, us, (sms, base) = found
         name = f"{top['schedule']}@{top['sms'] if top['sms'] is not None else 'def'} {us / 1e3:.2f}"
         serial = f"{sms if sms is not None else 'def'} {base / 1e3:.2f}"
-        cells.append(f"{name:{width[0]}} {serial:{width[1]}} {base / us:6.3f}")
+        ci = vs_best_serial_interval([r["timing"] for r in rows], top["timing"], way, sms)
+        cells.append(f"{name:{width[0]}} {serial:{width[1]}} {base / us:6.3f} {ci_text(ci):18}")
     return "   ".join(cells)
 
 
@@ -190,7 +197,8 @@ def main() -> None:
     ).fetchall():
         ops[(run, backend, case)][op] = us
     con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [runs])
-    intervals = speedup_intervals(con)
+    samples = case_samples(con)
+    intervals = speedup_intervals(con, samples)
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
@@ -214,7 +222,12 @@ def main() -> None:
                 "ceiling": ceiling(schedule or "", case_ops),
                 "ci": intervals.get((run, backend, case), {}),
                 # the fields moelab.reports.e2e_section.serial_us reads
-                "timing": {"mode": knobs.get("mode", "serial"), "tokens_per_rank": tokens, "sms": sms}
+                "timing": {
+                    "mode": knobs.get("mode", "serial"),
+                    "tokens_per_rank": tokens,
+                    "sms": sms,
+                    "samples": samples.get((run, backend, case), {}),
+                }
                 | metrics[(run, backend, case)],
             }
         )
@@ -293,7 +306,8 @@ def main() -> None:
     )
     print(
         f"\n{'preset':16} {'EP':>2} {'backend':9} {'fastest overlapped fwd (sched@SMs, ms)':40} "
-        f"{'best serial fwd (SMs, ms)':26} {'vs it':>6}   {'fastest f+b':30} {'best serial f+b':18} {'vs it':>6}"
+        f"{'best serial fwd (SMs, ms)':26} {'vs it':>6} {'interval':18}   {'fastest f+b':30} {'best serial f+b':18} "
+        f"{'vs it':>6} interval"
     )
     for (preset, ep, backend), rows in sorted(groups.items()):
         print(f"{preset:16} {ep:>2} {backend:9} {vs_best_serial(rows)}")
@@ -301,7 +315,8 @@ def main() -> None:
         "vs it: the fastest serial layer measured for the preset on that backend (per SM count the median of "
         "its cases' serial layers, then the fastest) / the fastest overlapped layer. Where the cases hold the "
         "communication to different SM counts, the in-case speedups above compare each schedule with a serial "
-        "layer held to the same count; this does not"
+        "layer held to the same count; this does not. interval: ~95% bootstrap, unpaired, of the fastest "
+        "overlapped layer's iterations against the serial iterations of every case at the best serial SM count"
     )
     by_impl: dict[tuple[str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for (preset, ep, backend), rows in groups.items():

@@ -7,7 +7,7 @@ Each block also names, per backend, the fastest overlapped layer (moelab.measure
 speedup over its own serial layer, forward and forward+backward, each with the bootstrap interval of the
 ratio of the two layers' medians (slowest rank per iteration, from the stored samples; the iteration
 pairs resampled together where the case timed the two interleaved), and over the fastest serial layer
-measured for the workload at any SM count (`best_schedules`)."""
+measured for the workload at any SM count, with the interval of that ratio too (`best_schedules`)."""
 
 from __future__ import annotations
 
@@ -41,20 +41,9 @@ METRICS = (
 SPEEDUPS = {"fwd": ("layer_serial", "layer"), "fwd_bwd": ("layer_fwd_bwd_serial", "layer_fwd_bwd")}
 
 
-def speedup_intervals(
-    con: duckdb.DuckDBPyConnection,
-) -> dict[tuple[str, str, str], dict[str, Interval | None]]:
-    """Per overlapped e2e case of the selected runs, the interval of serial / schedule time, forward and
-    forward+backward, from the stored samples (the iteration's time is its slowest rank's). A case whose
-    record says it timed the two interleaved (e2e.serial_timing) has its iteration pairs resampled
-    together; a store from before timed them apart, so its intervals are unpaired."""
-    interleaved = {
-        (c["run_id"], c["backend"], c["case_id"])
-        for c in select(
-            con, "SELECT run_id, backend, case_id, backend_record FROM cases SEMI JOIN _sel USING (run_id)"
-        )
-        if json_obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
-    }
+def case_samples(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str, str], dict[str, list[float]]]:
+    """Per e2e case of the selected runs, each layer op's time per iteration (its slowest rank's): the layer,
+    forward and forward+backward, and the serial layer an overlapped case timed beside it."""
     ops = sorted({op for pair in SPEEDUPS.values() for op in pair})
     samples: dict[tuple[str, str, str, str], dict[int, dict[int, float]]] = defaultdict(
         lambda: defaultdict(dict)
@@ -65,16 +54,9 @@ def speedup_intervals(
             WHERE op IN ({", ".join("'" + op + "'" for op in ops)})""",
     ):
         samples[(r["run_id"], r["backend"], r["case_id"], r["op"])][r["rank"]][r["iter"]] = r["time_us"]
-    out: dict[tuple[str, str, str], dict[str, Interval | None]] = defaultdict(dict)
+    out: dict[tuple[str, str, str], dict[str, list[float]]] = defaultdict(dict)
     for (run, backend, case, op), per_rank in samples.items():
-        for name, (serial_op, layer_op) in SPEEDUPS.items():
-            if op != layer_op or (run, backend, case, serial_op) not in samples:
-                continue
-            serial = _slowest(samples[(run, backend, case, serial_op)])
-            layer = _slowest(per_rank)
-            paired = (run, backend, case) in interleaved
-            interval = interleaved_ratio_interval if paired else ratio_interval
-            out[(run, backend, case)][name] = interval(layer, serial) if serial and layer else None
+        out[(run, backend, case)][op] = _slowest(per_rank)
     return out
 
 
@@ -83,6 +65,32 @@ def _slowest(per_rank: dict[int, dict[int, float]]) -> list[float]:
     ranks = list(per_rank.values())
     iters = sorted(set.intersection(*(set(r) for r in ranks))) if ranks else []
     return [max(r[i] for r in ranks) for i in iters]
+
+
+def speedup_intervals(
+    con: duckdb.DuckDBPyConnection,
+    samples: dict[tuple[str, str, str], dict[str, list[float]]] | None = None,
+) -> dict[tuple[str, str, str], dict[str, Interval | None]]:
+    """Per overlapped e2e case of the selected runs, the interval of serial / schedule time, forward and
+    forward+backward, from the stored samples (`case_samples`, read here unless given). A case whose
+    record says it timed the two interleaved (e2e.serial_timing) has its iteration pairs resampled
+    together; a store from before timed them apart, so its intervals are unpaired."""
+    interleaved = {
+        (c["run_id"], c["backend"], c["case_id"])
+        for c in select(
+            con, "SELECT run_id, backend, case_id, backend_record FROM cases SEMI JOIN _sel USING (run_id)"
+        )
+        if json_obj(c["backend_record"]).get("e2e", {}).get("serial_timing") == SERIAL_TIMING
+    }
+    out: dict[tuple[str, str, str], dict[str, Interval | None]] = defaultdict(dict)
+    for key, ops in (case_samples(con) if samples is None else samples).items():
+        for name, (serial_op, layer_op) in SPEEDUPS.items():
+            if layer_op not in ops or serial_op not in ops:
+                continue
+            serial, layer = ops[serial_op], ops[layer_op]
+            interval = interleaved_ratio_interval if key in interleaved else ratio_interval
+            out[key][name] = interval(layer, serial) if serial and layer else None
+    return out
 
 
 def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
@@ -99,7 +107,8 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         "SELECT run_id, backend, case_id, name, value FROM case_metrics SEMI JOIN _sel USING (run_id)",
     ):
         metrics[(m["run_id"], m["backend"], m["case_id"])][m["name"]] = m["value"]
-    intervals = speedup_intervals(con)
+    samples = case_samples(con)
+    intervals = speedup_intervals(con, samples)
     out = []
     for c in cases:
         knobs = json_obj(c["knobs"])
@@ -122,6 +131,7 @@ def e2e_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                 "schedule": e2e.get("schedule", knobs.get("mode", "serial")),
                 "speedup_ci": ci.get("fwd"),
                 "speedup_fwd_bwd_ci": ci.get("fwd_bwd"),
+                "samples": samples.get((c["run_id"], c["backend"], c["case_id"]), {}),
                 "intermediate": e2e.get("intermediate", knobs.get("intermediate")),
                 "knob_text": ", ".join(f"{k}={v}" for k, v in sorted(extra.items())),
                 "gemm_text": gemm_text(e2e),
@@ -248,16 +258,45 @@ def best_serial_of(rows: Sequence[dict[str, Any]], way: str) -> tuple[int | None
     return best_serial([(r["sms"], us) for r in rows if (us := serial_us(r, way)) is not None])
 
 
+def overlaps(mode: str, schedule: str | None) -> bool:
+    """A case whose layer overlaps its communication: not serial, nor mode auto having chosen serial (its
+    layer is a serial layer; its speedup over serial is noise about 1)."""
+    return mode != "serial" and schedule != "auto:serial"
+
+
+def serial_samples(r: dict[str, Any], way: str) -> list[float]:
+    """The serial layer's times per iteration a case holds (`samples`, from `case_samples`): a serial case's
+    own layer, an overlapped case's in-case baseline."""
+    layer_op, serial_op = SPEEDUPS[way][1], SPEEDUPS[way][0]
+    return list(r.get("samples", {}).get(layer_op if r["mode"] == "serial" else serial_op, []))
+
+
+def vs_best_serial_interval(
+    rows: Sequence[dict[str, Any]], top: dict[str, Any], way: str, sms: int | None
+) -> Interval | None:
+    """The bootstrap interval of best serial / `top`'s layer: unpaired (they are different cases), the
+    iterations of `top` against those of every serial reading at the best serial SM count `sms`, pooled;
+    None where either side has fewer than two (a store without samples)."""
+    layer = list(top.get("samples", {}).get(SPEEDUPS[way][1], []))
+    base = [x for r in rows if r["sms"] == sms for x in serial_samples(r, way)]
+    return ratio_interval(layer, base)
+
+
 def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per backend, its fastest overlapped layer (forward): the schedule, its SMs, the SMs it took from the
     GEMMs, its speedups over its own serial layer with their intervals, and over the fastest serial layer
-    the workload measured on that backend (`best_serial`). The two differ where cases hold the
-    communication to different SM counts: a schedule at 8 SMs against a serial layer also held to 8 SMs
-    can read 1.12 in-case and lose to the serial layer at the library's default (4 x H200, reference,
-    DeepEP: results/h200x4-r16); the table shows both."""
+    the workload measured on that backend (`best_serial`) with theirs (`vs_best_serial_interval`). The two
+    differ where cases hold the communication to different SM counts: a schedule at 8 SMs against a serial
+    layer also held to 8 SMs can read 1.12 in-case and lose to the serial layer at the library's default
+    (4 x H200, reference, DeepEP: results/h200x4-r16); the table shows both. Mode auto having chosen
+    serial is no overlapped layer (`overlaps`)."""
     by_backend: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in grows:
-        if r.get("speedup_vs_serial") is not None and r.get("layer_us"):
+        if (
+            overlaps(r["mode"], r.get("schedule"))
+            and r.get("speedup_vs_serial") is not None
+            and r.get("layer_us")
+        ):
             by_backend[r["backend"]].append(r)
     out = []
     for backend, rows in sorted(by_backend.items()):
@@ -278,7 +317,13 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_fwd_bwd": top.get("speedup_vs_serial_fwd_bwd"),
                 "speedup_fwd_bwd_ci": _ci_text(top.get("speedup_fwd_bwd_ci")),
                 "vs_best_serial": fwd[1] / top["layer_us"] if fwd else None,
+                "vs_best_serial_ci": _ci_text(
+                    vs_best_serial_interval(mine, top, "fwd", fwd[0]) if fwd else None
+                ),
                 "vs_best_serial_fwd_bwd": fb[1] / layer_fb if fb and layer_fb else None,
+                "vs_best_serial_fwd_bwd_ci": _ci_text(
+                    vs_best_serial_interval(mine, top, "fwd_bwd", fb[0]) if fb and layer_fb else None
+                ),
                 "best_serial_sms": _sms_text(fwd[0]) if fwd else "—",
                 "serial_exposed_share": (
                     top.get("serial_exposed_comm_share")

@@ -145,6 +145,8 @@ def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(tmp_path
     rows = {(line.split()[0], line.split()[2]): line.split() for line in table}
     cells = rows[("reference", "deepep")]
     assert cells[5] == "def" and float(cells[7]) < 1.0, cells  # the best serial at the default SMs wins
+    # its interval (unpaired, both sides' iterations) lies below 1 too: not noise
+    assert cells[8].startswith("[") and float(cells[9].rstrip("]")) < 1.0, cells
     assert len(rows) == 4 and all(float(c[7]) < 1.0 for c in rows.values())
 
 

@@ -358,8 +358,10 @@ def test_moelab_run_measures_every_schedule_and_refuses_what_it_cannot(tmp_path:
     cells = [c.strip() for c in line.split("|")[1:-1]]
     assert cells[1] in ("tbo", "expert/4", "columns/4") or cells[1].startswith("auto:")
     assert cells[5].startswith("[") and cells[7].startswith("[")
-    assert float(cells[8]) > 0 and cells[10] == "default"  # against the fastest serial layer, its SMs
-    assert cells[12] == "4"  # tbo, expert/4, columns/4 and auto were compared
+    assert float(cells[8]) > 0 and cells[12] == "default"  # against the fastest serial layer, its SMs
+    assert cells[9].startswith("[") and cells[11].startswith("[")  # with intervals from the stored iterations
+    # tbo, expert/4, columns/4 and auto were compared; auto only where it chose a schedule that overlaps
+    assert cells[14] == ("3" if e2e["schedule"] == "auto:serial" else "4")
 
 
 @pytest.mark.slow  # real gloo ranks, several rounds

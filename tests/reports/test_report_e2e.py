@@ -101,7 +101,7 @@ def test_best_overlapped_schedule_per_backend_with_its_interval() -> None:
     data.e2e = [block]
     md = render(data, "md")
     assert (
-        "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 1.18 | — | 24 | 20% | 2 |"
+        "| deepep | expert/4 | 24 | 24 | 1.18 | [1.150, 1.200] | 1.1 | [1.080, 1.120] | 1.18 | — | — | — | 24 | 20% | 2 |"
         in md
     )
     assert "| nccl-a2a | tbo+zero-sm | default | 0 | 0.97 | — |" in md
@@ -128,7 +128,51 @@ def test_best_schedule_is_held_to_the_fastest_serial_layer_at_any_sm_count() -> 
     assert best["vs_best_serial_fwd_bwd"] == pytest.approx(25112 * 0.831 / 23334)
     data = ReportData(runs=[], environment=[], results=[], not_measured=[], jobs=[], definitions=[])
     data.e2e = [block]
-    assert "| 8 | shared | 1.12 | — | 1.05 | — | 0.912 | 0.894 | default |" in render(data, "md")
+    assert "| 8 | shared | 1.12 | — | 1.05 | — | 0.912 | — | 0.894 | — | default |" in render(data, "md")
+
+
+def test_mode_auto_having_chosen_serial_is_no_overlapped_layer() -> None:
+    """auto:serial runs the serial layer and reads about 1x its own baseline: named as the fastest
+    overlapped layer it hid the schedules that overlap (every block of results/h200x2-r6 named it)."""
+    rows = [
+        _row("deepep", "serial", None, 4096 / 7000e-6, schedule="serial"),
+        _row("deepep", "auto", None, 4096 / 6990e-6, schedule="auto:serial", speedup_vs_serial=1.01),
+        _row("deepep", "tbo", None, 4096 / 9800e-6, schedule="tbo", speedup_vs_serial=0.71),
+        _row("nccl-a2a", "auto", None, 4096 / 6000e-6, schedule="auto:serial", speedup_vs_serial=1.0),
+    ]  # fmt: skip
+    (block,) = build(rows, draw=False)
+    (best,) = block["best_schedules"]  # nccl-a2a overlapped nothing: no row
+    assert (best["backend"], best["schedule"], best["speedup"], best["schedules_tried"]) == (
+        "deepep",
+        "tbo",
+        0.71,
+        1,
+    )
+
+
+def test_vs_best_serial_has_an_interval_from_both_sides_iterations() -> None:
+    """The fastest overlapped layer against the fastest serial layer: unpaired, the overlapped case's
+    iterations against the serial iterations of every case at the best serial SM count (a serial case's
+    own layer, an overlapped case's in-case baseline), pooled."""
+    from moelab.reports.e2e_section import vs_best_serial_interval
+
+    serial = [7000.0, 7100.0, 6900.0, 7050.0, 6950.0]
+    rows = [
+        _row("deepep", "serial", None, 4096 / 7000e-6, schedule="serial", samples={"layer": serial}),
+        _row("deepep", "tbo", 8, 4096 / 8000e-6, schedule="tbo", speedup_vs_serial=1.1,
+             samples={"layer": [8000.0, 8100.0, 7900.0, 8050.0], "layer_serial": [8800.0] * 4}),
+        _row("deepep", "tbo", None, 4096 / 9000e-6, schedule="tbo", speedup_vs_serial=0.78,
+             samples={"layer": [9000.0] * 4, "layer_serial": [7020.0, 6980.0, 7010.0, 6990.0]}),
+    ]  # fmt: skip
+    (block,) = build(rows, draw=False)
+    (best,) = block["best_schedules"]
+    assert best["sms"] == "8" and best["best_serial_sms"] == "default"
+    low, high = (float(x) for x in best["vs_best_serial_ci"].strip("[]").split(", "))
+    assert 0.85 < low < best["vs_best_serial"] < high < 0.90  # 7000 / 8000, the 8-SM serial left out
+    ci = vs_best_serial_interval(rows, rows[1], "fwd", None)
+    assert ci is not None and ci.low > 7000 * 0.99 / 8100 and ci.high < 7020 * 1.01 / 7900
+    assert vs_best_serial_interval(rows, rows[1], "fwd_bwd", None) is None  # no samples: no interval
+    assert best["vs_best_serial_fwd_bwd_ci"] == "—"
 
 
 def test_best_serial_is_the_fastest_sm_counts_median_reading() -> None:
