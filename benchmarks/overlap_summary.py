@@ -155,6 +155,36 @@ def held_to_best_serial(best: float, rows: list[dict[str, Any]], way: str) -> fl
     return min(best, found[2][1] / found[1]) if found is not None else best
 
 
+def time_budget(rows: list[dict[str, Any]]) -> str | None:
+    """The fourth table's line: where the fastest overlapped layer's time goes against its own serial layer
+    (forward, the case's stored medians): layer = serial + split cost + schedule overhead, where the
+    schedule overhead is what the schedule adds beyond its split less the communication it hides (negative
+    where it hides more than it adds), beside what the overhead would have to be to meet the issue's ask
+    and the GEMM slowdown under communication. None where no overlapped layer was timed."""
+    found = fastest_vs_best_serial(rows, "fwd")
+    if found is None:
+        return None
+    top, layer, _ = found
+    m = top["m"]
+    serial = layer * m["speedup_vs_serial"] if m.get("speedup_vs_serial") else None
+    share, split, sched = (
+        m.get("serial_exposed_comm_share"),
+        m.get("split_overhead_us"),
+        m.get("schedule_overhead_us"),
+    )
+    if serial is None or split is None or sched is None:
+        return None
+    needed = serial / need(share) - serial - split
+    exposed = share * serial if share is not None else None
+    slow = m.get("gemm_slowdown")
+    name = f"{top['schedule']}@{top['sms'] if top['sms'] is not None else 'def'}"
+    return (
+        f"{name[:26]:26} {serial / 1e3:7.2f} {fmt(exposed / 1e3 if exposed is not None else None, '.2f'):>8} "
+        f"{split / 1e3:+6.2f} {sched / 1e3:+9.2f} {needed / 1e3:+9.2f} {layer / 1e3:7.2f} "
+        f"{fmt(100 * slow if slow is not None else None, '+.0f'):>5}%"
+    )
+
+
 def missing_runs(con: duckdb.DuckDBPyConnection, runs: list[str], cases: list[tuple[Any, ...]]) -> str | None:
     """Why the summary would print empty tables for `runs` (a run not in the store, or no MoE-layer case in
     those runs), naming what the store holds; None where there is something to summarise."""
@@ -317,6 +347,21 @@ def main() -> None:
         "communication to different SM counts, the in-case speedups above compare each schedule with a serial "
         "layer held to the same count; this does not. interval: ~95% bootstrap, unpaired, of the fastest "
         "overlapped layer's iterations against the serial iterations of every case at the best serial SM count"
+    )
+    print(
+        f"\n{'preset':16} {'EP':>2} {'backend':9} {'fastest overlapped fwd':26} {'serial':>7} {'exposed':>8} "
+        f"{'split':>6} {'schedule':>9} {'to meet':>9} {'layer':>7} {'GEMM+':>6}"
+    )
+    for (preset, ep, backend), rows in sorted(groups.items()):
+        line = time_budget(rows)
+        if line is not None:
+            print(f"{preset:16} {ep:>2} {backend:9} {line}")
+    print(
+        "ms, forward, the case's own medians: layer = serial + split + schedule. split: the expert compute in "
+        "parts less whole; schedule: what the schedule adds beyond its split less the communication it hides "
+        "(negative: hid more than it added); to meet: the schedule figure the issue's ask needs (serial / "
+        "need - serial - split); exposed: serial's communication the GEMMs wait for; GEMM+: one part's GEMMs "
+        "under communication against alone"
     )
     by_impl: dict[tuple[str, int, str, str], list[dict[str, Any]]] = defaultdict(list)
     for (preset, ep, backend), rows in groups.items():

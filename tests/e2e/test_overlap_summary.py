@@ -150,6 +150,46 @@ def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(tmp_path
     assert len(rows) == 4 and all(float(c[7]) < 1.0 for c in rows.values())
 
 
+def test_the_time_budget_adds_up_and_shows_how_far_the_schedule_is_from_the_ask(tmp_path: Path) -> None:
+    """The fourth table on the 4 x H200 store: each fastest overlapped layer is its serial layer plus the
+    split's cost plus the schedule's overhead, and that overhead is far above what the issue's ask needs
+    (the schedule would have to hide 1-2 ms net; it hides at most 0.17 ms)."""
+    db = tmp_path / "r16.duckdb"
+    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "sms-nccl,sms-deepep"],
+        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    ).stdout  # fmt: skip
+    table = out.split("fastest overlapped fwd  ", 1)[1].split("\nms, forward", 1)[0].splitlines()[1:]
+    assert len(table) == 4, table
+    for line in table:
+        cells = line.split()
+        serial, split, sched, to_meet, layer = (float(cells[i]) for i in (4, 6, 7, 8, 9))
+        assert layer == pytest.approx(serial + split + sched, abs=0.02), line
+        assert sched > to_meet + 0.8, line
+
+
+def test_time_budget_of_one_schedule() -> None:
+    m = _summary()
+    metrics = {"speedup_vs_serial": 0.8, "serial_exposed_comm_share": 0.3, "split_overhead_us": 500.0}
+    metrics |= {"schedule_overhead_us": 1500.0, "gemm_slowdown": 0.12, "layer_us": 10000.0}
+    rows = [
+        {"schedule": "tbo", "sms": None, "m": metrics, "timing": {"mode": "tbo", "sms": None} | metrics},
+    ]
+    line = m.time_budget(rows)
+    assert line is not None
+    cells = line.split()
+    assert cells[:2] == ["tbo@def", "8.00"] and cells[2] == "2.40"  # serial 8 ms, 30% of it exposed
+    assert cells[3:6] == ["+0.50", "+1.50", f"{(8000 / 1.15 - 8000 - 500) / 1e3:+.2f}"]
+    assert cells[6:] == ["10.00", "+12%"]
+    assert (
+        m.time_budget(
+            [{"schedule": "serial", "sms": None, "m": {}, "timing": {"mode": "serial", "sms": None}}]
+        )
+        is None
+    )
+
+
 def test_held_to_best_serial_takes_the_lower_reading() -> None:
     """The verdict's reading: the in-case best, but never above the fastest overlapped layer against the
     fastest serial layer of any SM count."""
