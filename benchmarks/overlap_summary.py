@@ -4,6 +4,9 @@ asks, serial's exposed communication share, and the expert GEMMs' % of the dense
 
     python benchmarks/overlap_summary.py --db /tmp/r6/moelab.duckdb --run r6-ep2,r6-ep4
 
+Runs whose ranks recorded different GPU models are summarised one machine at a time (a heading per
+model): a serial layer timed on one GPU model is no baseline for a schedule timed on another.
+
 Asked (issue 37): best >= 0.99x serial everywhere, forward and forward+backward; where serial's exposed
 share s >= 10%, best >= 1 + s/2. GEMM % of dense = gemm_tflops_per_rank / dense_matmul_tflops (the run's
 measured rate); >= 65% at DeepSeek-V3 (and Qwen3), >= 80% at the reference.
@@ -199,68 +202,8 @@ def missing_runs(con: duckdb.DuckDBPyConnection, runs: list[str], cases: list[tu
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--run", required=True, help="run ids, comma-separated")
-    args = ap.parse_args()
-    runs = [r for r in args.run.split(",") if r]
-    con = duckdb.connect(args.db, read_only=True)
-    marks = ", ".join("?" for _ in runs)
-    cases = con.execute(
-        f"SELECT run_id, backend, case_id, status, reason, sms, hidden, topk, experts_per_rank, world, knobs, "
-        f"backend_record, tokens_per_rank FROM cases WHERE run_id IN ({marks})",
-        runs,
-    ).fetchall()
-    missing = missing_runs(con, runs, cases)
-    if missing:
-        print(f"error: {missing}", file=sys.stderr)
-        raise SystemExit(2)
-    metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
-    for run, backend, case, name, value in con.execute(
-        f"SELECT run_id, backend, case_id, name, value FROM case_metrics WHERE run_id IN ({marks})", runs
-    ).fetchall():
-        metrics[(run, backend, case)][name] = value
-    ops: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
-    for run, backend, case, op, us in con.execute(
-        f"SELECT run_id, backend, case_id, op, median_us FROM results WHERE run_id IN ({marks})", runs
-    ).fetchall():
-        ops[(run, backend, case)][op] = us
-    con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [runs])
-    samples = case_samples(con)
-    intervals = speedup_intervals(con, samples)
-    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
-    refused: dict[str, int] = defaultdict(int)
-    for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
-        knobs = json_obj(knobs)
-        if knobs.get("bench") != "e2e":
-            continue
-        rec = json_obj(record).get("e2e", {})
-        inter = rec.get("intermediate", knobs.get("intermediate"))
-        key = (preset_of(hidden, topk, inter), world, backend)
-        if status != "ok":
-            refused[f"{backend} {status}: {(reason or '')[:110]}"] += 1
-            continue
-        schedule, case_ops = rec.get("schedule", knobs.get("mode")), ops[(run, backend, case)]
-        groups[key].append(
-            {
-                "schedule": schedule,
-                "sms": sms,
-                "m": metrics[(run, backend, case)],
-                "rec": rec,
-                "ms_gemm": case_ops.get("gemm", 0) / 1e3,
-                "ceiling": ceiling(schedule or "", case_ops),
-                "ci": intervals.get((run, backend, case), {}),
-                # the fields moelab.reports.e2e_section.serial_us reads
-                "timing": {
-                    "mode": knobs.get("mode", "serial"),
-                    "tokens_per_rank": tokens,
-                    "sms": sms,
-                    "samples": samples.get((run, backend, case), {}),
-                }
-                | metrics[(run, backend, case)],
-            }
-        )
+def print_tables(groups: dict[tuple[str, int, str], list[dict[str, Any]]]) -> None:
+    """The summary's tables for the cases of one machine (GPU model), grouped by preset, EP and backend."""
     print(
         f"{'preset':16} {'EP':>2} {'backend':9} {'schedules (fwd | fwd+bwd speedup vs serial)':70} "
         f"{'best fwd':>8} {'best f+b':>8} {'exposed':>7} {'need':>5} {'verdict':8} {'GEMM%':>6} {'ceiling':>24} gemm"
@@ -381,6 +324,95 @@ def main() -> None:
                 f"{preset:16} {ep:>2} {backend:9} {impl:12} {len(rows):5} {span(rate):>26} {span(share):>23} {ms:>8}"
             )
         print("GEMM% (FLOP rate): GEMM FLOPs / time / dense; roofline share also credits the SwiGLU bytes")
+
+
+def machines_of(con: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[tuple[str, str], str]:
+    """Per (run, backend), the machine its job ran on as the summary keeps them apart: the GPU model(s) its
+    ranks recorded ("cpu" where none). A serial layer timed on one GPU model is no baseline for a schedule
+    timed on another, so runs of two machines are summarised one machine at a time."""
+    marks = ", ".join("?" for _ in runs)
+    rows = con.execute(
+        f"SELECT run_id, backend, string_agg(DISTINCT coalesce(gpu_name, 'cpu'), ' + ' ORDER BY coalesce(gpu_name, 'cpu')) "
+        f"FROM environment WHERE run_id IN ({marks}) GROUP BY run_id, backend",
+        runs,
+    ).fetchall()
+    return {(run, backend): str(gpu) for run, backend, gpu in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--run", required=True, help="run ids, comma-separated")
+    args = ap.parse_args()
+    runs = [r for r in args.run.split(",") if r]
+    con = duckdb.connect(args.db, read_only=True)
+    marks = ", ".join("?" for _ in runs)
+    cases = con.execute(
+        f"SELECT run_id, backend, case_id, status, reason, sms, hidden, topk, experts_per_rank, world, knobs, "
+        f"backend_record, tokens_per_rank FROM cases WHERE run_id IN ({marks})",
+        runs,
+    ).fetchall()
+    missing = missing_runs(con, runs, cases)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        raise SystemExit(2)
+    metrics: dict[tuple[str, str, str], dict[str, float | None]] = defaultdict(dict)
+    for run, backend, case, name, value in con.execute(
+        f"SELECT run_id, backend, case_id, name, value FROM case_metrics WHERE run_id IN ({marks})", runs
+    ).fetchall():
+        metrics[(run, backend, case)][name] = value
+    ops: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    for run, backend, case, op, us in con.execute(
+        f"SELECT run_id, backend, case_id, op, median_us FROM results WHERE run_id IN ({marks})", runs
+    ).fetchall():
+        ops[(run, backend, case)][op] = us
+    con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [runs])
+    samples = case_samples(con)
+    intervals = speedup_intervals(con, samples)
+    machine_of = machines_of(con, runs)
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    refused: dict[str, int] = defaultdict(int)
+    for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:
+        knobs = json_obj(knobs)
+        if knobs.get("bench") != "e2e":
+            continue
+        rec = json_obj(record).get("e2e", {})
+        inter = rec.get("intermediate", knobs.get("intermediate"))
+        key = (
+            machine_of.get((run, backend), "unknown machine"),
+            preset_of(hidden, topk, inter),
+            world,
+            backend,
+        )
+        if status != "ok":
+            refused[f"{backend} {status}: {(reason or '')[:110]}"] += 1
+            continue
+        schedule, case_ops = rec.get("schedule", knobs.get("mode")), ops[(run, backend, case)]
+        groups[key].append(
+            {
+                "schedule": schedule,
+                "sms": sms,
+                "m": metrics[(run, backend, case)],
+                "rec": rec,
+                "ms_gemm": case_ops.get("gemm", 0) / 1e3,
+                "ceiling": ceiling(schedule or "", case_ops),
+                "ci": intervals.get((run, backend, case), {}),
+                # the fields moelab.reports.e2e_section.serial_us reads
+                "timing": {
+                    "mode": knobs.get("mode", "serial"),
+                    "tokens_per_rank": tokens,
+                    "sms": sms,
+                    "samples": samples.get((run, backend, case), {}),
+                }
+                | metrics[(run, backend, case)],
+            }
+        )
+    # one machine's tables at a time: a serial layer timed on one is no baseline for a schedule on another
+    machines = sorted({key[0] for key in groups})
+    for n, name in enumerate(machines):
+        if len(machines) > 1:
+            print(f"{chr(10) if n else ''}== {name} ==")
+        print_tables({key[1:]: rows for key, rows in groups.items() if key[0] == name})
     if refused:
         print("\nnot measured:")
         for text, n in sorted(refused.items()):

@@ -190,6 +190,30 @@ def test_time_budget_of_one_schedule() -> None:
     )
 
 
+def test_runs_of_two_gpu_models_are_summarised_one_machine_at_a_time(tmp_path: Path) -> None:
+    """A run on 2 x H100 (results/h200x2-r8/after-h100) and one on 2 x H200 (results/h200x2-r6) hold the
+    same presets at EP 2. Grouped by preset, EP and backend alone, the H100's tbo layer was held to the
+    H200's faster serial layer; each machine now gets its own tables, the same as its run alone."""
+    db = tmp_path / "mix.duckdb"
+    import_export(RESULTS / "h200x2-r6" / "export", db)
+    import_export(RESULTS / "h200x2-r8" / "after-h100" / "export", db)
+
+    def summary(runs: str) -> str:
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--db", str(db), "--run", runs],
+            capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+        ).stdout  # fmt: skip
+
+    both = summary("r6-ep2,hs-ep2")
+    h100, h200 = both.split("== NVIDIA H100 80GB HBM3 ==\n", 1)[1].split("\n== NVIDIA H200 ==\n")
+    assert h100.strip() == summary("hs-ep2").split("\nnot measured:", 1)[0].strip()
+    assert (
+        h200.split("\nnot measured:", 1)[0].strip()
+        == summary("r6-ep2").split("\nnot measured:", 1)[0].strip()
+    )
+    assert "== " not in summary("r6-ep2")  # one machine: no heading
+
+
 def test_held_to_best_serial_takes_the_lower_reading() -> None:
     """The verdict's reading: the in-case best, but never above the fastest overlapped layer against the
     fastest serial layer of any SM count."""
