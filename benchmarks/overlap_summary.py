@@ -45,7 +45,7 @@ from moelab.reports.e2e_section import (
     speedup_intervals,
     vs_best_serial_interval,
 )
-from moelab.reports.query import json_obj
+from moelab.reports.query import json_obj, select
 
 GEMM_NEED = {"deepseek-v3": 0.65, "qwen3-235b-a22b": 0.65, "reference": 0.80}
 
@@ -326,17 +326,20 @@ def print_tables(groups: dict[tuple[str, int, str], list[dict[str, Any]]]) -> No
         print("GEMM% (FLOP rate): GEMM FLOPs / time / dense; roofline share also credits the SwiGLU bytes")
 
 
-def machines_of(con: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[tuple[str, str], str]:
-    """Per (run, backend), the machine its job ran on as the summary keeps them apart: the GPU model(s) its
-    ranks recorded ("cpu" where none). A serial layer timed on one GPU model is no baseline for a schedule
-    timed on another, so runs of two machines are summarised one machine at a time."""
-    marks = ", ".join("?" for _ in runs)
-    rows = con.execute(
-        f"SELECT run_id, backend, string_agg(DISTINCT coalesce(gpu_name, 'cpu'), ' + ' ORDER BY coalesce(gpu_name, 'cpu')) "
-        f"FROM environment WHERE run_id IN ({marks}) GROUP BY run_id, backend",
-        runs,
-    ).fetchall()
-    return {(run, backend): str(gpu) for run, backend, gpu in rows}
+def machines_of(con: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], str]:
+    """Per (run, backend) of the selected runs (the temp table _sel), the machine its job ran on as the
+    summary keeps them apart: the GPU model(s) its ranks recorded ("cpu" where none). A serial layer timed
+    on one GPU model is no baseline for a schedule timed on another, so runs of two machines are
+    summarised one machine at a time."""
+    gpu = "coalesce(gpu_name, 'cpu')"
+    return {
+        (r["run_id"], r["backend"]): str(r["gpus"])
+        for r in select(
+            con,
+            f"""SELECT run_id, backend, string_agg(DISTINCT {gpu}, ' + ' ORDER BY {gpu}) AS gpus
+                FROM environment SEMI JOIN _sel USING (run_id) GROUP BY run_id, backend""",
+        )
+    }
 
 
 def main() -> None:
@@ -369,7 +372,7 @@ def main() -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE _sel AS SELECT UNNEST(?::VARCHAR[]) AS run_id", [runs])
     samples = case_samples(con)
     intervals = speedup_intervals(con, samples)
-    machine_of = machines_of(con, runs)
+    machine_of = machines_of(con)
     groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = defaultdict(list)
     refused: dict[str, int] = defaultdict(int)
     for run, backend, case, status, reason, sms, hidden, topk, _epr, world, knobs, record, tokens in cases:

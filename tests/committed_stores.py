@@ -30,3 +30,11 @@ def imported_store(export: Path, tmp_path_factory: pytest.TempPathFactory, name:
 def markdown_rows(lines: list[str]) -> list[list[str]]:
     """The cells of each `| a | b |` row among `lines` (a table's body, its header and rule cut off)."""
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]
+
+
+def best_schedule_rows(md: str) -> list[list[str]]:
+    """The cells of every row of a markdown report's "Fastest overlapped layer per backend" tables."""
+    rows = []
+    for block in md.split("Fastest overlapped layer per backend")[1:]:
+        rows += markdown_rows(block.split("\n\n")[1].splitlines()[2:])
+    return rows

@@ -26,6 +26,33 @@ def _summary() -> ModuleType:
     return module
 
 
+def _script(db: Path | str, runs: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/overlap_summary.py as a user runs it, on `db`, for `runs` (comma-separated)."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--db", str(db), "--run", runs],
+        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )  # fmt: skip
+
+
+def _tables(db: Path | str, runs: str) -> str:
+    done = _script(db, runs)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def r16_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 4 x H200 store of round 16 (results/h200x4-r16/sms), imported once."""
+    db = tmp_path_factory.mktemp("r16") / "r16.duckdb"
+    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
+    return db
+
+
+@pytest.fixture(scope="module")
+def r16_tables(r16_db: Path) -> str:
+    return _tables(r16_db, "sms-nccl,sms-deepep")
+
+
 OPS = {"layer_serial": 8000.0, "compute_only": 5000.0, "compute_only_split": 5600.0, "combine": 600.0}
 
 
@@ -60,14 +87,7 @@ def test_summary_of_a_committed_run_prints_the_ceiling_beside_what_is_asked(tmp_
     below the speedup asked (1 + exposed share / 2), at the reference it is above it."""
     db = tmp_path / "r14.duckdb"
     import_export(RESULTS / "h200x2-r14" / "nccl" / "export", db)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "prio-nccl"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    ).stdout
+    out = _tables(db, "prio-nccl")
     header, *lines = out.splitlines()
     assert "ceiling" in header
     rows = {line.split()[0]: line.split() for line in lines[:2]}
@@ -102,10 +122,7 @@ def _floor_rows(export: Path, tmp_path: Path) -> dict[tuple[str, str], list[str]
     """The summary's best-schedule table of a committed store, by (preset, backend)."""
     db = tmp_path / f"{export.parent.name}.duckdb"
     import_export(export, db)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", EP4_RUNS],
-        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    ).stdout  # fmt: skip
+    out = _tables(db, EP4_RUNS)
     table = out.split("best fwd (schedule, speedup, interval)", 1)[1].split("\ninterval:", 1)[0]
     return {(line.split()[0], line.split()[2]): line.split() for line in table.splitlines()[1:]}
 
@@ -127,17 +144,12 @@ def test_the_same_serial_layer_timed_in_blocks_reads_below_itself_and_interleave
         assert cells[5].startswith("[") and cells[6].endswith("]"), cells
 
 
-def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(tmp_path: Path) -> None:
+def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(r16_tables: str) -> None:
     """4 x H200, EP 4, reference, DeepEP (results/h200x4-r16/sms): tbo at 8 and 12 SMs read 1.06x their own
     serial layers, themselves held to 8 and 12 SMs, while the serial layer at DeepEP's default SMs was
     faster than every overlapped layer. The third table names the fastest overlapped layer against that
     serial layer (below 1), and the script's own tables are read as a user runs it."""
-    db = tmp_path / "r16.duckdb"
-    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "sms-nccl,sms-deepep"],
-        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    ).stdout  # fmt: skip
+    out = r16_tables
     first = {(line.split()[0], line.split()[2]): line for line in out.splitlines()[1:5]}
     reference = first[("reference", "deepep")]
     assert "tbo+priority@12 1.06" in reference and "tbo+priority@8 1.06" in reference
@@ -150,16 +162,11 @@ def test_a_schedule_held_to_few_sms_is_held_to_the_fastest_serial_layer(tmp_path
     assert len(rows) == 4 and all(float(c[7]) < 1.0 for c in rows.values())
 
 
-def test_the_time_budget_adds_up_and_shows_how_far_the_schedule_is_from_the_ask(tmp_path: Path) -> None:
+def test_the_time_budget_adds_up_and_shows_how_far_the_schedule_is_from_the_ask(r16_tables: str) -> None:
     """The fourth table on the 4 x H200 store: each fastest overlapped layer is its serial layer plus the
     split's cost plus the schedule's overhead, and that overhead is far above what the issue's ask needs
     (the schedule would have to hide 1-2 ms net; it hides at most 0.17 ms)."""
-    db = tmp_path / "r16.duckdb"
-    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "sms-nccl,sms-deepep"],
-        capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    ).stdout  # fmt: skip
+    out = r16_tables
     table = out.split("fastest overlapped fwd  ", 1)[1].split("\nms, forward", 1)[0].splitlines()[1:]
     assert len(table) == 4, table
     for line in table:
@@ -199,10 +206,7 @@ def test_runs_of_two_gpu_models_are_summarised_one_machine_at_a_time(tmp_path: P
     import_export(RESULTS / "h200x2-r8" / "after-h100" / "export", db)
 
     def summary(runs: str) -> str:
-        return subprocess.run(
-            [sys.executable, str(SCRIPT), "--db", str(db), "--run", runs],
-            capture_output=True, text=True, check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-        ).stdout  # fmt: skip
+        return _tables(db, runs)
 
     both = summary("r6-ep2,hs-ep2")
     h100, h200 = both.split("== NVIDIA H100 80GB HBM3 ==\n", 1)[1].split("\n== NVIDIA H200 ==\n")
@@ -239,15 +243,10 @@ def test_held_to_best_serial_takes_the_lower_reading() -> None:
         ("sms-nccl,nope", "error: no case of run nope in this store"),
     ],
 )
-def test_an_unknown_run_is_one_clear_error_not_empty_tables(tmp_path: Path, run: str, says: str) -> None:
+def test_an_unknown_run_is_one_clear_error_not_empty_tables(r16_db: Path, run: str, says: str) -> None:
     """A run id the store does not hold (a typo, another store) used to print the tables' headers and no
     row, exit 0. Now: one line naming the runs the store holds, exit 2."""
-    db = tmp_path / "r16.duckdb"
-    import_export(RESULTS / "h200x4-r16" / "sms" / "export", db)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", run],
-        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    )  # fmt: skip
+    done = _script(r16_db, run)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().startswith(says), done.stderr
 
@@ -256,9 +255,6 @@ def test_a_run_without_moe_layer_cases_says_so(tmp_path: Path) -> None:
     """A run of dispatch/combine cases only (the 2 x H200 acceptance's verify run): nothing to summarise."""
     db = tmp_path / "verify.duckdb"
     import_export(RESULTS / "gpu-acceptance" / "h200x2" / "export-verify", db)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--db", str(db), "--run", "20261128T200511Z-29d152"],
-        capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""},
-    )  # fmt: skip
+    done = _script(db, "20261128T200511Z-29d152")
     assert done.returncode == 2, done.stderr
     assert "holds no MoE-layer case (bench = e2e)" in done.stderr

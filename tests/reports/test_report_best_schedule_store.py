@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
-from tests.committed_stores import RESULTS, imported_store, markdown_rows
+from tests.committed_stores import RESULTS, best_schedule_rows, imported_store
 
 EXPORT = RESULTS / "h200x2-r6" / "export"
 
@@ -19,13 +19,6 @@ EXPORT = RESULTS / "h200x2-r6" / "export"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return imported_store(EXPORT, tmp_path_factory, "r6")
-
-
-def _best_rows(md: str) -> list[list[str]]:
-    rows = []
-    for block in md.split("Fastest overlapped layer per backend")[1:]:
-        rows += markdown_rows(block.split("\n\n")[1].splitlines()[2:])
-    return rows
 
 
 def _interval(text: str) -> tuple[float, float]:
@@ -41,7 +34,7 @@ def test_the_fastest_overlapped_layer_overlaps_and_its_lead_over_serial_has_an_i
         app, ["report", "--run", "r6-ep2", "--format", "md", "-o", str(out), "--db", store]
     )
     assert res.exit_code == 0, res.output
-    rows = _best_rows(out.read_text())
+    rows = best_schedule_rows(out.read_text())
     assert len(rows) == 9  # 5 presets x (nccl-a2a, deepep), deepep refused one (fp8 needs hidden % 128)
     assert not [r for r in rows if r[1].startswith("auto:serial")], rows
     for r in rows:

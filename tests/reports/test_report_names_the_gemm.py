@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from moelab.cli.main import app
 from moelab.reports.e2e_section import gemm_text
-from tests.committed_stores import RESULTS, imported_store, markdown_rows
+from tests.committed_stores import RESULTS, best_schedule_rows, imported_store
 
 EXPORT = RESULTS / "h200x2-r8" / "after-h100" / "export"
 runner = CliRunner()
@@ -23,19 +23,11 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> str:
     return imported_store(EXPORT, tmp_path_factory, "hs")
 
 
-def _best_rows(md: str) -> list[list[str]]:
-    rows = []
-    for block in md.split("Fastest overlapped layer per backend")[1:]:
-        table = block.split("\n\n")[1].splitlines()[2:]
-        rows += markdown_rows(table)
-    return rows
-
-
 def test_the_best_schedule_table_names_the_gemm_and_its_tile(store: str, tmp_path: Path) -> None:
     out = tmp_path / "r.md"
     res = runner.invoke(app, ["report", "--run", "hs-ep2", "--format", "md", "-o", str(out), "--db", store])
     assert res.exit_code == 0, res.output
-    rows = _best_rows(out.read_text())
+    rows = best_schedule_rows(out.read_text())
     assert len(rows) == 4  # (DeepSeek-V3, reference) x (nccl-a2a, deepep)
     gemms = sorted(r[-1] for r in rows)
     assert gemms.count("grouped (128x256x64 cooperative)") == 2  # the reference: one choice, the wide tile
