@@ -18,10 +18,31 @@ from tests.distributed_helpers import groups_left
 
 ROOT = Path(__file__).resolve().parents[2]
 
-_ONE_RANK = """
+# gloo starts its run-loop threads lazily: wait (10 s at most) until one is up, so what the test reads next
+# does not depend on how far the start got (neither was up in 1 run of 30). Imports no moelab module, so a
+# body can still import moelab.measure.teardown after it.
+_UNTIL_GLOO_RUNS = """
+import pathlib, time
+def _gloo_up():
+    for t in pathlib.Path("/proc/self/task").iterdir():
+        try:
+            if "gloo" in (t / "comm").read_text():
+                return True
+        except OSError:
+            pass  # a thread that ended while being listed
+    return False
+for _ in range(200):
+    if _gloo_up():
+        break
+    time.sleep(0.05)
+"""
+_ONE_RANK = (
+    """
 import torch.distributed as dist
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 """
+    + _UNTIL_GLOO_RUNS
+)
 
 
 def _in_fresh_process(body: str) -> str:
@@ -43,11 +64,14 @@ print("running", communicator_threads())
 print("released", release_process_groups())
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 holder = [dist.group.WORLD]
+"""
+        + _UNTIL_GLOO_RUNS
+        + """
 print("held", release_process_groups())
 """
     )
     lines = dict(line.split(" ", 1) for line in out.splitlines())
-    # gloo starts its run-loop threads lazily (pt_gloo_runloop, gloo_tcp_loop): which one is up yet is a race
+    # gloo's run-loop threads are pt_gloo_runloop and gloo_tcp_loop; which of them is up yet is a race
     assert "gloo" in lines["running"]
     assert lines["released"] == "[]"
     assert "gloo" in lines["held"]  # what the rank log's teardown line names
