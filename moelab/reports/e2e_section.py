@@ -311,7 +311,7 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "schedule": top.get("schedule", top["mode"]),
                 "sms": _sms_text(top["sms"]),
                 "knobs": top["knob_text"],
-                "sms_taken": top.get("sms_taken_from_gemms"),
+                "sms_taken": _count(top.get("sms_taken_from_gemms")),
                 "speedup": top["speedup_vs_serial"],
                 "speedup_ci": _ci_text(top.get("speedup_ci")),
                 "speedup_fwd_bwd": top.get("speedup_vs_serial_fwd_bwd"),
@@ -335,6 +335,11 @@ def best_schedules(grows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _count(value: float | None) -> int | None:
+    """An SM count stored as a metric (a float) as the count it is: 24, not 24.0."""
+    return None if value is None else int(round(value))
 
 
 def _ci_text(ci: Interval | None) -> str:

@@ -41,3 +41,4 @@ def test_the_fastest_overlapped_layer_overlaps_and_its_lead_over_serial_has_an_i
         vs, (low, high) = float(r[8]), _interval(r[9])
         assert low <= vs <= high and high < 1.0, r  # every fastest overlapped layer loses to serial here
         assert float(r[10]) < 1.0 and r[11].startswith("[")
+        assert r[3] in ("shared", "0", "24"), r  # an SM count, not a float (was 0.0 and 24.0)
