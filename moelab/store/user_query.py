@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import duckdb
 from moelab.core.errors import MoelabError
 
 ROW_CAP = 10_000  # rows `moelab db query` prints; more are cut with a note (page with LIMIT ... OFFSET ...)
+INTERRUPT_WAIT_S = 10.0  # how long Ctrl-C keeps interrupting the query before giving up on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +53,14 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, cap: int = ROW_CAP) -> Q
         while not done.wait(0.1):
             pass
     except KeyboardInterrupt:
-        cur.interrupt()
-        done.wait(10)
+        # again and again until the worker is out: a Ctrl-C that lands before DuckDB has begun the query
+        # (the thread not yet inside execute) finds nothing to interrupt, and the query then ran for ever
+        # (seen once in CI on a loaded two-core machine; the connection's close then waited on it)
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        while time.monotonic() < deadline:
+            cur.interrupt()
+            if done.wait(0.05):
+                break
         raise
     finally:
         if done.is_set():

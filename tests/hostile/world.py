@@ -216,10 +216,11 @@ class World:
         t0 = time.monotonic()
         try:
             out, err = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        except subprocess.TimeoutExpired:
+            # killed, then drained: its pipes closed here, not by the garbage collector in a later test (an
+            # unclosed pipe's ResourceWarning failed the next test too)
+            proc.kill()
+            out, err = proc.communicate()
         return Outcome(
             proc.returncode,
             out.decode(errors="replace"),
@@ -252,7 +253,7 @@ class World:
         finally:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+                proc.communicate()  # and its pipes closed
         end = time.monotonic()
         return Outcome(done.code, done.stdout, done.stderr, wall_s=end - t0, after_act_s=end - acted)
 
