@@ -39,7 +39,10 @@ def query(
     path = resolve_db_path(db)
     if not path.exists():
         raise MoelabError(f"no database at {path}")
-    con = query_connection(path, write)
+    try:
+        con = query_connection(path, write)
+    except KeyboardInterrupt:  # Ctrl-C while the store opens: the same answer as during the query
+        raise fail("query interrupted (Ctrl-C); the store is as it was", code=130) from None
     try:
         try:
             result = run_query(con, sql)

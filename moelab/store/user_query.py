@@ -2,13 +2,18 @@
 works. DuckDB streams a result, so a query over millions of rows costs only the rows taken; the query runs
 in a worker thread (on a cursor of its own: DuckDB refuses a second call on a busy connection) because
 Python's signal handler cannot run inside DuckDB's call; Ctrl-C there calls the cursor's `interrupt()`
-instead of waiting for a query that may never end."""
+instead of waiting for a query that may never end. While the query runs, Ctrl-C is noted by a handler of
+its own (nothing is raised mid-way, so none is lost in the thread's start or before DuckDB has begun the
+query: both were seen on a loaded machine) and the query is interrupted until the worker is out; then
+KeyboardInterrupt is raised."""
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +30,19 @@ class QueryResult:
     columns: list[str] | None  # None: a statement that returns no rows
     rows: list[tuple[Any, ...]]
     cut: bool  # more rows than `rows` were there
+
+
+def _take_sigint(handler: Callable[[int, Any], None]) -> Any:
+    """Install `handler` for SIGINT while a query runs; returns what to put back (None off the main thread,
+    where no Ctrl-C arrives and no handler can be installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, handler)
+
+
+def _give_back_sigint(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_query(con: duckdb.DuckDBPyConnection, sql: str, cap: int = ROW_CAP) -> QueryResult:
@@ -48,24 +66,31 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, cap: int = ROW_CAP) -> Q
             done.set()
 
     worker = threading.Thread(target=work, name="moelab-query", daemon=True)
-    worker.start()
+    asked = threading.Event()
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:  # runs in this thread, between its bytecodes
+        asked.set()
+        cur.interrupt()
+
+    previous = _take_sigint(on_ctrl_c)
     try:
-        while not done.wait(0.1):
-            pass
-    except KeyboardInterrupt:
-        # again and again until the worker is out: a Ctrl-C that lands before DuckDB has begun the query
-        # (the thread not yet inside execute) finds nothing to interrupt, and the query then ran for ever
-        # (seen once in CI on a loaded two-core machine; the connection's close then waited on it)
-        deadline = time.monotonic() + INTERRUPT_WAIT_S
-        while time.monotonic() < deadline:
-            cur.interrupt()
-            if done.wait(0.05):
-                break
-        raise
+        worker.start()  # Ctrl-C is only noted here: a KeyboardInterrupt inside start() left the query running
+        give_up = None
+        while not done.wait(0.05):
+            if asked.is_set():
+                # again and again until the worker is out: a Ctrl-C before DuckDB has begun the query finds
+                # nothing to interrupt (seen on a loaded two-core machine: the query then ran for ever)
+                cur.interrupt()
+                give_up = give_up or time.monotonic() + INTERRUPT_WAIT_S
+                if time.monotonic() > give_up:
+                    break
     finally:
+        _give_back_sigint(previous)
         if done.is_set():
             with contextlib.suppress(duckdb.Error):  # an interrupted cursor may still call itself busy
                 cur.close()
+    if asked.is_set():
+        raise KeyboardInterrupt
     error = box.get("error")
     if isinstance(error, duckdb.Error):
         raise MoelabError(f"query failed: {str(error).strip().splitlines()[0][:500]}") from error

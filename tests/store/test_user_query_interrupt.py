@@ -8,6 +8,7 @@ from __future__ import annotations
 import _thread
 import threading
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import duckdb
@@ -15,6 +16,7 @@ import pytest
 
 from moelab.store.user_query import run_query
 
+ROOT = Path(__file__).resolve().parents[2]
 ENDLESS = "SELECT count(*) FROM range(1000000000000) a, range(1000000000000) b"
 
 
@@ -71,3 +73,66 @@ def test_ctrl_c_inside_the_query_stops_it_at_once() -> None:
         run_query(cast(duckdb.DuckDBPyConnection, con), ENDLESS)
     assert con.cursor_made is not None and con.cursor_made.ended.wait(5)
     assert time.monotonic() - t0 < 5
+
+
+def test_ctrl_c_while_the_worker_starts_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGINT to this process inside Thread.start (after the thread began, while start waits for
+    it): before, the KeyboardInterrupt left run_query before its handler and the query ran for ever."""
+    import os
+    import signal
+
+    import moelab.store.user_query as uq
+
+    started: list[_LateCursor] = []
+
+    class _SignalledThread(threading.Thread):
+        def start(self) -> None:
+            super().start()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)  # where Python would raise it: still inside start
+
+    monkeypatch.setattr(uq.threading, "Thread", _SignalledThread)
+    con = _Connection(delay=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_query(cast(duckdb.DuckDBPyConnection, con), ENDLESS)
+    assert con.cursor_made is not None
+    started.append(con.cursor_made)
+    stopped = con.cursor_made.ended.wait(5)
+    if not stopped:  # the bug: free the thread before failing
+        con.cursor_made.interrupt()
+        con.cursor_made.ended.wait(10)
+    assert stopped, "the query outlived Ctrl-C"
+    assert time.monotonic() - t0 < 5
+
+
+def test_db_query_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A command started in the background by a non-interactive shell inherits SIGINT ignored (POSIX), and
+    Python then installs no KeyboardInterrupt for it: `moelab db query` ran on for ever after its SIGINT
+    (the hostile case query-never-ends-stopped-by-ctrl-c, with CI started that way). While a query runs
+    the command now takes SIGINT itself, as `moelab run` does for its run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from moelab.store.db import open_db
+
+    db = tmp_path / "moelab.duckdb"
+    with open_db(db):  # an empty store, its schema made
+        pass
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moelab.cli.main", "db", "query", ENDLESS, "--db", str(db)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    time.sleep(4.0)  # inside the query by then (imports take about 1.5 s here)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("moelab db query ran on after SIGINT")
+    assert proc.returncode == 130, err
+    assert b"query interrupted (Ctrl-C)" in err
