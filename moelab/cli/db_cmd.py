@@ -14,6 +14,8 @@ from moelab.store.export import check_export, export_runs, import_export
 from moelab.store.labels import resolve_run
 from moelab.store.user_query import ROW_CAP, run_query
 
+QUERY_INTERRUPTED = "query interrupted (Ctrl-C); the store is as it was"
+
 app = typer.Typer(
     help='Query and export the DuckDB store.\n\nExample: moelab db query "SELECT run_id, label FROM runs"',
     no_args_is_help=True,
@@ -42,12 +44,12 @@ def query(
     try:
         con = query_connection(path, write)
     except KeyboardInterrupt:  # Ctrl-C while the store opens: the same answer as during the query
-        raise fail("query interrupted (Ctrl-C); the store is as it was", code=130) from None
+        raise fail(QUERY_INTERRUPTED, code=130) from None
     try:
         try:
             result = run_query(con, sql)
         except KeyboardInterrupt:
-            raise fail("query interrupted (Ctrl-C); the store is as it was", code=130) from None
+            raise fail(QUERY_INTERRUPTED, code=130) from None
         if result.columns is None:
             console.print("ok")
             return

@@ -267,7 +267,7 @@ def overlaps(mode: str, schedule: str | None) -> bool:
 def serial_samples(r: dict[str, Any], way: str) -> list[float]:
     """The serial layer's times per iteration a case holds (`samples`, from `case_samples`): a serial case's
     own layer, an overlapped case's in-case baseline."""
-    layer_op, serial_op = SPEEDUPS[way][1], SPEEDUPS[way][0]
+    serial_op, layer_op = SPEEDUPS[way]
     return list(r.get("samples", {}).get(layer_op if r["mode"] == "serial" else serial_op, []))
 
 
