@@ -185,18 +185,23 @@ def _carved(fn: Callable[[], object], held: int, device: torch.device) -> Callab
     return run
 
 
-def bench_shape(
-    name: str,
-    hidden: int,
-    inter: int,
-    epr: int,
-    ep: int,
-    device: torch.device,
-    dense: float,
-    tokens: int = TOKENS,
-    backward: bool = False,
-    carveouts: tuple[int, ...] = (),
-) -> list[Row]:
+@dataclass
+class FfnInputs:
+    """Rank 0's expert FFN at one shape: its received rows sorted by expert, the weights, the row ends."""
+
+    x: torch.Tensor  # [pairs, H] bf16
+    weights: ExpertWeights
+    offsets: torch.Tensor  # [E] int32 cumulative row ends
+    max_group: int
+    pairs: int
+    flops: float  # 6 x pairs x H x I: fc1 (2I columns) and fc2
+
+
+def ffn_inputs(
+    hidden: int, inter: int, epr: int, ep: int, device: torch.device, tokens: int = TOKENS
+) -> FfnInputs:
+    """The (token, expert) pairs moelab's uniform routing gives rank 0's experts at EP = ep, random rows and
+    weights scaled to unit-variance outputs."""
     wl = Workload(
         hidden=hidden, tokens_per_rank=tokens, topk=TOPK, experts_per_rank=epr, routing=RoutingSpec(seed=0)
     )
@@ -210,14 +215,30 @@ def bench_shape(
     w13 = torch.randn(epr, hidden, 2 * inter, generator=g, device=device, dtype=bf16).mul_(hidden**-0.5)
     w2 = torch.randn(epr, inter, hidden, generator=g, device=device, dtype=bf16).mul_(inter**-0.5)
     weights = ExpertWeights(w13=w13, w2=w2, first_expert=0)
-    flops = 6.0 * pairs * hidden * inter
+    return FfnInputs(x, weights, offsets, m.max_group, pairs, 6.0 * pairs * hidden * inter)
+
+
+def bench_shape(
+    name: str,
+    hidden: int,
+    inter: int,
+    epr: int,
+    ep: int,
+    device: torch.device,
+    dense: float,
+    tokens: int = TOKENS,
+    backward: bool = False,
+    carveouts: tuple[int, ...] = (),
+) -> list[Row]:
+    inp = ffn_inputs(hidden, inter, epr, ep, device, tokens)
+    x, weights, offsets, pairs, flops = inp.x, inp.weights, inp.offsets, inp.pairs, inp.flops
     base = dict(
         shape=name,
         ep=ep,
         experts_per_rank=epr,
         pairs=pairs,
         rows_per_expert=pairs / epr,
-        max_group=m.max_group,
+        max_group=inp.max_group,
     )
     rows = []
     want = None
@@ -232,7 +253,7 @@ def bench_shape(
             variants[impl] = (None, triton_reason)
             continue
         variants[impl] = (
-            (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, act, max_group=m.max_group)),
+            (lambda impl=impl: swiglu_ffn(x, offsets, weights, impl, act, max_group=inp.max_group)),
             "",
         )
     for held in carveouts:  # the same FFN launched under the carve-out an overlapped layer at sms = held sets
@@ -244,7 +265,7 @@ def bench_shape(
     if backward:  # forward+backward of the FFN: input and weight gradients (FLOPs: 3x forward)
         for impl in ("grouped", "triton"):
             if variants[impl][0] is not None:
-                variants[f"{impl}+bwd"] = (train_step(x, weights, offsets, impl, act, m.max_group), "")
+                variants[f"{impl}+bwd"] = (train_step(x, weights, offsets, impl, act, inp.max_group), "")
     for variant, (fn, note) in variants.items():
         if fn is None:
             rows.append(

@@ -178,7 +178,7 @@ def test_gemm_tile_reads_the_cutlass_schedule_off_the_kernel_name() -> None:
         gemm_tile("_ZN7cutlass...KernelPtrArrayTmaWarpSpecializedCooperativeE...") == "128x256x64 cooperative"
     )
     assert gemm_tile("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == ""
-    assert gemm_tile("triton_grouped_gemm") == "128x256x64 Triton, 64-row last tiles"
+    assert gemm_tile("triton_grouped_gemm") == "Triton, tile tuned per shape (the record's gemm_triton_tiles)"
 
 
 def test_auto_times_grouped_wide_only_where_a_batch_would_take_the_narrow_tile() -> None:

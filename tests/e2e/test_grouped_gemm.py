@@ -14,6 +14,8 @@ from moelab.measure.e2e import grouped_gemm
 from moelab.measure.e2e.carveout import gemm_carveout, held_sms
 from moelab.measure.e2e.grouped_gemm import (
     INTERPRETED_SMS,
+    TileConfig,
+    launch,
     programs,
     triton_grouped_mm,
     triton_grouped_swiglu,
@@ -119,28 +121,33 @@ class _GridSpy:
     def __init__(self, kernel: object) -> None:
         self.kernel, self.grids = kernel, []  # type: list[tuple[int, ...]]
 
-    def __getitem__(self, grid: tuple[int, ...]) -> object:
-        self.grids.append(grid)
-        return self.kernel[grid]  # type: ignore[index]
+    def __getitem__(self, grid: object) -> object:
+        def record(meta: dict[str, object]) -> tuple[int, ...]:
+            got = tuple(grid(meta) if callable(grid) else grid)  # type: ignore[arg-type]
+            self.grids.append(got)
+            return got
+
+        return self.kernel[record]  # type: ignore[index]
 
 
-@pytest.fixture
-def carved_out() -> object:
-    """A GEMM carve-out of INTERPRETED_SMS - 1 SMs (the interpreter's stand-in GPU keeps one), restored after."""
+@pytest.fixture(params=[1, 2])
+def carved_out(request: pytest.FixtureRequest) -> object:
+    """A GEMM carve-out that leaves the interpreter's stand-in GPU 1 or 2 SMs, restored after."""
     previous = torch._C._get_sm_carveout_experimental()
-    torch._C._set_sm_carveout_experimental(INTERPRETED_SMS - 1)
-    yield
+    torch._C._set_sm_carveout_experimental(INTERPRETED_SMS - request.param)
+    yield request.param
     torch._C._set_sm_carveout_experimental(previous)
 
 
 def test_under_a_carve_out_the_kernel_runs_persistent_with_the_same_bits(
-    carved_out: object, monkeypatch: pytest.MonkeyPatch
+    carved_out: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under a carve-out the launch has one program per SM left (here one for the interpreter's 4 SMs),
-    looping over every tile, and gives the bits of the one-program-per-tile launch: the GEMM, its input
-    gradient and the fused SwiGLU. Before, the Triton GEMM ignored the carve-out and filled every SM."""
+    """Under a carve-out the launch has one program per SM left (one or two of the interpreter's 4 SMs),
+    taking tiles from a counter until none is left, and gives the bits of the one-program-per-tile launch:
+    the GEMM, its input gradient and the fused SwiGLU. Before, the Triton GEMM ignored the carve-out and
+    filled every SM."""
     _cpu_interpreted()
-    assert held_sms() == INTERPRETED_SMS - 1
+    assert held_sms() == INTERPRETED_SMS - carved_out
     spy = _GridSpy(grouped_gemm._jit().triton_grouped_gemm)
     monkeypatch.setattr(grouped_gemm._jit(), "triton_grouped_gemm", spy)
     g = torch.Generator().manual_seed(7)
@@ -153,7 +160,7 @@ def test_under_a_carve_out_the_kernel_runs_persistent_with_the_same_bits(
     carved.backward(gy)
     carved_grad, x.grad = x.grad, None
     carved_swiglu = triton_grouped_swiglu(x.detach(), w13, _ends(sizes), max(sizes))
-    assert spy.grids and all(grid == (1,) for grid in spy.grids)  # forward, input gradient, SwiGLU
+    assert spy.grids and all(grid == (carved_out,) for grid in spy.grids)  # forward, input gradient, SwiGLU
     launches = len(spy.grids)
     torch._C._set_sm_carveout_experimental(None)
     whole = triton_grouped_mm(x, w, _ends(sizes), max(sizes))
@@ -162,6 +169,30 @@ def test_under_a_carve_out_the_kernel_runs_persistent_with_the_same_bits(
     assert torch.equal(carved, whole)
     assert carved_grad is not None and x.grad is not None and torch.equal(carved_grad, x.grad)
     assert torch.equal(carved_swiglu, triton_grouped_swiglu(x.detach(), w13, _ends(sizes), max(sizes)))
+
+
+def test_a_fixed_tile_config_is_launched_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`launch(config=...)` (what benchmarks/triton_gemm_tiles.py sweeps) runs those blocks, not the
+    default ones: a different grid, the same result (to an ulp: the interpreter's numpy matmul may sum a
+    16-row block in another order than a 32-row one)."""
+    _cpu_interpreted()
+    spy = _GridSpy(grouped_gemm._jit().triton_grouped_gemm)
+    monkeypatch.setattr(grouped_gemm._jit(), "triton_grouped_gemm", spy)
+    g = torch.Generator().manual_seed(3)
+    sizes = [40, 0, 17, 33]
+    x = torch.randn(sum(sizes), 32, generator=g).half()
+    w = torch.randn(4, 32, 48, generator=g).half()
+    w13 = torch.randn(4, 32, 32, generator=g).half()
+    ends = _ends(sizes)
+    default = launch(x, w, ends, max(sizes))[0]
+    default_act = launch(x, w13, ends, max(sizes), swiglu=True)[0]
+    small = TileConfig((16, 16, 16), warps=1, stages=1, half_tail=False)
+    fixed = launch(x, w, ends, max(sizes), config=small)[0]
+    fixed_act = launch(x, w13, ends, max(sizes), swiglu=True, config=small)[0]
+    # 4 experts x (48 / 32 or 16 / 16 column tiles) x (40 / 32 or 40 / 16 row tiles)
+    assert [grid[0] for grid in spy.grids] == [4 * 2 * 2, 4 * 1 * 2, 4 * 3 * 3, 4 * 1 * 3]
+    torch.testing.assert_close(fixed, default, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(fixed_act, default_act, rtol=2e-3, atol=2e-3)
 
 
 def _swiglu_reference(x: torch.Tensor, w13: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -340,3 +371,25 @@ def test_cuda_carve_out_gives_the_same_bits_on_fewer_programs() -> None:
         x.grad = None
     for got, want in zip(*outs, strict=True):
         assert got is not None and want is not None and torch.equal(got, want)
+
+
+def test_tuned_tiles_name_the_autotuner_s_choice_per_gemm_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's gemm_triton_tiles: each tuned key (the kernel's autotune key) with the tile, warps,
+    stages and tail its config holds; [] before any tuned launch."""
+    import triton
+
+    tuned = grouped_gemm._jit().triton_grouped_gemm_tuned
+    monkeypatch.setattr(tuned, "cache", {})
+    assert grouped_gemm.tuned_tiles() == []
+    fc2 = triton.Config(
+        {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "HALF_TAIL": True}, num_warps=8, num_stages=6
+    )
+    fc1 = triton.Config(
+        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "HALF_TAIL": False}, num_warps=8, num_stages=3
+    )
+    tuned.cache[(7168, 2048, False, False, False, True, 512, "torch.bfloat16")] = fc2
+    tuned.cache[(2048, 7168, False, True, True, False, 512, "torch.bfloat16")] = fc1
+    assert grouped_gemm.tuned_tiles() == [
+        "fc1+swiglu N=2048 K=7168 rows<=512: 128x128x64 w8 s3",
+        "gemm N=7168 K=2048 rows<=512, carved out: 128x256x32 w8 s6 half",
+    ]

@@ -448,3 +448,31 @@ def test_moelab_run_refuses_the_triton_gemm_off_cuda_and_runs_the_rest(tmp_path:
     status = {("triton" if "gemm=triton" in c else "grouped"): (s, r) for c, s, r in rows}
     assert status["triton"] == ("unsupported", "gemm = triton: the Triton grouped GEMM runs on CUDA only")
     assert status["grouped"][0] == "ok" and timed == []
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_moelab_run_off_cuda_records_no_sms_taken_by_a_carve_out(tmp_path: Path, db_path: Path) -> None:
+    """A carve-out holds SMs back only on CUDA: `moelab run --cpu` of tbo with carveout = 200 stores no SMs
+    taken from the GEMMs (the GEMMs ran on the CPU as without it) and says so in the record. It stored 200."""
+    suite = tmp_path / "carve.toml"
+    suite.write_text(
+        SUITE.replace(
+            'mode = ["serial", "tbo", "expert", "columns", "auto"]', 'mode = ["tbo"]\ncarveout = [200]'
+        )
+        .replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
+        .replace("backward = [true]", "backward = [false]")
+    )
+    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--run-id", "carve", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        (case, status, record), *rest = con.execute(
+            "SELECT case_id, status, backend_record FROM cases WHERE run_id = 'carve'"
+        ).fetchall()
+        taken = con.execute(
+            "SELECT value FROM case_metrics WHERE run_id = 'carve' AND name = 'sms_taken_from_gemms'"
+        ).fetchall()
+    assert rest == [] and status == "ok" and "carveout=200" in case
+    assert taken == [(None,)]
+    e2e = json.loads(record)["e2e"]
+    assert e2e["carveout"] == 200 and "not applied" in e2e["gemm_sms"]

@@ -65,6 +65,7 @@ from moelab.measure.e2e.columns import column_compute
 from moelab.measure.e2e.contention import ConcurrentGemm
 from moelab.measure.e2e.correctness import LayerInputs, check_layer, make_layer_inputs
 from moelab.measure.e2e.gemm_choice import choose_gemm, gemm_kernels
+from moelab.measure.e2e.grouped_gemm import tuned_tiles
 from moelab.measure.e2e.layer import Grouped, output_grad, resolve_gemm, supports_backward
 from moelab.measure.e2e.metrics import e2e_metrics
 from moelab.measure.e2e.overlap import chunk_bounds, compute_chunked, schedule_parts
@@ -178,11 +179,13 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
             layer.part_gemm = part.impl
             record["gemm_part"] = part.impl
             record["gemm_part_trials_us"] = {k: round(v, 2) for k, v in part.trials_us.items()}
-            record["gemm_part_carveout"] = settings.carveout
+            record["gemm_part_carveout"] = inputs.carveout
     record["gemm_kernels"] = gemm_kernels(lambda: layer.ffn(grouped))
     if parts:  # a part averages fewer rows per expert: torch may pick another tile for it
         with layer.parts(), inputs.carved():
             record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
+    if tiles := tuned_tiles():  # moelab's Triton GEMM ran: the tile its autotuner chose per GEMM shape
+        record["gemm_triton_tiles"] = tiles
     return inputs, record
 
 

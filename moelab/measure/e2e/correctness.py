@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -61,20 +61,29 @@ class LayerInputs:
         with self.carved(), self.layer.parts():
             return forward(self.layer, x, self.topk_idx, self.topk_weights, s.chunks, self.streams)
 
+    @property
+    def carveout(self) -> int:
+        """The SMs `carved` holds back from the GEMMs: the case's carve-out, but none where the streams'
+        green contexts already partition the SMs, and none off CUDA (no GEMM there leaves an SM free)."""
+        if self.streams.partitioned or self.x.device.type != "cuda":
+            return 0
+        return self.settings.carveout
+
     def carved(self) -> contextlib.AbstractContextManager[None]:
-        """GEMMs launched inside leave the case's carve-out of SMs to the communication (none where the
-        streams' green contexts already partition the SMs)."""
-        if self.streams.partitioned:
-            return contextlib.nullcontext()
-        return gemm_carveout(self.settings.carveout, self.x.device)
+        """GEMMs launched inside leave the case's carve-out of SMs to the communication."""
+        return gemm_carveout(self.carveout, self.x.device)
 
     def sms_taken(self, comm_sms: int | None) -> int | None:
-        """The SMs the schedule takes from the GEMMs: the green partition's as made, else as the settings
-        fix them (moelab.measure.e2e.schedules.sms_taken_from_gemms)."""
+        """The SMs the schedule takes from the GEMMs as it ran: 0 where the serial layer ran (serial mode,
+        or one rank); the green partition's as made; else as the settings fix them
+        (moelab.measure.e2e.schedules.sms_taken_from_gemms) with the carve-out `carved` applied: off CUDA
+        a case's carve-out takes nothing."""
+        if self.settings.mode not in OVERLAPPED or not self.overlaps:
+            return 0
         if self.streams.partitioned and self.streams.gemm_sms is not None:
             total = torch.cuda.get_device_properties(self.x.device).multi_processor_count
             return total - self.streams.gemm_sms
-        return sms_taken_from_gemms(self.settings, comm_sms)
+        return sms_taken_from_gemms(replace(self.settings, carveout=self.carveout), comm_sms)
 
     def gemm_sms_note(self) -> str:
         """How the GEMMs' SMs are bounded while communication runs beside them (for the record)."""
@@ -83,7 +92,9 @@ class LayerInputs:
             return "all (serial)"
         if self.streams.partitioned:
             return f"{self.streams.gemm_sms} (CUDA green context; the communication's holds the rest)"
-        if s.carveout:
+        if s.carveout and not self.carveout:
+            return f"all (carve-out {s.carveout} not applied: no GPU SMs off CUDA)"
+        if self.carveout:
             why = f"; {self.streams.partition_note}" if self.streams.partition_note else ""
             held = "GEMM SM carve-out: torch's GEMMs and moelab's Triton GEMM (persistent) run on the rest"
             return f"all but {s.carveout} ({held}{why})"

@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +31,9 @@ from moelab.measure.e2e.activation import swiglu
 from moelab.measure.e2e.carveout import held_sms
 from moelab.measure.e2e.wgrad import grouped_wgrad
 
-BLOCKS = (128, 256, 64)  # BLOCK_M, BLOCK_N, BLOCK_K
+# BLOCK_M, BLOCK_N, BLOCK_K of the descriptors a tuned launch is given; each tuned config's pre_hook sets its
+# own (grouped_gemm_jit.PLAIN_TUNED, SWIGLU_TUNED)
+BLOCKS = (128, 256, 64)
 SWIGLU_BLOCKS = (128, 128, 64)  # the fused first GEMM: 128 gate and 128 up columns per tile
 INTERPRETED_BLOCKS = (32, 32, 16)  # under triton's interpreter (CPU tests)
 INTERPRETED_SWIGLU_BLOCKS = (32, 16, 16)
@@ -41,7 +45,7 @@ INTERPRETED_SMS = 4  # the SMs the interpreter stands in for (CPU tests of the c
 def programs(tiles: int, sms: int, held: int) -> int:
     """The grid of a launch of `tiles` output tiles on a GPU of `sms` SMs with `held` of them carved out for
     the communication: one program per tile without a carve-out (the whole GPU, as torch's GEMMs), else
-    one per SM left (at least one), each looping over tiles."""
+    one per SM left (at least one), each taking the next tile until none is left."""
     if held <= 0:
         return tiles
     return max(1, min(tiles, sms - held))
@@ -51,6 +55,13 @@ def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETED_SMS
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+@functools.cache
+def _idle_counter(device: torch.device) -> torch.Tensor:
+    """The counter argument of a launch that runs one program per tile and never reads it (the autotuner may
+    zero it while it times configurations: it is nobody's data)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 @functools.cache
@@ -87,24 +98,41 @@ def unavailable_reason(device: torch.device, hidden: int, intermediate: int) -> 
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    """One launch configuration of the kernel, fixed instead of autotuned: what
+    benchmarks/triton_gemm_tiles.py sweeps to find the tile shapes worth tuning over."""
+
+    blocks: tuple[int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K (BLOCK_N: gate columns with swiglu)
+    warps: int = 8
+    stages: int = 4
+    half_tail: bool = True
+
+    def label(self) -> str:
+        m, n, k = self.blocks
+        return f"{m}x{n}x{k} w{self.warps} s{self.stages}{' half' if self.half_tail else ''}"
+
+
 def _blocks(swiglu: bool) -> tuple[int, int, int]:
     if _interpreted():
         return INTERPRETED_SWIGLU_BLOCKS if swiglu else INTERPRETED_BLOCKS
     return SWIGLU_BLOCKS if swiglu else BLOCKS
 
 
-def _launch(
+def launch(
     a: torch.Tensor,
     w: torch.Tensor,
     offsets: torch.Tensor,
     max_group: int,
     swiglu: bool = False,
     keep_h: bool = False,
+    config: TileConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """a [P, K] rows sorted by group, w [E, K, N] (any layout with one unit stride in its last two dims),
     offsets [E] int32 cumulative row ends, max_group the largest group's rows -> ([P, N] in a's dtype,
     None). `swiglu`: w is W13 [E, K, 2I] and the first output the activation [P, I]; the second, with
-    `keep_h`, the GEMM's own output h [P, 2I] (what the activation's backward reads)."""
+    `keep_h`, the GEMM's own output h [P, 2I] (what the activation's backward reads). `config`: these
+    blocks, warps and stages instead of the autotuned ones (the layer never passes one)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     k = _jit()
@@ -121,36 +149,47 @@ def _launch(
     if kr == 0:
         return out.zero_(), (h.zero_() if h is not None else None)
     a = a.contiguous()
-    bm, bn, bk = _blocks(swiglu)
+    # the boxes of the TMA descriptors: the given or interpreted blocks, else set by the tuned config's
+    # pre_hook (grouped_gemm_jit.set_blocks)
+    bm, bn, bk = config.blocks if config is not None else _blocks(swiglu)
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     a_half = TensorDescriptor.from_tensor(a, [bm // 2, bk])
     w_desc = TensorDescriptor.from_tensor(base, [1, bn, bk] if trans else [1, bk, bn])
-    row_tiles, col_tiles = k.cdiv(max_group, bm), k.cdiv(n, bn)
-    tiles = experts * col_tiles * row_tiles
-    grid = programs(tiles, _sm_count(a.device), held_sms())
-    kernel, options = (
-        (k.triton_grouped_gemm, INTERPRETED_OPTIONS) if _interpreted() else (k.triton_grouped_gemm_tuned, {})
-    )
-    kernel[(grid,)](
+    sms, held = _sm_count(a.device), held_sms()
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        tiles = experts * k.cdiv(n, meta["BLOCK_N"]) * k.cdiv(max_group, meta["BLOCK_M"])
+        return (programs(tiles, sms, held),)
+
+    persistent = held > 0
+    # the persistent grid's tile counter, zeroed on the stream; the one-program-per-tile launch reads none
+    next_tile = torch.zeros(1, dtype=torch.int32, device=a.device) if persistent else _idle_counter(a.device)
+    options: dict[str, Any] = {}
+    kernel = k.triton_grouped_gemm_tuned
+    if config is not None or _interpreted():
+        kernel = k.triton_grouped_gemm
+        options = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, **INTERPRETED_OPTIONS}
+        if config is not None:
+            options["HALF_TAIL"] = config.half_tail
+            if not _interpreted():
+                options |= {"num_warps": config.warps, "num_stages": config.stages}
+    kernel[grid](
         a_desc,
         a_half,
         w_desc,
         out,
         h if h is not None else out,
         offsets,
-        row_tiles,
-        col_tiles,
-        tiles,
-        grid,
+        experts,
+        max_group,
+        1 << max(0, max_group - 1).bit_length(),  # rows_key: the autotuner's size class
+        next_tile,
         N=n,
         KR=int(kr),
         TRANS_W=trans,
         SWIGLU=swiglu,
         KEEP_H=h is not None,
-        PERSISTENT=grid < tiles,
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
+        PERSISTENT=persistent,
         **options,
     )
     return out, h
@@ -163,7 +202,7 @@ class _GroupedMM(torch.autograd.Function):
     ) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(a, w, offsets)
         ctx.max_group = max_group
-        return _launch(a, w, offsets, max_group)[0]
+        return launch(a, w, offsets, max_group)[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -176,7 +215,7 @@ def _input_and_weight_grads(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The GEMM's input gradient (the kernel on the weights transposed) and weight gradient (torch's
     reduction over each group's rows), each where autograd asks for it."""
-    da = _launch(grad, w.transpose(1, 2), offsets, ctx.max_group)[0] if ctx.needs_input_grad[0] else None
+    da = launch(grad, w.transpose(1, 2), offsets, ctx.max_group)[0] if ctx.needs_input_grad[0] else None
     dw = grouped_wgrad(a, grad, offsets).to(w.dtype) if ctx.needs_input_grad[1] else None
     return da, dw
 
@@ -189,7 +228,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, w13: torch.Tensor, offsets: torch.Tensor, max_group: int
     ) -> torch.Tensor:  # type: ignore[override]
-        a, h = _launch(x, w13, offsets, max_group, swiglu=True, keep_h=True)
+        a, h = launch(x, w13, offsets, max_group, swiglu=True, keep_h=True)
         ctx.save_for_backward(x, w13, offsets, h)
         ctx.max_group = max_group
         return a
@@ -212,13 +251,34 @@ def _swiglu_backward(h: torch.Tensor, grad_a: torch.Tensor) -> torch.Tensor:
     return grad_h.to(h.dtype)
 
 
+def tuned_tiles() -> list[str]:
+    """The tile, pipeline depth and tail the autotuner chose for each GEMM shape this process has launched
+    ("gemm N=7168 K=2048 rows<=512: 128x256x32 w8 s6 half"); [] where the kernel never ran tuned."""
+    jit = sys.modules.get(f"{__package__}.grouped_gemm_jit")  # never imports triton itself
+    if jit is None:
+        return []
+    out = []
+    for key, config in jit.triton_grouped_gemm_tuned.cache.items():
+        n, kr, trans, swiglu, _keep_h, persistent, rows_key = key[:7]
+        what = "fc1+swiglu" if swiglu else ("input grad" if trans else "gemm")
+        tile = TileConfig(
+            (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]),
+            config.num_warps,
+            config.num_stages,
+            config.kwargs["HALF_TAIL"],
+        )
+        carved = ", carved out" if persistent else ""
+        out.append(f"{what} N={n} K={kr} rows<={rows_key}{carved}: {tile.label()}")
+    return sorted(out)
+
+
 def triton_grouped_mm(
     a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, max_group: int
 ) -> torch.Tensor:
     """torch._grouped_mm(a, w, offs=offsets) through the Triton kernel, with autograd."""
     if torch.is_grad_enabled() and (a.requires_grad or w.requires_grad):
         return _GroupedMM.apply(a, w, offsets, max_group)  # type: ignore[no-any-return]
-    return _launch(a, w, offsets, max_group)[0]
+    return launch(a, w, offsets, max_group)[0]
 
 
 def triton_grouped_swiglu(
@@ -228,4 +288,4 @@ def triton_grouped_swiglu(
     backward needs it), with autograd."""
     if torch.is_grad_enabled() and (x.requires_grad or w13.requires_grad):
         return _GroupedSwiGLU.apply(x, w13, offsets, max_group)  # type: ignore[no-any-return]
-    return _launch(x, w13, offsets, max_group, swiglu=True)[0]
+    return launch(x, w13, offsets, max_group, swiglu=True)[0]

@@ -21,6 +21,8 @@ steps of BLOCK_K), so the result does not depend on which tile height or pipelin
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
@@ -158,10 +160,10 @@ def triton_grouped_gemm(
     out,
     h,
     ends,
-    row_tiles,
-    col_tiles,
-    tiles,
-    step,
+    experts,
+    max_group,
+    rows_key,
+    next_tile,
     N: tl.constexpr,
     KR: tl.constexpr,
     TRANS_W: tl.constexpr,
@@ -174,21 +176,30 @@ def triton_grouped_gemm(
     BLOCK_K: tl.constexpr,
 ):
     """out[rows of group e] = a[rows of group e] @ w[e] (w[e]^T with TRANS_W); `ends` [E] int32 cumulative
-    row ends; row_tiles: BLOCK_M tiles of the largest group; col_tiles: BLOCK_N tiles of N; tiles: all of
-    them (E * col_tiles * row_tiles); step: the grid's programs. SWIGLU: w is [E, KR, 2N] (gate, up), out
-    the activation [P, N] (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output.
+    row ends of the `experts` groups, the largest of `max_group` rows. SWIGLU: w is [E, KR, 2N] (gate, up),
+    out the activation [P, N] (N = I) and, with KEEP_H, h [P, 2N] the GEMM's output. `rows_key` is read by
+    the autotuner only (the largest group's rows to a power of two: one tuning per size class).
 
-    PERSISTENT: the grid is fewer programs than tiles (the SMs a carve-out leaves the GEMMs), each looping
-    over tiles pid, pid + programs, ...: like torch's carved-out GEMMs, it then leaves the SMs held back
-    for the communication beside it free. Each tile is computed as without it."""
+    The output tiles: the BLOCK_M row tiles of the largest group, by the BLOCK_N column tiles of N, by the
+    experts (`_group_tile` orders them). PERSISTENT: the grid is fewer programs than tiles (the SMs a
+    carve-out leaves the GEMMs), each taking the next tile from the counter `next_tile` (one int32, zero at
+    launch) until none is left: like torch's carved-out GEMMs, it then leaves the SMs held back for the
+    communication beside it free. The tiles in flight are always the next few in order, as when the hardware
+    hands one program per tile to SMs as they free up, so the 2-3 tiles that read one weight tile still run
+    side by side and share it in L2. (A fixed stride of tiles per program drifts apart, since empty and
+    half-height tiles end early: at DeepSeek-V3's shape on 4 x H200 it cost 28% under an 8-SM carve-out,
+    results/h200x4-r16/sms2.) Each tile is computed as without it."""
+    row_tiles = tl.cdiv(max_group, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    tiles = experts * col_tiles * row_tiles
     if PERSISTENT:
-        t = tl.program_id(0)
+        t = tl.atomic_add(next_tile, 1, sem="relaxed")
         while t < tiles:  # a while, not a range: triton's interpreter takes no tensor range bounds
             _group_tile(
                 t, a_desc, a_half_desc, w_desc, out, h, ends, row_tiles, col_tiles,
                 N, KR, TRANS_W, SWIGLU, KEEP_H, HALF_TAIL, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            t += step
+            t = tl.atomic_add(next_tile, 1, sem="relaxed")
     else:
         _group_tile(
             tl.program_id(0), a_desc, a_half_desc, w_desc, out, h, ends, row_tiles, col_tiles,
@@ -196,13 +207,49 @@ def triton_grouped_gemm(
         )  # fmt: skip
 
 
-# pipeline depth and whether a short last tile runs half-height, tried per shape on CUDA: neither changes
-# a result bit (each output element sums the same products in the same order)
-TUNED = [
-    triton.Config({"HALF_TAIL": half}, num_warps=8, num_stages=stages)
-    for stages in (3, 4)
-    for half in (True, False)
+def set_blocks(nargs: dict[str, Any]) -> None:
+    """The descriptors' boxes to the launch's blocks (a Config's pre_hook: the tile shape is tuned)."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["a_half_desc"].block_shape = [bm // 2, bk]
+    nargs["w_desc"].block_shape = [1, bn, bk] if nargs["TRANS_W"] else [1, bk, bn]
+
+
+def _config(blocks: tuple[int, int, int], stages: int, half: bool) -> triton.Config:
+    m, n, k = blocks
+    return triton.Config(
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "HALF_TAIL": half},
+        num_warps=8,
+        num_stages=stages,
+        pre_hook=set_blocks,
+    )
+
+
+# Tried per shape on CUDA: the tile, the pipeline depth and whether a short last tile runs half-height. None
+# changes a result bit: each output element sums the same k16 products in the same order. The fused SwiGLU
+# GEMM holds two accumulators, so its tile is 128 gate by 128 up columns. The plain GEMM (fc2 and every
+# input gradient) also tries 128 x 256 in K steps of 32 with six stages, and 256 x 128: on one H200 they
+# took fc2 5-22% below 128 x 256 x 64 at the DeepSeek-V3, Qwen3 and reference shapes
+# (benchmarks/triton_gemm_tiles.py, results/h200x1-r18).
+SWIGLU_TUNED = [_config((128, 128, 64), stages, half) for stages in (3, 4) for half in (True, False)]
+PLAIN_TUNED = [
+    _config((128, 256, 64), 3, True),
+    _config((128, 256, 64), 4, True),
+    _config((128, 256, 64), 4, False),
+    _config((128, 256, 32), 6, True),
+    _config((128, 256, 32), 6, False),
+    _config((256, 128, 64), 4, True),
+    _config((256, 128, 64), 4, False),
 ]
+
+
+def _kind(configs: list[triton.Config], nargs: dict[str, Any], **kwargs: Any) -> list[triton.Config]:
+    return SWIGLU_TUNED if kwargs["SWIGLU"] else PLAIN_TUNED
+
+
 triton_grouped_gemm_tuned = triton.autotune(
-    configs=TUNED, key=["N", "KR", "TRANS_W", "SWIGLU", "KEEP_H", "PERSISTENT"]
+    configs=SWIGLU_TUNED + PLAIN_TUNED,
+    key=["N", "KR", "TRANS_W", "SWIGLU", "KEEP_H", "PERSISTENT", "rows_key"],
+    prune_configs_by={"early_config_prune": _kind},
+    reset_to_zero=["next_tile"],  # the persistent grid's counter, before each timed launch
 )(triton_grouped_gemm)
