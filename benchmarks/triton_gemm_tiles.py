@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from moelab.core.models import MODELS
-from moelab.measure.e2e.grouped_gemm import TileConfig, launch, unavailable_reason
+from moelab.measure.e2e.grouped_gemm import TileConfig, launch, tuned_tiles, unavailable_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grouped_gemm_gpu import DENSE_N, REFERENCE, dense_tflops, ffn_inputs, median_us  # noqa: E402
@@ -198,6 +198,9 @@ def main() -> None:
             ):
                 rate = flops / (t * 1e-6) / 1e12
                 print(f"FFN {what:5} {t:9.1f} us {rate:6.0f} TF/s {100 * rate / dense:5.1f}% of dense")
+    print("\nthe autotuner's choices (the record's gemm_triton_tiles):")
+    for line in tuned_tiles():
+        print(f"  {line}")
     if a.json:
         a.json.write_text(json.dumps([asdict(r) for r in everything], indent=1))
 

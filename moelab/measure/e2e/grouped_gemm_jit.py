@@ -21,6 +21,7 @@ steps of BLOCK_K), so the result does not depend on which tile height or pipelin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import triton
@@ -247,9 +248,37 @@ def _kind(configs: list[triton.Config], nargs: dict[str, Any], **kwargs: Any) ->
     return SWIGLU_TUNED if kwargs["SWIGLU"] else PLAIN_TUNED
 
 
+QUEUED_WARMUP, QUEUED_REPS = 3, 20
+
+
+def queued_bench(fn: Callable[[], object], quantiles: tuple[float, ...]) -> list[float]:
+    """The autotuner's timing of a config (ms at `quantiles`): launches queued back to back, an event pair
+    around each, one sync at the end, and no L2 flush between them, as the layer runs its GEMMs.
+    triton's do_bench flushes L2 before every launch; at 256-512 rows per expert that ranked the configs
+    differently, and the autotuner chose fc2 configs 6-22% slower than the fastest of its own list on one
+    H200 (benchmarks/triton_gemm_tiles.py, results/h200x1-r18)."""
+    import torch  # the kernel module imports no torch at its top; the layer has it loaded
+
+    for _ in range(QUEUED_WARMUP):
+        fn()
+    pairs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(QUEUED_REPS)
+    ]
+    torch.cuda.synchronize()
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = torch.tensor([start.elapsed_time(end) for start, end in pairs])
+    return [float(torch.quantile(times, q)) for q in quantiles]
+
+
 triton_grouped_gemm_tuned = triton.autotune(
     configs=SWIGLU_TUNED + PLAIN_TUNED,
     key=["N", "KR", "TRANS_W", "SWIGLU", "KEEP_H", "PERSISTENT", "rows_key"],
     prune_configs_by={"early_config_prune": _kind},
     reset_to_zero=["next_tile"],  # the persistent grid's counter, before each timed launch
+    do_bench=queued_bench,
 )(triton_grouped_gemm)
