@@ -29,6 +29,11 @@ And the dense bf16 matmul rate the way `moelab run` measures it (an 8192^3 matmu
 of 20). Each variant's output is checked against the loop's first. Prints one table and the acceptance
 lines (best bf16 variant >= 65% of dense at DeepSeek-V3, >= 80% at the reference), with the kernels that
 ran (torch.profiler, one call each).
+
+Two timings of each variant and of the dense matmul: `us` syncs after every call, so it holds the host's
+work before the first kernel (rounds before 18 report this one); `gpu us` queues the calls back to back
+(`queued_us`), so the host's work hides behind the GPU's, as in a layer that runs ahead. The acceptance
+lines give both readings.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class Row:
     pct_dense: float | None
     kernels: str
     note: str = ""
+    gpu_us: float | None = None  # queued_us: launches back to back, the host's work hidden
+    gpu_pct_dense: float | None = None  # of the dense rate timed the same way
 
 
 def median_us(fn: Callable[[], object], device: torch.device) -> float:
@@ -94,12 +101,33 @@ def median_us(fn: Callable[[], object], device: torch.device) -> float:
     return statistics.median(times)
 
 
-def dense_tflops(device: torch.device, n: int) -> float:
+def queued_us(fn: Callable[[], object], device: torch.device) -> float:
+    """The median GPU time of `fn`, its launches queued back to back with an event pair around each and
+    one sync at the end: the host's launch work (descriptors, the autotuner's lookup, torch's dispatch)
+    runs while the GPU is busy with the call before, as in a layer that runs ahead of its GPU.
+    `median_us` syncs after every call, so the host's work before the first kernel is timed too."""
+    if device.type != "cuda":
+        return median_us(fn, device)
+    for _ in range(WARMUP):
+        fn()
+    pairs = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(ITERS)
+    ]
+    torch.cuda.synchronize(device)
+    for start, end in pairs:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in pairs)
+
+
+def dense_tflops(device: torch.device, n: int, timing: Callable[..., float] = median_us) -> float:
     g = torch.Generator(device=device).manual_seed(1)
     a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
     c = torch.empty_like(a)
-    t = median_us(lambda: torch.matmul(a, b, out=c), device)
+    t = timing(lambda: torch.matmul(a, b, out=c), device)
     return 2.0 * n**3 / (t * 1e-6) / 1e12
 
 
@@ -229,6 +257,7 @@ def bench_shape(
     tokens: int = TOKENS,
     backward: bool = False,
     carveouts: tuple[int, ...] = (),
+    dense_queued: float = 0.0,
 ) -> list[Row]:
     inp = ffn_inputs(hidden, inter, epr, ep, device, tokens)
     x, weights, offsets, pairs, flops = inp.x, inp.weights, inp.offsets, inp.pairs, inp.flops
@@ -283,6 +312,7 @@ def bench_shape(
                     if err > 2e-2:
                         note = f"WRONG: rel err vs loop {err:.2e}"
             t = median_us(fn, device)
+            gpu_t = queued_us(fn, device)
             kernels = "" if variant.endswith("+bwd") else "; ".join(k[:70] for k in gemm_kernels(fn)[:2])
         tf = (3 if variant.endswith("+bwd") else 1) * flops / (t * 1e-6) / 1e12
         rows.append(
@@ -294,6 +324,8 @@ def bench_shape(
                 pct_dense=tf / dense if dense else None,
                 kernels=kernels,
                 note=note,
+                gpu_us=gpu_t,
+                gpu_pct_dense=tf * t / gpu_t / dense_queued if dense_queued else None,
             )
         )
     return rows
@@ -325,11 +357,13 @@ def main() -> None:
     carveouts: tuple[int, ...] = args.carveout
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     t0 = time.time()
-    dense = dense_tflops(device, 256 if args.tiny else DENSE_N)  # --tiny: a small matmul, CPU
+    n = 256 if args.tiny else DENSE_N  # --tiny: a small matmul, CPU
+    dense = dense_tflops(device, n)
+    dense_queued = dense_tflops(device, n, queued_us)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    n = 256 if args.tiny else DENSE_N
     print(
-        f"device {name}, torch {torch.__version__}; dense bf16 matmul {dense:.0f} TFLOP/s ({n}^3, median of {ITERS})"
+        f"device {name}, torch {torch.__version__}; dense bf16 matmul {dense:.0f} TFLOP/s ({n}^3, median of {ITERS}; "
+        f"{dense_queued:.0f} queued)"
     )
     rows: list[Row] = []
     for shape in shapes(args.tiny):
@@ -340,18 +374,21 @@ def main() -> None:
             tokens=64 if args.tiny else TOKENS,
             backward=args.backward,
             carveouts=carveouts,
+            dense_queued=dense_queued,
         )
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the shape's weights are gone: the next one gets the memory
-    head = f"{'shape':16} {'EP':>2} {'E/rank':>6} {'rows/E':>7} {'max':>5} {'variant':12} {'us':>9} {'TF/s':>6} {'%dense':>6}  kernel / note"
+    head = f"{'shape':16} {'EP':>2} {'E/rank':>6} {'rows/E':>7} {'max':>5} {'variant':12} {'us':>9} {'TF/s':>6} {'%dense':>6} {'gpu us':>9} {'%dense':>6}  kernel / note"
     print(head)
     print("-" * len(head))
     for r in rows:
         us = f"{r.us:9.1f}" if r.us is not None else f"{'-':>9}"
         tf = f"{r.tflops:6.0f}" if r.tflops is not None else f"{'-':>6}"
         pct = f"{100 * r.pct_dense:5.0f}%" if r.pct_dense is not None else f"{'-':>6}"
+        gpu = f"{r.gpu_us:9.1f}" if r.gpu_us is not None else f"{'-':>9}"
+        gpct = f"{100 * r.gpu_pct_dense:5.0f}%" if r.gpu_pct_dense is not None else f"{'-':>6}"
         print(
-            f"{r.shape:16} {r.ep:>2} {r.experts_per_rank:>6} {r.rows_per_expert:7.0f} {r.max_group:>5} {r.variant:12} {us} {tf} {pct}  {r.kernels or ''} {r.note}"
+            f"{r.shape:16} {r.ep:>2} {r.experts_per_rank:>6} {r.rows_per_expert:7.0f} {r.max_group:>5} {r.variant:12} {us} {tf} {pct} {gpu} {gpct}  {r.kernels or ''} {r.note}"
         )
     print()
     for shape, need in (("deepseek-v3", 0.65), ("qwen3-235b-a22b", 0.65), ("reference", 0.80)):
@@ -369,15 +406,27 @@ def main() -> None:
             ]
             if not cand:
                 continue
-            best = max(cand, key=lambda r: r.pct_dense or 0)
-            ok = "MET" if (best.pct_dense or 0) >= need else "NOT MET"
-            print(
-                f"acceptance {shape} EP={ep}: best bf16 {best.variant} {100 * (best.pct_dense or 0):.0f}% of dense (need {100 * need:.0f}%): {ok}"
-            )
+            for reading, pct_of in (
+                ("synced", lambda r: r.pct_dense or 0),
+                ("queued", lambda r: r.gpu_pct_dense or 0),
+            ):
+                best = max(cand, key=pct_of)
+                ok = "MET" if pct_of(best) >= need else "NOT MET"
+                print(
+                    f"acceptance {shape} EP={ep} ({reading}): best bf16 {best.variant} {100 * pct_of(best):.0f}% of dense (need {100 * need:.0f}%): {ok}"
+                )
     print(f"wall {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(
-            json.dumps({"dense_tflops": dense, "device": name, "rows": [asdict(r) for r in rows]}, indent=1)
+            json.dumps(
+                {
+                    "dense_tflops": dense,
+                    "dense_tflops_queued": dense_queued,
+                    "device": name,
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=1,
+            )
         )
 
 

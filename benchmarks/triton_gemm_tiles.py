@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,9 +33,7 @@ from moelab.core.models import MODELS
 from moelab.measure.e2e.grouped_gemm import TileConfig, launch, tuned_tiles, unavailable_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grouped_gemm_gpu import DENSE_N, REFERENCE, dense_tflops, ffn_inputs, median_us  # noqa: E402
-
-REPS, WARMUP = 20, 3
+from grouped_gemm_gpu import DENSE_N, REFERENCE, dense_tflops, ffn_inputs, queued_us  # noqa: E402
 
 FC1 = [  # BLOCK_N is the gate columns: each tile holds two [BM, BN] accumulators
     TileConfig((128, 128, 64), 8, 3),
@@ -80,26 +76,6 @@ class Timing:
     tflops: float | None
     pct_dense: float | None
     note: str = ""
-
-
-def gpu_us(fn: Callable[[], object], device: torch.device) -> float:
-    """The median GPU time of `fn`, its launches queued back to back with an event pair around each and
-    one sync at the end: the host's launch work (descriptors, the autotuner's lookup) runs while the GPU
-    is busy with the call before, as in the layer, instead of inside the timed window."""
-    if device.type != "cuda":
-        return median_us(fn, device)
-    for _ in range(WARMUP):
-        fn()
-    pairs = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(REPS)
-    ]
-    torch.cuda.synchronize(device)
-    for start, end in pairs:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in pairs)
 
 
 def shape_args(text: str) -> tuple[str, int]:
@@ -148,7 +124,7 @@ def sweep(
             try:
                 out = run(config)
                 err = float((out.float() - want).norm() / want.norm().clamp(min=1e-12))
-                t = gpu_us(functools.partial(run, config), device)
+                t = queued_us(functools.partial(run, config), device)
             except Exception as exc:  # a config the GPU cannot hold: triton says why; keep the others
                 rows.append(
                     Timing(name, ep, gemm, label, None, None, None, f"{type(exc).__name__}: {exc}"[:120])
@@ -174,7 +150,7 @@ def main() -> None:
         p.error("no CUDA device: the sweep times GPU kernels (--tiny runs the CPU smoke test)")
     if not a.tiny and (reason := unavailable_reason(device, 8, 8)):
         p.error(reason)
-    dense = dense_tflops(device, 256 if a.tiny else DENSE_N)
+    dense = dense_tflops(device, 256 if a.tiny else DENSE_N, queued_us)
     print(
         f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; dense bf16 {dense:.0f} TFLOP/s"
     )
