@@ -229,9 +229,10 @@ def _config(blocks: tuple[int, int, int], stages: int, half: bool) -> triton.Con
 # Tried per shape on CUDA: the tile, the pipeline depth and whether a short last tile runs half-height. None
 # changes a result bit: each output element sums the same k16 products in the same order. The fused SwiGLU
 # GEMM holds two accumulators, so its tile is 128 gate by 128 up columns. The plain GEMM (fc2 and every
-# input gradient) also tries 128 x 256 in K steps of 32 with six stages, and 256 x 128: on one H200 they
-# took fc2 5-22% below 128 x 256 x 64 at the DeepSeek-V3, Qwen3 and reference shapes
-# (benchmarks/triton_gemm_tiles.py, results/h200x1-r18).
+# input gradient) also tries 128 x 256 in K steps of 32 with six stages, and 256 x 128: on one H200, in GPU
+# time, they came within 4% of 128 x 256 x 64 either way at the DeepSeek-V3, Qwen3 and reference shapes
+# (benchmarks/triton_gemm_tiles.py, results/h200x1-r18), and the autotuner keeps them where they win (the
+# reference's 2048-4096-row classes chose 256 x 128 x 64 in some cases of the acceptance run).
 SWIGLU_TUNED = [_config((128, 128, 64), stages, half) for stages in (3, 4) for half in (True, False)]
 PLAIN_TUNED = [
     _config((128, 256, 64), 3, True),
