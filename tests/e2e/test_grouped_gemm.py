@@ -393,3 +393,10 @@ def test_tuned_tiles_name_the_autotuner_s_choice_per_gemm_shape(monkeypatch: pyt
         "fc1+swiglu N=2048 K=7168 rows<=512: 128x128x64 w8 s3",
         "gemm N=7168 K=2048 rows<=512, carved out: 128x256x32 w8 s6 half",
     ]
+    other = (1536, 4096, False, True, True, False, 1024, "torch.bfloat16")  # another layer's fc1 (Qwen3)
+    tuned.cache[other] = fc1
+    assert len(grouped_gemm.tuned_tiles()) == 3
+    assert grouped_gemm.tuned_tiles(hidden=7168, intermediate=2048) == [  # this layer's GEMMs only
+        "fc1+swiglu N=2048 K=7168 rows<=512: 128x128x64 w8 s3",
+        "gemm N=7168 K=2048 rows<=512, carved out: 128x256x32 w8 s6 half",
+    ]

@@ -184,7 +184,7 @@ def settle_gemm(inputs: LayerInputs, ctx: BackendContext) -> tuple[LayerInputs, 
     if parts:  # a part averages fewer rows per expert: torch may pick another tile for it
         with layer.parts(), inputs.carved():
             record["gemm_kernels_part"] = gemm_kernels(lambda: layer.ffn(parts[0]))
-    if tiles := tuned_tiles():  # moelab's Triton GEMM ran: the tile its autotuner chose per GEMM shape
+    if tiles := tuned_tiles(inputs.x.shape[1], settings.intermediate):  # the Triton GEMM ran: its tiles
         record["gemm_triton_tiles"] = tiles
     return inputs, record
 

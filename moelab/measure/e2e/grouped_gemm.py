@@ -251,15 +251,20 @@ def _swiglu_backward(h: torch.Tensor, grad_a: torch.Tensor) -> torch.Tensor:
     return grad_h.to(h.dtype)
 
 
-def tuned_tiles() -> list[str]:
+def tuned_tiles(hidden: int | None = None, intermediate: int | None = None) -> list[str]:
     """The tile, pipeline depth and tail the autotuner chose for each GEMM shape this process has launched
-    ("gemm N=7168 K=2048 rows<=512: 128x256x32 w8 s6 half"); [] where the kernel never ran tuned."""
+    ("gemm N=7168 K=2048 rows<=512: 128x256x32 w8 s6 half"), those of a layer of `hidden` and
+    `intermediate` where given (its GEMMs' N and K are among H, I and 2I; the autotuner's choices outlive
+    the case that made them); [] where the kernel never ran tuned."""
     jit = sys.modules.get(f"{__package__}.grouped_gemm_jit")  # never imports triton itself
     if jit is None:
         return []
+    dims = None if hidden is None or intermediate is None else {hidden, intermediate, 2 * intermediate}
     out = []
     for key, config in jit.triton_grouped_gemm_tuned.cache.items():
         n, kr, trans, swiglu, _keep_h, persistent, rows_key = key[:7]
+        if dims is not None and not {n, kr} <= dims:
+            continue
         what = "fc1+swiglu" if swiglu else ("input grad" if trans else "gemm")
         tile = TileConfig(
             (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.kwargs["BLOCK_K"]),
