@@ -424,22 +424,24 @@ def test_moelab_run_takes_the_wide_tile_grouped_gemm(tmp_path: Path, db_path: Pa
     assert set(errs) == {"layer_rel_err", "grad_x_rel_err", "grad_w_rel_err"} and max(errs.values()) < 0.05
 
 
-@pytest.mark.slow  # real gloo ranks
-def test_moelab_run_refuses_the_triton_gemm_off_cuda_and_runs_the_rest(tmp_path: Path, db_path: Path) -> None:
-    """`gemm = "triton"` through `moelab run` on gloo: that case is stored `unsupported` with the reason
-    before any kernel runs, the run goes on and its other case (grouped) is measured."""
-    suite = tmp_path / "triton.toml"
+def _run_forward_only(tmp_path: Path, axes: str, run_id: str) -> None:
+    """`moelab run --cpu` of SUITE with its mode line replaced by `axes`, comm shared, forward only."""
+    suite = tmp_path / f"{run_id}.toml"
     suite.write_text(
-        SUITE.replace(
-            'mode = ["serial", "tbo", "expert", "columns", "auto"]',
-            'mode = ["serial"]\ngemm = ["triton", "grouped"]',
-        )
+        SUITE.replace('mode = ["serial", "tbo", "expert", "columns", "auto"]', axes)
         .replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
         .replace("backward = [true]", "backward = [false]")
     )
     args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
-    result = CliRunner().invoke(app, [*args, "--run-id", "tri", "--out", str(tmp_path / "runs")])
+    result = CliRunner().invoke(app, [*args, "--run-id", run_id, "--out", str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.slow  # real gloo ranks
+def test_moelab_run_refuses_the_triton_gemm_off_cuda_and_runs_the_rest(tmp_path: Path, db_path: Path) -> None:
+    """`gemm = "triton"` through `moelab run` on gloo: that case is stored `unsupported` with the reason
+    before any kernel runs, the run goes on and its other case (grouped) is measured."""
+    _run_forward_only(tmp_path, 'mode = ["serial"]\ngemm = ["triton", "grouped"]', "tri")
     with duckdb.connect(str(db_path), read_only=True) as con:
         rows = con.execute("SELECT case_id, status, reason FROM cases WHERE run_id = 'tri'").fetchall()
         timed = con.execute(
@@ -454,17 +456,7 @@ def test_moelab_run_refuses_the_triton_gemm_off_cuda_and_runs_the_rest(tmp_path:
 def test_moelab_run_off_cuda_records_no_sms_taken_by_a_carve_out(tmp_path: Path, db_path: Path) -> None:
     """A carve-out holds SMs back only on CUDA: `moelab run --cpu` of tbo with carveout = 200 stores no SMs
     taken from the GEMMs (the GEMMs ran on the CPU as without it) and says so in the record. It stored 200."""
-    suite = tmp_path / "carve.toml"
-    suite.write_text(
-        SUITE.replace(
-            'mode = ["serial", "tbo", "expert", "columns", "auto"]', 'mode = ["tbo"]\ncarveout = [200]'
-        )
-        .replace('comm = ["shared", "hook", "zero-sm"]', 'comm = ["shared"]')
-        .replace("backward = [true]", "backward = [false]")
-    )
-    args = ["run", "--cpu", "--suite", str(suite), "--iters", "2", "--warmup", "0", "--no-health", "--quiet"]
-    result = CliRunner().invoke(app, [*args, "--run-id", "carve", "--out", str(tmp_path / "runs")])
-    assert result.exit_code == 0, result.output
+    _run_forward_only(tmp_path, 'mode = ["tbo"]\ncarveout = [200]', "carve")
     with duckdb.connect(str(db_path), read_only=True) as con:
         (case, status, record), *rest = con.execute(
             "SELECT case_id, status, backend_record FROM cases WHERE run_id = 'carve'"
