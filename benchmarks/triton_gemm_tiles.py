@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -145,7 +146,9 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="a CPU smoke run on triton's interpreter")
     p.add_argument("--json", type=Path, help="write every timing here")
     a = p.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if a.tiny:  # before the kernel module is imported (on the first launch): triton's interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    device = torch.device("cuda" if torch.cuda.is_available() and not a.tiny else "cpu")
     if device.type == "cpu" and not a.tiny:
         p.error("no CUDA device: the sweep times GPU kernels (--tiny runs the CPU smoke test)")
     if not a.tiny and (reason := unavailable_reason(device, 8, 8)):

@@ -101,7 +101,11 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
         (None, "the Triton grouped GEMM runs on CUDA only")
     ] * 2
     assert all(r["us"] is not None for r in rows if r["variant"] in ("loop", "padded"))
-    assert "kernel / note" in done.stdout
+    # each timed twice: synced after every call, and queued (on the CPU both are wall time)
+    assert all(
+        r["gpu_us"] is not None and r["gpu_pct_dense"] is not None for r in rows if r["us"] is not None
+    )
+    assert "kernel / note" in done.stdout and "gpu us" in done.stdout
 
 
 @pytest.mark.slow
@@ -216,3 +220,31 @@ def test_ranks_agree_on_the_slowest_rank_and_grouped_stands_in_for_an_unpadded_r
         "grouped": float("inf"),
         "padded": float("inf"),
     }
+
+
+@pytest.mark.slow
+def test_triton_tile_sweep_runs_on_the_interpreter_and_refuses_a_bad_shape(tmp_path: Path) -> None:
+    """benchmarks/triton_gemm_tiles.py --tiny: each GEMM timed tuned and under every tiny config, on triton's
+    interpreter, each output agreeing with the tuned launch's, rows written to --json; a --shape that names no
+    preset, or no EP, is one line and exit 2."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "tiles.json"
+
+    def sweep(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "benchmarks/triton_gemm_tiles.py", *args],
+            cwd=root, env=os.environ | {"PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+
+    done = sweep("--tiny", "--json", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert {(r["gemm"], r["config"]) for r in rows} == {
+        (g, c) for g in ("fc1", "fc2") for c in ("tuned", "16x16x16 w1 s1 half", "32x16x16 w1 s1")
+    }
+    assert all(r["us"] is not None and r["note"] == "" for r in rows)
+    assert "FFN tuned" in done.stdout and "FFN best" in done.stdout
+    for bad in ("mixtral:2", "deepseek-v3", "deepseek-v3:0"):
+        refused = sweep("--shape", bad)
+        assert refused.returncode == 2 and "--shape" in refused.stderr and "Traceback" not in refused.stderr
