@@ -43,10 +43,14 @@ class _Inputs:
 
     settings: Any
     layer: _Layer = field(default_factory=_Layer)
-    x: Any = field(default_factory=lambda: SimpleNamespace(is_cuda=True))
+    x: Any = field(default_factory=lambda: SimpleNamespace(is_cuda=True, shape=(0, 64)))
     topk_idx: Any = None
     topk_weights: Any = None
     gemm: str = "grouped"
+
+    @property
+    def carveout(self) -> int:  # as LayerInputs.carveout on a GPU: the case's
+        return int(self.settings.carveout)
 
     @contextlib.contextmanager
     def carved(self) -> Iterator[None]:  # as LayerInputs.carved: the case's carve-out, restored after
@@ -77,7 +81,7 @@ def test_the_parts_gemm_is_chosen_under_the_layers_carve_out(
     monkeypatch.setattr(
         bench, "schedule_parts", lambda *a: [SimpleNamespace(x=1, topk_idx=2, topk_weights=3)] * 2
     )
-    settings = SimpleNamespace(gemm="auto", mode="tbo", chunks=2, carveout=carveout)
+    settings = SimpleNamespace(gemm="auto", mode="tbo", chunks=2, carveout=carveout, intermediate=32)
     inputs = _Inputs(settings=settings)
     ctx = SimpleNamespace(group=None, world=4)
     out, record = bench.settle_gemm(inputs, ctx)  # type: ignore[arg-type]
