@@ -104,22 +104,15 @@ def median_us(fn: Callable[[], object], device: torch.device) -> float:
 def queued_us(fn: Callable[[], object], device: torch.device) -> float:
     """The median GPU time of `fn`, its launches queued back to back with an event pair around each and
     one sync at the end: the host's launch work (descriptors, the autotuner's lookup, torch's dispatch)
-    runs while the GPU is busy with the call before, as in a layer that runs ahead of its GPU.
-    `median_us` syncs after every call, so the host's work before the first kernel is timed too."""
+    runs while the GPU is busy with the call before, as in a layer that runs ahead of its GPU. It is the
+    timing moelab's Triton GEMM autotunes with (grouped_gemm_jit.queued_bench: 3 warm-up calls, 20 timed,
+    as WARMUP and ITERS here). `median_us` syncs after every call, so the host's work before the first
+    kernel is timed too."""
     if device.type != "cuda":
         return median_us(fn, device)
-    for _ in range(WARMUP):
-        fn()
-    pairs = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(ITERS)
-    ]
-    torch.cuda.synchronize(device)
-    for start, end in pairs:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) * 1e3 for start, end in pairs)
+    from moelab.measure.e2e.grouped_gemm_jit import queued_bench  # imports triton: CUDA runs have it
+
+    return queued_bench(fn, (0.5,))[0] * 1e3
 
 
 def dense_tflops(device: torch.device, n: int, timing: Callable[..., float] = median_us) -> float:
