@@ -92,7 +92,9 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    written = json.loads(out.read_text())
+    rows = written["rows"]
+    assert written["dense_tflops_sustained"] > 0
     variants = {r["variant"] for r in rows}
     assert variants == {"loop", "grouped", "triton", "padded", "fp8-grouped", "grouped+bwd"}
     assert all("WRONG" not in r["note"] for r in rows)
@@ -106,6 +108,11 @@ def test_grouped_gemm_benchmark_runs_on_cpu_at_tiny_shapes(tmp_path: Path) -> No
         r["gpu_us"] is not None and r["gpu_pct_dense"] is not None for r in rows if r["us"] is not None
     )
     assert "kernel / note" in done.stdout and "gpu us" in done.stdout
+    # the acceptance's candidates also timed alternately with a dense matmul of their FLOPs
+    timed = {r["variant"]: r["paired_pct_dense"] for r in rows if r["us"] is not None}
+    assert all(timed[v] is not None and timed[v] > 0 for v in ("loop", "grouped", "padded"))
+    assert all(timed[v] is None for v in timed if v not in ("loop", "grouped", "padded"))
+    assert "(paired with dense): best bf16" not in done.stdout  # no acceptance lines for tiny shapes
 
 
 @pytest.mark.slow
@@ -130,6 +137,25 @@ def test_grouped_gemm_benchmark_times_the_kernels_under_a_carve_out(tmp_path: Pa
     for bad in ("8,x", "0"):
         refused = bench("--carveout", bad)
         assert refused.returncode == 2 and "error: argument --carveout: SM counts must" in refused.stderr
+
+
+def test_paired_pct_dense_reads_a_matmul_of_its_own_size_near_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dense matmul paired with the one the FLOPs size: the same work, so near 1 (wall time on the CPU;
+    a bound that a wrong size (8x the FLOPs) or swapped timings would break)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import torch
+    from grouped_gemm_gpu import paired_pct_dense
+
+    n = 256
+    a = torch.randn(n, n).to(torch.bfloat16)
+    b = torch.randn(n, n).to(torch.bfloat16)
+    c = torch.empty_like(a)
+    ratio = paired_pct_dense(lambda: torch.matmul(a, b, out=c), 2.0 * n**3, torch.device("cpu"))
+    assert 0.5 < ratio < 2.0
+    slower = paired_pct_dense(
+        lambda: [torch.matmul(a, b, out=c) for _ in range(8)], 2.0 * n**3, torch.device("cpu")
+    )
+    assert slower < 0.3  # eight matmuls' time for one's FLOPs
 
 
 # --- grouped-wide: torch._grouped_mm with tail rows that make it launch its wide tile (issue 37) ---
