@@ -56,17 +56,19 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
     if text is None:
         return None
     now = now or datetime.now(timezone.utc).replace(tzinfo=None)
-    m = re.fullmatch(r"\s*(\d+)\s*([hdw])\s*", text)
-    if m:
-        n, unit = int(m.group(1)), m.group(2)
-        return now - {"h": timedelta(hours=n), "d": timedelta(days=n), "w": timedelta(weeks=n)}[unit]
     try:
+        m = re.fullmatch(r"\s*(\d+)\s*([hdw])\s*", text)
+        if m:
+            n, unit = int(m.group(1)), m.group(2)
+            return now - {"h": timedelta(hours=n), "d": timedelta(days=n), "w": timedelta(weeks=n)}[unit]
         t = datetime.fromisoformat(text.strip())
+        return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
     except ValueError:
         raise MoelabError(
             f"--since takes a date (2026-11-01), a time (2026-11-01T12:00) or a span (30d, 12h, 2w), got {text!r}"
         ) from None
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
+    except OverflowError:  # a span of 99999999d, or 0001-01-01 east of UTC: before year 1 or after 9999
+        raise MoelabError(f"--since {text!r} is outside the calendar (years 1 to 9999)") from None
 
 
 @dataclass(kw_only=True, slots=True)

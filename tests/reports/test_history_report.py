@@ -85,6 +85,17 @@ def test_filters(db: Path, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--since takes a date" in r.output
 
 
+@pytest.mark.parametrize("since", ["99999999d", "9999999999999999999999w", "0001-01-01T00:00+14:00"])
+def test_a_since_outside_the_calendar_is_one_error(db: Path, tmp_path: Path, since: str) -> None:
+    out = tmp_path / "h.html"
+    r = CliRunner().invoke(_app(), ["report", "--since", since, "--db", str(db), "-o", str(out)])
+    assert (
+        r.exit_code == 2
+        and r.output == f"error: --since {since!r} is outside the calendar (years 1 to 9999)\n"
+    )
+    assert not out.exists()
+
+
 def test_markdown_history(db: Path, tmp_path: Path) -> None:
     out = tmp_path / "h.md"
     _run(["--history", "--format", "md", "--db", str(db), "-o", str(out)])
