@@ -229,10 +229,12 @@ def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) 
 
 
 def _parse_sms(value: Any) -> int | None:
-    if value in (None, "default", 0):
+    """A whole number of SMs, or None for the library's own choice ('default', or 0). Not `value in (...,
+    0)`: `false` and `0.0` equal 0, and a suite holding them is a mistake, not a default."""
+    if value is None or value == "default":
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SMS:
-        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SMS:
+        return value or None
     raise SpecError(f"sms must be a whole number from 1 to {MAX_SMS:,} or 'default', got {value!r}")
 
 

@@ -49,6 +49,12 @@ def _run(tmp_path: Path, body: str | None, *, suite: str | None = None) -> tuple
         (BASE + "[backend.nccl-a2a.axes]\nexchange = [07:32:00]\n", "a time is none of them"),
         (BASE + "[axes]\nsms = [8, 16]\n[[exclude]]\nsmz = 8\n", "[[exclude]] number 1 names 'smz'"),
         (BASE + "[[exclude]]\n", "[[exclude]] number 1 is empty"),
+        (BASE + "[axes]\nsms = [false]\n", "sms must be a whole number"),  # false == 0: was 'default'
+        (BASE + "[axes]\nsms = [0.0]\n", "sms must be a whole number"),
+        (
+            BASE + "[backend.nccl-a2a.workload]\n[backend.nccl-a2a.axes]\nsms = [false, 8]\n",
+            "sms must be a whole",
+        ),
         (
             BASE + "[backend.nccl-a2a.workload]\nhiden = 256\n",
             "unknown workload key 'hiden' in [backend.nccl-a2a.workload]",
