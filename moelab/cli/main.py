@@ -87,20 +87,50 @@ def load_target(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+# options whose empty value means something (the help says what): every other empty value is refused
+EMPTY_MEANS_SOMETHING = frozenset({"--prefix"})
+
+
+class NoEmptyValues(TyperCommand):
+    """A command that refuses an empty value (`--db ''`, `--out=`, an empty argument) before it runs.
+
+    The commands read an option's value by its truth, so an empty one would be taken as not given: `--db
+    "$DB"` with DB unset would write into the user's own store, `check --run ''` judge the newest run."""
+
+    def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+        opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        for param in self.get_params(ctx):
+            given = opts.get(param.name) if param.name else None
+            values = given if isinstance(given, list | tuple) else [given]
+            if "" in values and not EMPTY_MEANS_SOMETHING.intersection(param.opts):
+                name = next((o for o in param.opts if o.startswith("--")), (param.name or "").upper())
+                raise _click.exceptions.UsageError(f"{name} is empty", ctx)
+        return super().parse_args(ctx, args)
+
+
+def _refuse_empty_values(command: _click.Command) -> None:
+    """Every command of `command` (a group's too) a NoEmptyValues: typer builds them as TyperCommand."""
+    if type(command) is TyperCommand:
+        command.__class__ = NoEmptyValues
+    for sub in getattr(command, "commands", {}).values():
+        _refuse_empty_values(sub)
+
+
 def build_command(name: str, entry: LazyCommand) -> _click.Command:
     """The real click command (or group) for `name`, importing its module."""
     from moelab.cli import metavars
 
     obj = load_target(entry.target)
+    command: _click.Command
     if isinstance(obj, typer.Typer):
-        group = typer.main.get_group(obj)
-        group.name = name
-        metavars.fill(group)
-        return group
-    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    single.command(name)(obj)
-    command = typer.main.get_command(single)
+        command = typer.main.get_group(obj)
+        command.name = name
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(name)(obj)
+        command = typer.main.get_command(single)
     metavars.fill(command)
+    _refuse_empty_values(command)
     return command
 
 

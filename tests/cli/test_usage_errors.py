@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -27,3 +29,35 @@ def test_usage_errors_are_one_line(argv: list[str], match: str) -> None:
 def test_help_still_works() -> None:
     res = CliRunner().invoke(app, ["run", "--help"])
     assert res.exit_code == 0 and "Workload" in res.output and "Launch" in res.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["runs", "--db", ""],  # was the user's own store (MOELAB_DB, else the data directory)
+        ["runs", "--db="],
+        ["run", "--cpu", "--dry-run", "--out", ""],  # was the data directory's runs/
+        ["run", "--cpu", "--dry-run", "--report", ""],  # was no report, silently
+        ["check", "-B", "base", "--run", ""],  # was the newest run
+        ["model", "--from-run", ""],  # was the default topology, not a run's
+        ["report", "--gpu", "", "-o", "r.html"],
+        ["db", "query", ""],  # was `ok`
+        ["ingest", ""],
+        ["label", "", "main"],
+    ],
+)
+def test_an_empty_value_is_refused_not_taken_as_not_given(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOELAB_DB", str(tmp_path / "store.duckdb"))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, argv)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: ") and " is empty" in lines[0], res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_prefix_still_means_every_range() -> None:
+    res = CliRunner().invoke(app, ["trace", "summarize", "missing.json", "--prefix", ""])
+    assert "is empty" not in res.output
