@@ -172,6 +172,11 @@ def check_request(req: RunRequest) -> None:
         raise SpecError(f"unknown --trace {req.trace!r}: choose none, torch or nsys")
     if req.bind not in (None, "numa"):
         raise SpecError(f"unknown --bind {req.bind!r}: the only binding is numa")
+    # a flag whose check or output needs another that is off would be ignored without a word
+    if req.require_healthy and not req.health:
+        raise SpecError("--require-healthy judges the health snapshot that --no-health turns off: give one")
+    if req.nsys_osrt and req.trace != "nsys":
+        raise SpecError(f"--nsys-osrt needs --trace nsys (--trace is {req.trace})")
     if req.nodes > 1 and req.launcher == "local":
         raise SpecError(
             f"--nodes {req.nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)"

@@ -21,6 +21,11 @@ from tests.launch.test_crash_isolation import SMALL
         (["--run-id", "a/b"], "is not a plain name"),
         (["--kernel-cache", "/dev/null"], "--kernel-cache /dev/null: not a folder"),
         (["--repeat", "0"], "--repeat must be > 0, got 0"),
+        (
+            ["--require-healthy", "--no-health"],
+            "--require-healthy judges the health snapshot",
+        ),  # was no check
+        (["--nsys-osrt"], "--nsys-osrt needs --trace nsys"),
         (["--label", "\x1b[31mRED\x1b]0;pwned-title\x07\x1b[2J"], "holds control characters"),
     ],
 )
