@@ -292,10 +292,16 @@ def _positive(body: dict[str, Any], key: str) -> bool:
     )
 
 
+ENTRY_KEYS = ("gbps", "host_gbps", "intra", "link")
+
+
 def _entry(kind: str, pattern: str, body: Any, path: Path) -> LinkPeak:
     where = f"{path}: [{kind}.{pattern!r}]"
     if not isinstance(body, dict) or not _positive(body, "gbps"):
         raise MoelabError(f"{where} needs gbps = a positive finite number (GB/s per direction)")
+    unknown = sorted(set(body) - set(ENTRY_KEYS))
+    if unknown:  # a misspelt `host_gpbs` or a `pcie_gbps` would be ignored, the table's figure used instead
+        raise MoelabError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(ENTRY_KEYS)})")
     if "host_gbps" in body and not _positive(body, "host_gbps"):
         raise MoelabError(f"{where}: host_gbps must be a positive finite number (GB/s per direction)")
     intra = body.get("intra", "nvlink")

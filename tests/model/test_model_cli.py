@@ -197,6 +197,16 @@ def test_bad_input_is_one_error_line(args: list[str], needle: str) -> None:
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and needle in res.stderr
 
 
+@pytest.mark.parametrize("key", ["host_gpbs", "pcie_gbps"])
+def test_a_peaks_entry_with_an_unknown_key_is_refused(tmp_path: Path, key: str) -> None:
+    """A key the table does not read was ignored, and the bound used the built-in figure instead."""
+    peaks = tmp_path / "peaks.toml"
+    peaks.write_text(f'[gpu."H100"]\ngbps = 400\nintra = "pcie"\n{key} = 10\n')
+    res = _invoke(["--peaks", str(peaks)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert f"[gpu.'H100']: unknown key(s) {key} (known: gbps, host_gbps, intra, link)" in res.stderr
+
+
 def test_run_dry_run_prints_each_planned_cases_bound_after_the_commands(tmp_path: Path) -> None:
     args = [
         "run",
