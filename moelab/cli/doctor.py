@@ -90,6 +90,8 @@ def build_doctor(take: SnapshotFn = take_snapshot) -> Callable[..., None]:
         Example: moelab doctor --json > node.json
         """
         if from_files:
+            if save is not None:  # --from probes nothing: there is no snapshot of this host to save
+                raise MoelabError("--save writes this host's snapshot and --from judges saved ones: give one")
             snaps = _read_snapshots(from_files)
         else:
             if not 0 <= load_ms <= MAX_LOAD_MS:  # nan fails both comparisons

@@ -250,6 +250,8 @@ def load_snapshots(data: Any) -> list[HealthSnapshot]:
         data = [data]
     if not isinstance(data, list):
         raise ValueError("expected a health snapshot, a list of them, or a doctor report")
+    if not data:  # judged, no node would be a pass over 0 nodes
+        raise ValueError("it holds no snapshot")
     return [HealthSnapshot.from_dict(d) for d in data]
 
 

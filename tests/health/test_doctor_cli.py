@@ -120,6 +120,28 @@ def test_bad_from_file_is_a_one_line_error(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "cannot read" in missing.output
 
 
+def test_a_from_file_of_no_snapshot_is_no_pass(tmp_path: Path) -> None:
+    """`[]` or a report of no node was judged as `worst: pass ... over 0 node(s)`, exit 0."""
+    for i, body in enumerate(([], {"nodes": []})):
+        empty = tmp_path / f"empty{i}.json"
+        empty.write_text(json.dumps(body))
+        result = runner.invoke(doctor_app(), ["doctor", "--strict", "--from", str(empty)])
+        assert result.exit_code == 2, result.output
+        assert (
+            result.output
+            == f"error: {empty} is not a health snapshot or doctor report: it holds no snapshot\n"
+        )
+
+
+def test_save_with_from_is_refused_not_ignored(tmp_path: Path) -> None:
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps(recorded_snapshot(tmp_path, "healthy_h200x2").to_dict()))
+    saved = tmp_path / "saved.json"
+    result = runner.invoke(doctor_app(), ["doctor", "--from", str(node), "--save", str(saved)])
+    assert result.exit_code == 2 and "--save writes this host's snapshot" in result.output, result.output
+    assert not saved.exists()
+
+
 def test_real_doctor_on_this_machine_runs(tmp_path: Path) -> None:
     result = runner.invoke(
         doctor_app(), ["doctor", "--json", "--load-ms", "0", "--sysfs-root", str(tmp_path)]
