@@ -106,6 +106,10 @@ def validate_label(label: str) -> str:
         )
     if len(name) > LABEL_MAX:
         raise SpecError(f"label is {len(name)} characters long: at most {LABEL_MAX}")
+    if "," in name:  # report, compare and db export --run split on commas: `--run a,b` could never name it
+        raise SpecError(
+            f"label {shown(name)!r} holds a comma: --run takes runs and labels separated by commas"
+        )
     return name
 
 

@@ -77,6 +77,7 @@ def test_label_moves_and_lists(db: Path) -> None:
         (["r1"], "give RUN and NAME"),
         (["--remove", "zzz"], "no such label"),
         (["r1", "a\tb"], "control characters"),
+        (["r1", "v1,v2"], "holds a comma"),  # `report --run v1,v2` would read runs v1 and v2
     ],
 )
 def test_usage_errors(db: Path, argv: list[str], message: str) -> None:
