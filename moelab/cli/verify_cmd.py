@@ -18,7 +18,7 @@ from moelab.core.library_figures import FAILING, VerifyRow
 from moelab.core.spec import RunSpec
 from moelab.job.rundir import RunDir
 from moelab.launch.runner import new_run_id
-from moelab.plan.planning import HostFacts, plan_run
+from moelab.plan.planning import HostFacts, check_positive, plan_run
 from moelab.store.db import check_writable, connect, open_db, resolve_db_path
 from moelab.verify import measure
 from moelab.verify import store as verify_store
@@ -118,8 +118,7 @@ def verify(
         raise SpecError(f"--tolerance must be within (0, 1), got {tolerance}")
     if tracing.trace not in ("none", "torch"):
         raise SpecError(f"verify --trace takes none or torch, got {tracing.trace!r}")
-    if library_timeout <= 0:
-        raise SpecError(f"--library-timeout must be > 0, got {library_timeout}")
+    check_positive("--library-timeout", library_timeout)
     flags: dict[str, Any] = dict(
         **launch.request_fields(),
         **timing.request_fields(),

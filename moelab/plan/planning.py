@@ -110,11 +110,13 @@ FLAG_LIMITS: dict[str, float] = {
     "--trace-iters": 10_000,
     "--timeout": 7 * 24 * 3600,
     "--collective-timeout": 7 * 24 * 3600,
+    "--library-timeout": 7 * 24 * 3600,
     "--repeat": MAX_REPEATS,
 }
 
 
-def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+def check_positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    """A number flag: finite (NaN passes every `<=` test), above zero (or at it) and within FLAG_LIMITS."""
     if value is None:
         return
     if isinstance(value, float) and not math.isfinite(value):
@@ -160,8 +162,8 @@ def check_request(req: RunRequest) -> None:
         ("--max-iters", req.max_iters),
         ("--repeat", req.repeat),
     ):
-        _positive(name, value)
-    _positive("--warmup", req.warmup, allow_zero=True)
+        check_positive(name, value)
+    check_positive("--warmup", req.warmup, allow_zero=True)
     if req.noise_target is not None and not 0 < req.noise_target < 1:
         raise SpecError(f"--noise-target must be between 0 and 1 (a fraction), got {req.noise_target}")
     if req.launcher not in launchers.LAUNCHERS:
