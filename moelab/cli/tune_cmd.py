@@ -5,8 +5,11 @@ as framework settings."""
 from __future__ import annotations
 
 import secrets
+import signal
 import sys
 from pathlib import Path
+
+import typer
 
 from moelab.backends import registry
 from moelab.cli import options as opt
@@ -22,7 +25,7 @@ from moelab.store.db import check_writable, resolve_db_path
 from moelab.tune.emit import framework_settings, suite_toml, summary_lines
 from moelab.tune.search import TuneConfig, TuneResult, tune
 from moelab.tune.space import COARSE_SMS, SCHEDULES, coarse, default_dtypes, tunable_backends
-from moelab.tune.trials import TrialPlan, plan_trials, run_round
+from moelab.tune.trials import TrialPlan, TuneInterrupted, plan_trials, run_round
 
 
 def round_timings(
@@ -187,7 +190,13 @@ def tune_command(
     config = TuneConfig(
         backends=names, sms_grid=grid, sm_control=sm_control, timings=timings, schedules=modes
     )
-    result = tune(config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print))
+    try:
+        result = tune(
+            config, lambda n, cands, timing: run_round(plan, n, cands, timing, progress=console.print)
+        )
+    except TuneInterrupted as stop:
+        console.print(str(stop))
+        raise typer.Exit(128 + signal.Signals[stop.signal_name]) from None
     _print_result(plan, result, suite_out)
 
 

@@ -130,6 +130,15 @@ def plan_trials(
     return dataclasses.replace(draft, launch=spec.launch)
 
 
+class TuneInterrupted(Exception):
+    """A round stopped by SIGINT or SIGTERM (its finished trials stored): the search ends there, rather than
+    going on to the next round as if the user had not asked to stop, or calling the stopped trials failed."""
+
+    def __init__(self, signal_name: str, run_id: str) -> None:
+        super().__init__(f"tune stopped by {signal_name} in run {run_id}: its finished trials are stored")
+        self.signal_name = signal_name
+
+
 def run_round(
     plan: TrialPlan,
     n: int,
@@ -141,9 +150,12 @@ def run_round(
     spec = plan.spec_for(n, candidates, timing)
     cases, backends, label = spec.cases, spec.backends, plan.round_label(n)
     progress(f"tune round {n}: {len(cases)} trials over {', '.join(backends)} (run {spec.run_id})")
-    execute(spec, plan.runs_root, plan.db_path, progress=progress)
+    outcome = execute(spec, plan.runs_root, plan.db_path, progress=progress)
     with open_db(plan.db_path) as con:
         set_label(con, spec.run_id, label)
+    if outcome.interrupted_by:
+        raise TuneInterrupted(outcome.interrupted_by, spec.run_id)
+    with open_db(plan.db_path) as con:
         rows = con.execute(
             """SELECT c.backend, c.case_id, c.status, c.reason, m.value,
                       (SELECT list(p.value ORDER BY p.repeat) FROM process_metrics p WHERE p.run_id = c.run_id

@@ -3,8 +3,11 @@ settings, presets and flag errors, and one real CPU (gloo) tune through the CLI 
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -344,3 +347,37 @@ def test_tune_on_cpu_ranks_stores_every_trial(tmp_path: Path) -> None:
     assert "MoE layer: tokens/s vs communication SMs" in report.read_text()
     cases = expand(load_suite(str(suite)), ["nccl-a2a"], world=2)
     assert len(cases) == 1 and cases[0].kind == "e2e" and cases[0].workload.hidden == 64
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_round_ends_the_tune_with_its_trials_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C stopped the round's job, then the search went on to the next round (or, in the final one, said
+    no trial ran correctly, exit 2). It now ends the tune: the round stored as interrupted, exit 130."""
+    from moelab.tune import trials
+
+    real = trials.execute
+
+    def interrupted(spec: Any, runs_root: Path, db_path: Path, progress: Any = print) -> Any:
+        def tell(line: str) -> None:
+            progress(line)
+            if " cases on " in line:  # the job is starting: the user presses Ctrl-C
+                os.kill(os.getpid(), signal.SIGINT)
+
+        return real(spec, runs_root, db_path, progress=tell)
+
+    monkeypatch.setattr(trials, "execute", interrupted)
+    db = tmp_path / "t.duckdb"
+    result = CliRunner().invoke(
+        app,
+        ["tune", "--cpu", "--backend", "nccl-a2a", "--hidden", "64", "--intermediate", "16",
+         "--tokens-per-rank", "32", "--topk", "2", "--experts-per-rank", "2", "--iters", "3",
+         "--db", str(db), "--out", str(tmp_path / "runs")],
+    )  # fmt: skip
+    assert result.exit_code == 130, result.output
+    assert "tune stopped by SIGINT in run " in result.stdout and "tune round 2" not in result.stdout
+    assert "no trial" not in result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        runs = con.execute("SELECT status, label FROM runs").fetchall()
+    assert len(runs) == 1 and runs[0][0] == "interrupted" and runs[0][1].endswith("-r1")
