@@ -3,6 +3,7 @@ figures side by side in the same run, a verdict per figure against a tolerance; 
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -198,6 +199,11 @@ def _measure(
     check_writable(db_path)
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, store.runs_root(), db_path, console.print)
+    if outcome.interrupted_by:  # the user asked to stop: no library benchmark (up to --library-timeout each)
+        console.print(
+            f"verify run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored"
+        )
+        raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
     ctx = VerifyContext(
         run_id=spec.run_id,
         run_dir=outcome.run_dir,

@@ -9,8 +9,10 @@ which cannot run on CPU, moelab's measurement is replaced by a run directory wri
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -362,3 +364,38 @@ def test_dry_run_plan_is_the_same_through_the_planner(tmp_path: Path) -> None:
                             ("deepep-ll", "fp8", "def"))]  # fmt: skip
     lines = [line for line in res.stdout.splitlines() if line.startswith("# moelab ")]
     assert lines == [f"# moelab {b}: case {c} sms={s} knobs={k}" for b, c, s, k in want]
+
+
+def test_ctrl_c_in_moelabs_run_runs_no_library_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C stopped moelab's job, then verify went on to run each library's benchmark as if nothing had
+    happened (each up to --library-timeout). It now stops there: moelab's run stored as interrupted, exit 130."""
+    from moelab.cli import verify_cmd
+
+    exe = _fake_binary(tmp_path, [200.0], monkeypatch)
+    real = measure.run_moelab
+
+    def interrupted(spec: RunSpec, runs_root: Path, db_path: Path, progress: Any) -> RunOutcome:
+        def tell(line: str) -> None:
+            progress(line)
+            if " cases on " in line:  # moelab's job is starting: the user presses Ctrl-C
+                os.kill(os.getpid(), signal.SIGINT)
+
+        return real(spec, runs_root, db_path, tell)
+
+    def no_library(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a library benchmark ran after Ctrl-C")
+
+    monkeypatch.setattr(measure, "run_moelab", interrupted)
+    monkeypatch.setattr(verify_cmd, "verify_backend", no_library)
+    res = runner.invoke(
+        app, _args(tmp_path, "--backend", "nccl-tests", "--nccl-tests-bin", str(exe), "--dtype", "bf16")
+    )
+    assert res.exit_code == 130, res.output
+    assert "was interrupted (SIGINT): finished cases stored" in res.stdout
+    con = connect(tmp_path / "m.duckdb", read_only=True)
+    try:
+        assert con.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+    finally:
+        con.close()
