@@ -6,9 +6,29 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from moelab.core.errors import MoelabError
+
+
+def not_the_store(db_path: Path, outputs: Mapping[str, Path | str | None]) -> None:
+    """One MoelabError line when an output file (flag: path) is the database or its write-ahead log: a
+    report written there replaced the store, a summary appended to it corrupted it, every run lost."""
+    store = (db_path.expanduser(), db_path.expanduser().with_name(db_path.name + ".wal"))
+    for flag, out in outputs.items():
+        if out is not None and any(_same_file(Path(out).expanduser(), s) for s in store):
+            raise MoelabError(
+                f"{flag} {out} is the database (--db {db_path}): writing it would destroy every run"
+            )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """The same file by its inode (a hard link, a symlink), or by its absolute path where one is missing."""
+    try:
+        return os.path.samefile(a, b) if a.exists() and b.exists() else a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def check_output_file(path: Path, flag: str) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
+from moelab.cli.output_check import not_the_store
 from moelab.core.errors import MoelabError
 from moelab.store.db import resolve_db_path
 
@@ -85,7 +86,9 @@ def report(
         with _export_db(export) as (path, ids):
             _report(path, run or ids, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
         return
-    _report(resolve_db_path(db), run, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
+    db_path = resolve_db_path(db)
+    not_the_store(db_path, {"--out": out})
+    _report(db_path, run, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
 
 
 @contextmanager

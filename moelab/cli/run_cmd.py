@@ -17,7 +17,7 @@ from moelab.backends.base import HostJob
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
-from moelab.cli.output_check import check_output_file
+from moelab.cli.output_check import check_output_file, not_the_store
 from moelab.core.display import format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
@@ -193,6 +193,7 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
     """Run the planned jobs, store them, print the results; the exit code says how it went."""
     spec, runs_root = planned.spec, store.runs_root()
     db_path = resolve_db_path(store.db)
+    not_the_store(db_path, {"--report": store.report})
     if is_launching_host(spec):
         check_writable(db_path)  # fail now, not after measuring; other nodes never open the database
         if store.label:

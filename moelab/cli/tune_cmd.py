@@ -14,7 +14,7 @@ import typer
 from moelab.backends import registry
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
-from moelab.cli.output_check import check_output_file
+from moelab.cli.output_check import check_output_file, not_the_store
 from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
@@ -166,6 +166,7 @@ def tune_command(
     sm_control = device == "cuda"
     timings = round_timings(device, timing.iters, timing.warmup)
     db_path = resolve_db_path(store.db)
+    not_the_store(db_path, {"--suite-out": suite_out})
     plan = plan_trials(
         request=request,
         host=host,

@@ -14,6 +14,7 @@ import typer
 from moelab.backends.library_test import DEFAULT_MASTER_PORT, LibraryTest
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
+from moelab.cli.output_check import not_the_store
 from moelab.core.errors import SpecError
 from moelab.core.library_figures import FAILING, VerifyRow
 from moelab.core.spec import RunSpec
@@ -196,6 +197,7 @@ def _measure(
 ) -> tuple[list[VerifyRow], Path, Path, bool]:
     """moelab's run, then each library's test; the rows stored in the run. (rows, run dir, db, jobs ok)"""
     db_path = resolve_db_path(store.db)
+    not_the_store(db_path, {"--report": store.report})
     check_writable(db_path)
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, store.runs_root(), db_path, console.print)
