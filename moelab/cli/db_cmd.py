@@ -107,7 +107,7 @@ def export(
     with open_db(path, read_only=True) as con:
         names = [r for item in run for r in parse_list(item, name="run") or []]
         ids = list(dict.fromkeys(resolve_run(con, r) for r in names))
-        written = export_runs(con, out, fmt, ids or None, force=force)
+        written = export_runs(con, out, fmt, ids or None, force=force, db_path=path)
     for p in written:
         console.print(str(p))
 

@@ -26,8 +26,15 @@ FORMATS = {"parquet": "(FORMAT PARQUET)", "csv": "(FORMAT CSV, HEADER)", "json":
 
 
 def export_runs(
-    con: duckdb.DuckDBPyConnection, out: Path, fmt: str, run_ids: list[str] | None, force: bool = False
+    con: duckdb.DuckDBPyConnection,
+    out: Path,
+    fmt: str,
+    run_ids: list[str] | None,
+    force: bool = False,
+    db_path: Path | None = None,
 ) -> list[Path]:
+    """Write the selected runs' tables into `out`, replacing it whole. `db_path`: the store `con` reads,
+    which, with every stored run's directory, must not lie inside `out` (--force would delete it)."""
     if fmt not in FORMATS:
         raise MoelabError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
     known = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
@@ -36,6 +43,7 @@ def export_runs(
         if missing:
             raise MoelabError(f"no such run(s): {', '.join(missing)}")
     _check_replaceable(out, force)
+    _check_holds_no_store(con, out, db_path)
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     try:
         tmp.mkdir(parents=True)
@@ -73,6 +81,25 @@ def _check_replaceable(out: Path, force: bool) -> None:
             f"{out} is not a moelab export (it holds {shown}, which moelab did not write there): "
             "give a new or empty folder, or --force to replace it whole"
         )
+
+
+def _check_holds_no_store(con: duckdb.DuckDBPyConnection, out: Path, db_path: Path | None) -> None:
+    """An export replaces `out` whole: refused where the store, its write-ahead log or a stored run's
+    directory lies in it (`db export --out <the data folder> --force` deleted the store it had just read)."""
+    if not out.exists():
+        return
+    kept = [] if db_path is None else [db_path, db_path.with_name(db_path.name + ".wal")]
+    kept += [
+        Path(d)
+        for (d,) in con.execute("SELECT DISTINCT run_dir FROM runs WHERE run_dir IS NOT NULL").fetchall()
+    ]
+    folder = out.resolve()
+    for path in kept:
+        if path.exists() and path.resolve().is_relative_to(folder):
+            raise MoelabError(
+                f"{out} holds {path}, which the store needs; replacing it whole would delete it: "
+                "export into a folder of its own"
+            )
 
 
 def _export_files(folder: Path) -> set[str]:

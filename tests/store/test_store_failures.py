@@ -257,3 +257,23 @@ def test_an_export_replaces_its_folder_whole_and_a_mixed_folder_is_refused(world
 
     migrate(con)
     assert load_export(con, out) == ["r2"]
+
+
+def test_an_export_with_force_never_replaces_a_folder_holding_the_store_or_a_stored_run(world: World) -> None:
+    """--force replaces --out whole: a folder that holds the store (or lies above it), or a stored run's
+    directory, is refused before anything is written, and the store and the runs are as they were."""
+    before = store_state(world.db)
+    stored_dirs = [
+        Path(d) for (d,) in rows_of(world.db, "SELECT run_dir FROM runs WHERE run_dir IS NOT NULL")
+    ]
+    assert any(
+        d.is_relative_to(world.runs) and d.exists() for d in stored_dirs
+    )  # the world stores its runs there
+    for out in (world.db.parent, world.root, world.runs):
+        done = moelab("db", "export", "--out", str(out), "--force", "--db", str(world.db))
+        assert done.returncode == 2, done.stderr
+        (line,) = error_lines(done)
+        assert "which the store needs" in line and "Traceback" not in done.stderr, line
+    assert store_state(world.db) == before and all(d.exists() for d in stored_dirs)
+    beside = moelab("db", "export", "--out", str(world.path("export")), "--force", "--db", str(world.db))
+    assert beside.returncode == 0, beside.stderr  # a folder of its own, forced or not
