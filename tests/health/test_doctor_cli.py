@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -140,6 +141,20 @@ def test_save_with_from_is_refused_not_ignored(tmp_path: Path) -> None:
     result = runner.invoke(doctor_app(), ["doctor", "--from", str(node), "--save", str(saved)])
     assert result.exit_code == 2 and "--save writes this host's snapshot" in result.output, result.output
     assert not saved.exists()
+
+
+def test_save_onto_the_store_is_refused_before_probing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--save over the store a run writes (MOELAB_DB here) would replace every stored run with one JSON."""
+    store = tmp_path / "moelab.duckdb"
+    store.write_bytes(b"a store")
+    monkeypatch.setenv("MOELAB_DB", str(store))
+    result = runner.invoke(doctor_app(), ["doctor", "--load-ms", "0", "--save", str(store)])
+    assert result.exit_code == 2 and "--save" in result.output and "is the database" in result.output, (
+        result.output
+    )
+    assert store.read_bytes() == b"a store"
 
 
 def test_real_doctor_on_this_machine_runs(tmp_path: Path) -> None:
