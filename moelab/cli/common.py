@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -126,3 +127,9 @@ def parse_list(value: str | None, kind: type = str, name: str = "value") -> list
     if not out:
         raise MoelabError(f"--{name} is empty")
     return out
+
+
+def interrupted_exit(signal_name: str) -> typer.Exit:
+    """The exit of a command its user stopped (SIGINT, SIGTERM): the shell's 128 + the signal's number, as
+    moelab.launch.interrupt exits a run stopped twice."""
+    return typer.Exit(128 + signal.Signals[signal_name])

@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from moelab.core.errors import MoelabError
+from moelab.store.db import wal_path
 
 
 def not_the_store(db_path: Path, outputs: Mapping[str, Path | str | None]) -> None:
     """One MoelabError line when an output file (flag: path) is the database or its write-ahead log: a
     report written there replaced the store, a summary appended to it corrupted it, every run lost."""
-    store = (db_path.expanduser(), db_path.expanduser().with_name(db_path.name + ".wal"))
+    store = (db_path.expanduser(), wal_path(db_path.expanduser()))
     for flag, out in outputs.items():
         if out is not None and any(_same_file(Path(out).expanduser(), s) for s in store):
             raise MoelabError(

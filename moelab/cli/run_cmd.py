@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ import typer
 from moelab.backends import registry
 from moelab.backends.base import HostJob
 from moelab.cli import options as opt
-from moelab.cli.common import console, cuda_devices, print_table, user_errors
+from moelab.cli.common import console, cuda_devices, interrupted_exit, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
 from moelab.cli.output_check import check_output_file, not_the_store
 from moelab.core.display import format_pct, format_time_us, safe_text
@@ -227,7 +226,7 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
         console.print(f"report: {write_report(db_path, [spec.run_id], store.report)}")
     if outcome.interrupted_by:
         console.print(f"run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored")
-        raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
+        raise interrupted_exit(outcome.interrupted_by)
     if empty:
         console.print(f"error: {empty}")
     for backend, note in outcome.trace_notes.items():

@@ -5,15 +5,19 @@ as framework settings."""
 from __future__ import annotations
 
 import secrets
-import signal
 import sys
 from pathlib import Path
 
-import typer
-
 from moelab.backends import registry
 from moelab.cli import options as opt
-from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
+from moelab.cli.common import (
+    console,
+    cuda_devices,
+    interrupted_exit,
+    parse_list,
+    print_table,
+    user_errors,
+)
 from moelab.cli.output_check import check_output_file, not_the_store
 from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
@@ -197,7 +201,7 @@ def tune_command(
         )
     except TuneInterrupted as stop:
         console.print(str(stop))
-        raise typer.Exit(128 + signal.Signals[stop.signal_name]) from None
+        raise interrupted_exit(stop.signal_name) from None
     _print_result(plan, result, suite_out)
 
 

@@ -3,7 +3,6 @@ figures side by side in the same run, a verdict per figure against a tolerance; 
 
 from __future__ import annotations
 
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,14 @@ import typer
 
 from moelab.backends.library_test import DEFAULT_MASTER_PORT, LibraryTest
 from moelab.cli import options as opt
-from moelab.cli.common import console, cuda_devices, parse_list, print_table, user_errors
+from moelab.cli.common import (
+    console,
+    cuda_devices,
+    interrupted_exit,
+    parse_list,
+    print_table,
+    user_errors,
+)
 from moelab.cli.output_check import not_the_store
 from moelab.core.errors import SpecError
 from moelab.core.library_figures import FAILING, VerifyRow
@@ -205,7 +211,7 @@ def _measure(
         console.print(
             f"verify run {spec.run_id} was interrupted ({outcome.interrupted_by}): finished cases stored"
         )
-        raise typer.Exit(128 + signal.Signals[outcome.interrupted_by])
+        raise interrupted_exit(outcome.interrupted_by)
     ctx = VerifyContext(
         run_id=spec.run_id,
         run_dir=outcome.run_dir,

@@ -120,12 +120,17 @@ def connect(
 HEADER_BYTES = 3 * 4096  # DuckDB's file: a main header and two database headers, then the blocks
 
 
+def wal_path(path: Path) -> Path:
+    """DuckDB's write-ahead log beside the database file `path`: part of the store until checkpointed."""
+    return Path(f"{path}.wal")
+
+
 def check_complete(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """A file cut short (a copy that stopped, a full disk) opens, and fails only when a query reaches a
     missing block, after `moelab run` has measured. The blocks in use must be in the file: a file shorter
     than its headers plus its used blocks is cut. (Checked without a WAL beside it: blocks replayed from a
     WAL are in memory only; a trailing free block may be cut off by DuckDB itself.)"""
-    if not path.is_file() or Path(f"{path}.wal").exists():
+    if not path.is_file() or wal_path(path).exists():
         return
     row = con.execute(
         "SELECT block_size, used_blocks FROM pragma_database_size() WHERE database_name = current_database()"

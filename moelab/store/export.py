@@ -19,6 +19,7 @@ import duckdb
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.job.safe_read import RunDirFileError, read_json
+from moelab.store.db import wal_path
 from moelab.store.schema import EXPORT_TABLES, LATEST_VERSION
 
 EXPORT_VERSION = 1
@@ -88,7 +89,7 @@ def _check_holds_no_store(con: duckdb.DuckDBPyConnection, out: Path, db_path: Pa
     directory lies in it (`db export --out <the data folder> --force` deleted the store it had just read)."""
     if not out.exists():
         return
-    kept = [] if db_path is None else [db_path, db_path.with_name(db_path.name + ".wal")]
+    kept = [] if db_path is None else [db_path, wal_path(db_path)]
     kept += [
         Path(d)
         for (d,) in con.execute("SELECT DISTINCT run_dir FROM runs WHERE run_dir IS NOT NULL").fetchall()
