@@ -28,32 +28,19 @@ from moelab.core.models import MODELS
 from moelab.measure.e2e.grouped_gemm import launch, tuned_tiles, unavailable_reason
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grouped_gemm_gpu import REFERENCE, ffn_inputs  # noqa: E402
+from grouped_gemm_gpu import REFERENCE, ffn_inputs, step_times  # noqa: E402
 
 SHAPES = (("deepseek-v3", 2), ("reference", 2), ("deepseek-v3", 4))
 IDLE_S = 0.02
 
 
 def phase(name: str, steps: Sequence[Callable[[], object]], reps: int, idle_s: float = 0.0) -> None:
-    """Each rep runs `steps` in order, an event before, between and after; prints the median total and
-    each step's median (us), and the phase's wall-clock interval."""
+    """Each rep runs `steps` in order, an event before, between and after (`step_times`); prints the
+    median total and each step's median (us), and the phase's wall-clock interval."""
     t0 = time.time()
-    marks = [[torch.cuda.Event(enable_timing=True) for _ in range(len(steps) + 1)] for _ in range(reps)]
-    for _ in range(3):
-        for step in steps:
-            step()
-    torch.cuda.synchronize()
-    for m in marks:
-        m[0].record()
-        for i, step in enumerate(steps):
-            step()
-            m[i + 1].record()
-        if idle_s:
-            torch.cuda.synchronize()
-            time.sleep(idle_s)
-    torch.cuda.synchronize()
-    per = [statistics.median(m[i].elapsed_time(m[i + 1]) * 1e3 for m in marks) for i in range(len(steps))]
-    total = statistics.median(m[0].elapsed_time(m[-1]) * 1e3 for m in marks)
+    times = step_times(steps, reps, 3, torch.device("cuda"), idle_s)
+    per = [statistics.median(t) for t in times]
+    total = statistics.median(sum(rep) for rep in zip(*times, strict=True))
     cols = " ".join(f"{p:8.1f}" for p in per)
     print(f"  {name:34} total {total:8.1f}  steps {cols} [{t0:.2f}-{time.time():.2f}]", flush=True)
 

@@ -49,7 +49,7 @@ import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,12 +122,17 @@ def queued_us(fn: Callable[[], object], device: torch.device) -> float:
     return queued_bench(fn, (0.5,))[0] * 1e3
 
 
-def dense_tflops(device: torch.device, n: int, timing: Callable[..., float] = median_us) -> float:
-    g = torch.Generator(device=device).manual_seed(1)
+def dense_matmul(n: int, seed: int, device: torch.device) -> Callable[[], object]:
+    """An n^3 bf16 matmul of random data (seeded) into a buffer of its own: the dense rate's work."""
+    g = torch.Generator(device=device).manual_seed(seed)
     a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
     b = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
     c = torch.empty_like(a)
-    t = timing(lambda: torch.matmul(a, b, out=c), device)
+    return lambda: torch.matmul(a, b, out=c)
+
+
+def dense_tflops(device: torch.device, n: int, timing: Callable[..., float] = median_us) -> float:
+    t = timing(dense_matmul(n, 1, device), device)
     return 2.0 * n**3 / (t * 1e-6) / 1e12
 
 
@@ -139,10 +144,7 @@ def sustained_dense_tflops(device: torch.device, n: int, seconds: float = SUSTAI
     """The n^3 bf16 matmul run back to back for `seconds`, an event pair around each: the median rate of
     the second half, once the GPU's power limit has set its clock (`dense_tflops` times a burst of 23
     calls, most of it before the clock falls). On the CPU, wall time."""
-    g = torch.Generator(device=device).manual_seed(3)
-    a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
-    b = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
-    c = torch.empty_like(a)
+    matmul = dense_matmul(n, 3, device)
     times: list[float] = []  # seconds
     marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     t0 = time.perf_counter()
@@ -150,16 +152,14 @@ def sustained_dense_tflops(device: torch.device, n: int, seconds: float = SUSTAI
         if device.type == "cuda":
             pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             pair[0].record()
-            torch.matmul(a, b, out=c)
+            matmul()
             pair[1].record()
             marks.append(pair)
-            if len(marks) % 32 == 0:
-                marks[-1][
-                    1
-                ].synchronize()  # keep the host within 32 calls of the GPU: the loop's time is the GPU's
+            if len(marks) % 32 == 0:  # the host within 32 calls of the GPU: the loop's time is the GPU's
+                pair[1].synchronize()
         else:
             t = time.perf_counter()
-            torch.matmul(a, b, out=c)
+            matmul()
             times.append(time.perf_counter() - t)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -167,41 +167,50 @@ def sustained_dense_tflops(device: torch.device, n: int, seconds: float = SUSTAI
     return 2.0 * n**3 / statistics.median(times[len(times) // 2 :]) / 1e12
 
 
-def paired_pct_dense(fn: Callable[[], object], flops: float, device: torch.device) -> float:
-    """`fn`'s FLOP rate over a dense bf16 matmul's, the two run alternately in one queue (an event pair
-    around each, one sync at the end): the matmul is square and as large as `fn`'s FLOPs make it (to a
-    multiple of 256, at least 256), so both run as long and under the same power and clock. Medians of
-    PAIRED_ITERS each after PAIRED_WARMUP pairs; on the CPU, wall time."""
-    n = max(256, round((flops / 2) ** (1 / 3) / 256) * 256)
-    g = torch.Generator(device=device).manual_seed(2)
-    a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
-    b = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
-    c = torch.empty_like(a)
-    steps = (fn, lambda: torch.matmul(a, b, out=c))
-    for _ in range(PAIRED_WARMUP):
+def step_times(
+    steps: Sequence[Callable[[], object]], reps: int, warmup: int, device: torch.device, idle_s: float = 0.0
+) -> list[list[float]]:
+    """Each rep runs `steps` in order, queued, an event before, between and after them (one sync at the
+    end, or after each rep with `idle_s` of idle GPU after it): per step, its time in each rep (us). On
+    the CPU, wall time."""
+    for _ in range(warmup):
         for step in steps:
             step()
-    times: tuple[list[float], list[float]] = ([], [])
-    if device.type == "cuda":
-        marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(PAIRED_ITERS)]
-        torch.cuda.synchronize(device)
-        for m in marks:
-            m[0].record()
-            steps[0]()
-            m[1].record()
-            steps[1]()
-            m[2].record()
-        torch.cuda.synchronize(device)
-        for m in marks:
-            times[0].append(m[0].elapsed_time(m[1]))
-            times[1].append(m[1].elapsed_time(m[2]))
-    else:
-        for _ in range(PAIRED_ITERS):
+    times: list[list[float]] = [[] for _ in steps]
+    if device.type != "cuda":
+        for _ in range(reps):
             for step, out in zip(steps, times, strict=True):
                 t0 = time.perf_counter()
                 step()
-                out.append(time.perf_counter() - t0)
-    fn_t, dense_t = statistics.median(times[0]), statistics.median(times[1])
+                out.append((time.perf_counter() - t0) * 1e6)
+        return times
+    marks = [[torch.cuda.Event(enable_timing=True) for _ in range(len(steps) + 1)] for _ in range(reps)]
+    torch.cuda.synchronize(device)
+    for m in marks:
+        m[0].record()
+        for step, after in zip(steps, m[1:], strict=True):
+            step()
+            after.record()
+        if idle_s:
+            torch.cuda.synchronize(device)
+            time.sleep(idle_s)
+    torch.cuda.synchronize(device)
+    for m in marks:
+        for i, out in enumerate(times):
+            out.append(m[i].elapsed_time(m[i + 1]) * 1e3)
+    return times
+
+
+def paired_pct_dense(fn: Callable[[], object], flops: float, device: torch.device) -> float:
+    """`fn`'s FLOP rate over a dense bf16 matmul's, the two run alternately in one queue (`step_times`):
+    the matmul is square and as large as `fn`'s FLOPs make it (to a multiple of 256, at least 256), so
+    both run as long and under the same power and clock. Medians of PAIRED_ITERS each after PAIRED_WARMUP
+    pairs; on the CPU, wall time."""
+    n = max(256, round((flops / 2) ** (1 / 3) / 256) * 256)
+    fn_t, dense_t = (
+        statistics.median(t)
+        for t in step_times([fn, dense_matmul(n, 2, device)], PAIRED_ITERS, PAIRED_WARMUP, device)
+    )
     return (flops / fn_t) / (2.0 * n**3 / dense_t)
 
 
