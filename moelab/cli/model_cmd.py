@@ -17,7 +17,7 @@ from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.workload import ROUTING_KINDS, RoutingSpec, Workload
 from moelab.model.bound import COMBINE_DTYPES, Bound, Estimate, Latency, estimate
-from moelab.model.links import load_peaks
+from moelab.model.links import link_rate_problem, load_peaks
 from moelab.model.published import LIMITERS, NIC_TIGHT, TableCheck, check_tables, load_rows
 from moelab.model.topology import Topology, TopologyRequest, resolve
 from moelab.model.traffic import FAMILIES, traffic
@@ -27,6 +27,7 @@ from moelab.model.traffic import FAMILIES, traffic
 # MAX_GENERATED_SELECTIONS (ranks x tokens per rank x topk) it ran for minutes with no output
 MAX_WORLD = 65_536
 MAX_GENERATED_SELECTIONS = 1 << 21
+MAX_LATENCY_US = 1e6  # a second of latency per collective is a typo, not a network
 DEFAULT_EXPERTS_PER_RANK = 2  # the reference workload's
 FAMILY_NAMES = {"flat": "flat", "hierarchical": "hierarchical", "low-latency": "low_latency"}
 PANEL_TOPO, PANEL_WL = "Topology and links", "Workload"
@@ -552,10 +553,10 @@ def check_model_inputs(
         if figure is not None and not math.isfinite(figure):
             raise SpecError(f"{flag} must be a finite number, got {figure}")
     for flag in ("--nvlink-gbps", "--pcie-gbps", "--nic-gbps"):
-        if (speed := figures[flag]) is not None and speed <= 0:
-            raise SpecError(f"{flag} must be > 0, got {speed}")
-    if latency_us is not None and latency_us < 0:
-        raise SpecError(f"--latency-us must be >= 0, got {latency_us}")
+        if (speed := figures[flag]) is not None and (problem := link_rate_problem(speed)):
+            raise SpecError(f"{flag} {problem}")
+    if latency_us is not None and not 0 <= latency_us <= MAX_LATENCY_US:
+        raise SpecError(f"--latency-us must be between 0 and {MAX_LATENCY_US:,.0f} µs, got {latency_us:g}")
 
 
 def _check_generated_size(wl: Workload, world: int, counted: bool) -> None:

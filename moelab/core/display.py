@@ -40,6 +40,10 @@ def _is_control(c: str) -> bool:
     return o < 32 or 0x7F <= o < 0xA0 or c in "\u2028\u2029"
 
 
+# a figure this large keeps its exponent: `--nvlink-gbps 1e-300` printed a bound of 295 digits
+PLAIN_BELOW = 1e12
+
+
 def format_time_us(us: float | None, digits: int = 4) -> str:
     """A time given in microseconds, in ns, µs, ms or s, whichever keeps the figure between 1 and 1000
     (`2.796e+05 µs` → `279.6 ms`); `—` for a missing figure."""
@@ -56,7 +60,7 @@ def format_time_us(us: float | None, digits: int = 4) -> str:
         if a >= scale or unit == "ns":
             v = us / scale
             text = f"{v:.{digits}g}"
-            if "e" in text:  # below 1 ns or above 1e4 s: the plain figure
+            if "e" in text and abs(v) < PLAIN_BELOW:  # below 1 ns, or 1e4 s up to PLAIN_BELOW: plain
                 text = f"{v:.{max(digits - 3, 1)}f}" if abs(v) >= 1 else f"{v:.3g}"
             return f"{text} {unit}"
     raise AssertionError("unreachable")
@@ -78,7 +82,7 @@ def format_number(v: float | int | None, digits: int = 4) -> str:
     text = f"{v:.{digits}g}"
     if "e" not in text:
         return text
-    return f"{v:,.0f}" if abs(v) >= 1 else text
+    return f"{v:,.0f}" if 1 <= abs(v) < PLAIN_BELOW else text
 
 
 def format_pct(fraction: float | None) -> str:

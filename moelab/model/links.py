@@ -284,12 +284,24 @@ def _match(entries: tuple[LinkPeak, ...], name: str | None) -> LinkPeak | None:
     return max(hits, key=lambda e: len(e.pattern)) if hits else None
 
 
-def _positive(body: dict[str, Any], key: str) -> bool:
-    value = body.get(key)
-    # a finite number: `gbps = inf` (TOML reads inf and nan) would make every bound on that link zero
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    )
+# the link rates a bound may divide by, GB/s per direction: 1 MB/s to 1 PB/s. Past them a figure is a typo
+# (`1e-300` made every bound a 295-digit number of seconds, `inf` made it zero)
+LINK_GBPS_RANGE = (1e-3, 1e6)
+
+
+def link_rate_problem(value: Any) -> str | None:
+    """Why `value` is no link rate (GB/s per direction), or None when it is one."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        return f"must be a positive finite number (GB/s per direction), got {value!r}"
+    low, high = LINK_GBPS_RANGE
+    if not low <= value <= high:
+        return f"must be between {low:g} and {high:,.0f} GB/s per direction, got {value:g}"
+    return None
 
 
 ENTRY_KEYS = ("gbps", "host_gbps", "intra", "link")
@@ -297,13 +309,15 @@ ENTRY_KEYS = ("gbps", "host_gbps", "intra", "link")
 
 def _entry(kind: str, pattern: str, body: Any, path: Path) -> LinkPeak:
     where = f"{path}: [{kind}.{pattern!r}]"
-    if not isinstance(body, dict) or not _positive(body, "gbps"):
+    if not isinstance(body, dict) or "gbps" not in body:
         raise MoelabError(f"{where} needs gbps = a positive finite number (GB/s per direction)")
+    if problem := link_rate_problem(body["gbps"]):
+        raise MoelabError(f"{where}: gbps {problem}")
     unknown = sorted(set(body) - set(ENTRY_KEYS))
     if unknown:  # a misspelt `host_gpbs` or a `pcie_gbps` would be ignored, the table's figure used instead
         raise MoelabError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(ENTRY_KEYS)})")
-    if "host_gbps" in body and not _positive(body, "host_gbps"):
-        raise MoelabError(f"{where}: host_gbps must be a positive finite number (GB/s per direction)")
+    if "host_gbps" in body and (problem := link_rate_problem(body["host_gbps"])):
+        raise MoelabError(f"{where}: host_gbps {problem}")
     intra = body.get("intra", "nvlink")
     if intra not in INTRA_KINDS:
         raise MoelabError(f"{where}: intra must be one of {', '.join(INTRA_KINDS)}, got {intra!r}")

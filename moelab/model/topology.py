@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moelab.core.errors import MoelabError
-from moelab.model.links import PCIE_GEN5_X16, LinkPeak, PeakTable
+from moelab.model.links import PCIE_GEN5_X16, LinkPeak, PeakTable, link_rate_problem
 
 DEFAULT_GPU = "H100"
 DEFAULT_NIC = "ConnectX-7"
@@ -97,8 +97,8 @@ def _check(req: TopologyRequest) -> None:
         ("--pcie-gbps", req.pcie_gbps),
         ("--nic-gbps", req.nic_gbps),
     ):
-        if figure is not None and not figure > 0:
-            raise MoelabError(f"{name} must be a positive number (GB/s per direction), got {figure}")
+        if figure is not None and (problem := link_rate_problem(figure)):
+            raise MoelabError(f"{name} {problem}")
     if req.pcie_only and req.nvlink_gbps is not None:
         raise MoelabError(
             "--pcie-only and --nvlink-gbps contradict each other: PCIe-only nodes have no NVLink"

@@ -125,7 +125,7 @@ def test_estimate_is_every_family_and_op() -> None:
         (TopologyRequest(gpu="Z9000"), "no link figures for GPU 'Z9000'"),
         (TopologyRequest(nodes=2, nic="Myrinet"), "no link figure for NIC 'Myrinet'"),
         (TopologyRequest(nodes=0), "--nodes must be a positive integer"),
-        (TopologyRequest(nvlink_gbps=-1.0), "--nvlink-gbps must be a positive number"),
+        (TopologyRequest(nvlink_gbps=-1.0), "--nvlink-gbps must be a positive finite number"),
         (TopologyRequest(pcie_only=True, nvlink_gbps=100.0), "contradict"),
     ],
 )

@@ -188,7 +188,12 @@ def test_nic_rails_nic_and_pcie_figures_and_a_peaks_file(tmp_path: Path) -> None
             "grouped routing: 8 ranks are not groups of group_ranks 3",
         ),
         (["--from-run", "nope", "--db", "/nonexistent/x.duckdb"], "no database at"),
-        (["--latency-us", "-1"], "--latency-us must be >= 0"),
+        (["--latency-us", "-1"], "--latency-us must be between 0 and 1,000,000 µs, got -1"),
+        # absurd magnitudes: a 295-digit bound in seconds, or a bound of zero
+        (["--nvlink-gbps", "1e-300"], "--nvlink-gbps must be between 0.001 and 1,000,000 GB/s"),
+        (["--pcie-only", "--pcie-gbps", "1e300"], "--pcie-gbps must be between 0.001 and 1,000,000 GB/s"),
+        (["--nodes", "2", "--nic-gbps", "0"], "--nic-gbps must be a positive finite number"),
+        (["--latency-us", "1e300"], "--latency-us must be between 0 and 1,000,000 µs, got 1e+300"),
     ],
 )
 def test_bad_input_is_one_error_line(args: list[str], needle: str) -> None:
@@ -205,6 +210,15 @@ def test_a_peaks_entry_with_an_unknown_key_is_refused(tmp_path: Path, key: str) 
     res = _invoke(["--peaks", str(peaks)])
     assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
     assert f"[gpu.'H100']: unknown key(s) {key} (known: gbps, host_gbps, intra, link)" in res.stderr
+
+
+@pytest.mark.parametrize("body", ["gbps = 1e-300", "gbps = 400\nhost_gbps = 1e9"])
+def test_a_peaks_entry_past_any_link_rate_is_refused(tmp_path: Path, body: str) -> None:
+    peaks = tmp_path / "peaks.toml"
+    peaks.write_text(f'[gpu."H100"]\n{body}\n')
+    res = _invoke(["--peaks", str(peaks)])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1, res.output
+    assert "must be between 0.001 and 1,000,000 GB/s per direction" in res.stderr
 
 
 def test_run_dry_run_prints_each_planned_cases_bound_after_the_commands(tmp_path: Path) -> None:

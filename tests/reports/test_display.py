@@ -58,6 +58,20 @@ def test_formatted_figure_stays_between_1_and_1000(us: float) -> None:
     assert 1 <= float(value) < 1000 or unit == "s"
 
 
+@pytest.mark.parametrize(
+    "us,text", [(3.6e300, "3.6e+294 s"), (5e10, "50000.0 s"), (-3e300, "-3e+294 s"), (2e18, "2e+12 s")]
+)
+def test_a_huge_time_keeps_its_exponent(us: float, text: str) -> None:
+    """A bound at a link rate of 1e-300 GB/s printed as a 295-digit number of seconds."""
+    assert format_time_us(us) == text
+
+
+def test_a_huge_number_keeps_its_exponent() -> None:
+    from moelab.core.display import format_number
+
+    assert format_number(3.6e300) == "3.6e+300" and format_number(5e10) == "50,000,000,000"
+
+
 def test_a_nan_figure_reads_as_missing() -> None:
     """`report --history` printed a raw `nan` for the bandwidth of compute-only ops."""
     from moelab.core.display import format_number
