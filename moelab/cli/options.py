@@ -356,7 +356,9 @@ class TraceOptions(Options):
         "--trace",
         metavar="none|torch|nsys",
     )
-    trace_iters: int = flag(5, "Profiled iterations per op with --trace torch", "--trace-iters", metavar="N")
+    trace_iters: int | None = flag(
+        None, "Profiled iterations per op with --trace torch (default 5)", "--trace-iters", metavar="N"
+    )
     nsys_osrt: bool = flag(False, "--trace nsys: also trace OS runtime calls", "--nsys-osrt")
     wrap: str | None = flag(
         None,
@@ -387,19 +389,54 @@ class SbatchOptions(Options):
     )
     partition: str | None = flag(None, "--sbatch: SLURM partition", metavar="NAME", request=None)
     account: str | None = flag(None, "--sbatch: SLURM account", metavar="NAME", request=None)
-    time_limit: str = flag(
-        "00:30:00", "--sbatch: SLURM time limit", "--time", metavar="HH:MM:SS", request=None
+    time_limit: str | None = flag(
+        None,
+        "--sbatch: SLURM time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (default 00:30:00)",
+        "--time",
+        metavar="HH:MM:SS",
+        request=None,
     )
     container_image: str | None = flag(
-        None, "srun/sbatch with pyxis: container image", "--container-image", metavar="IMAGE", request=None
+        None,
+        "--launcher slurm or --sbatch, with pyxis: the container image every rank runs in",
+        "--container-image",
+        metavar="IMAGE",
+        request=None,
     )
     container_mounts: str | None = flag(
         None,
-        "srun/sbatch with pyxis: SRC:DST[,...]",
+        "--launcher slurm or --sbatch, with pyxis: SRC:DST[,...] mounted into the container",
         "--container-mounts",
         metavar="SRC:DST[,…]",
         request=None,
     )
+
+    def mounts(self) -> tuple[str, ...]:
+        return tuple(m for m in (self.container_mounts or "").split(",") if m)
+
+    def check(self) -> None:
+        """Each flag that only --sbatch reads, refused without it (a --time given to a run that submits
+        nothing was ignored without a word), and the time limit in a form SLURM takes."""
+        from moelab.job.launchers import slurm_time_problem
+
+        if not self.sbatch:
+            given = [
+                name
+                for name, value in (
+                    ("--partition", self.partition),
+                    ("--account", self.account),
+                    ("--time", self.time_limit),
+                )
+                if value is not None
+            ]
+            if given:
+                raise SpecError(
+                    f"{', '.join(given)}: read only by --sbatch, for its batch script's header: add --sbatch"
+                )
+        if self.time_limit is not None and (problem := slurm_time_problem(self.time_limit)):
+            raise SpecError(f"--time {self.time_limit!r}: {problem}")
+        if self.container_mounts is not None and not self.mounts():
+            raise SpecError("--container-mounts names no SRC:DST mount")
 
 
 # the flags the commands name one by one (by name: inserting a flag into a group moves none of them)

@@ -136,6 +136,7 @@ def run(
 
     Example: moelab run --backend nccl-a2a --sms default,16,24 --report report.html
     """
+    sbatch.check()
     if sbatch.sbatch:
         launch = dataclasses.replace(launch, launcher="slurm")
     req = RunRequest(
@@ -147,6 +148,8 @@ def run(
         backend_paths=backends.paths(),
         nccl_tests_bin=backends.nccl_tests_bin,
         kernel_cache=backends.kernel_cache,
+        container_image=sbatch.container_image,
+        container_mounts=sbatch.mounts(),
         **launch.request_fields(),
         **timing.request_fields(),
         **store.request_fields(),
@@ -348,6 +351,25 @@ def _local_gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def without_flags(argv: Sequence[str], switches: Sequence[str], valued: Sequence[str]) -> list[str]:
+    """`argv` less the switches and the flags with their values (`--time 1:00` and `--time=1:00`): what
+    the batch script runs inside the allocation, where only --sbatch's own flags mean nothing."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+        elif a == "--":
+            return out + list(argv[i:])
+        elif a in switches or any(a.startswith(f"{v}=") for v in valued):
+            continue
+        elif a in valued:
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOptions) -> None:
     """A batch script that runs this command under SLURM: printed with --dry-run, else written and submitted."""
     import shutil
@@ -355,19 +377,18 @@ def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOp
 
     from moelab.launch.runner import launch_plan
 
-    sb = launchers.SbatchOptions(
+    first = launch_plan(spec, runs_root / spec.run_id, spec.backends[0])
+    sb = dataclasses.replace(
+        first.sbatch,
         partition=options.partition,
         account=options.account,
-        time=options.time_limit,
-        container_image=options.container_image,
-        container_mounts=tuple(m for m in (options.container_mounts or "").split(",") if m),
+        time=options.time_limit or launchers.SbatchOptions().time,
     )
-    argv = [a for a in spec.command if a not in ("--sbatch", "--dry-run")]
+    argv = without_flags(spec.command, ("--sbatch", "--dry-run"), ("--partition", "--account", "--time"))
     nodes, per_node = str(spec.launch.nodes), str(spec.launch.nproc_per_node)
     body = [
         [*argv, "--launcher", "slurm", "--nodes", nodes, "--gpus-per-node", per_node, "--run-id", spec.run_id]
     ]
-    first = launch_plan(spec, runs_root / spec.run_id, spec.backends[0])
     script = launchers.sbatch_script(dataclasses.replace(first, launcher="slurm", sbatch=sb), body=body)
     if dry_run:
         console.print(script, soft_wrap=True)  # a script is copied whole: never wrapped

@@ -96,11 +96,15 @@ class LaunchSpec:
     emulate_internode: bool = False  # NCCL's network transport between every pair (see runner.job_env)
     nccl_tests_bin: str | None = None  # alltoall_perf, or the folder holding it (--backend nccl-tests)
     kernel_cache: str | None = None  # folder where JIT-compiling backends keep kernels across jobs; None: off
+    # --launcher slurm with pyxis: the image every rank's srun starts in, and SRC:DST mounts into it
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
     # starts of each backend job, in rotated order (A B C, B C A, ...): each start is a process sample of its
     # own, so a comparison can see the variation between processes, not only between iterations
     repeats: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "container_mounts", tuple(self.container_mounts))  # a JSON list, read back
         if not 1 <= self.repeats <= MAX_REPEATS:
             raise ValueError(f"repeats must be from 1 to {MAX_REPEATS:,}, got {self.repeats}")
 

@@ -27,6 +27,31 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCRIPT_REFS = re.compile(r"(\$\{[A-Z_][A-Z0-9_]*\})")
 
 
+_SLURM_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+SLURM_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
+
+
+def slurm_time_problem(text: str) -> str | None:
+    """Why `text` is no time limit sbatch takes, or None. The leading figure may be any size (90 minutes,
+    36 hours); a figure after it must be a clock digit pair: 99:99:99 is a typo, not a time."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    m = _SLURM_TIME.match(text)
+    if m is None:
+        return f"not a SLURM time limit: give {SLURM_TIME_FORMS}"
+    days, d_hours, d_minutes, d_seconds, lead, second, third = m.groups()
+    if days is not None:
+        below = [(d_hours, 24, "hours"), (d_minutes, 60, "minutes"), (d_seconds, 60, "seconds")]
+    elif third is not None:  # HH:MM:SS
+        below = [(second, 60, "minutes"), (third, 60, "seconds")]
+    else:  # MM or MM:SS
+        below = [(second, 60, "seconds")]
+    for figure, limit, unit in below:
+        if figure is not None and int(figure) >= limit:
+            return f"{unit} {int(figure)} must be under {limit}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SbatchOptions:
     """#SBATCH header fields, and pyxis container flags (passed to srun, where pyxis reads them)."""

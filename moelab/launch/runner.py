@@ -92,6 +92,9 @@ def launch_plan(spec: RunSpec, run_dir: Path, backend: str, repeat: int = 0) -> 
         rdzv_id=spec.run_id,
         node_rank=spec.launch.node_rank,
         nsys=nsys,
+        sbatch=launchers.SbatchOptions(
+            container_image=spec.launch.container_image, container_mounts=spec.launch.container_mounts
+        ),
     )
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from moelab.backends.base import Registered
 
 TRACE_MODES = ("none", "torch", "nsys")
+TRACE_ITERS_DEFAULT = 5  # profiled iterations per op under --trace torch
 WORKLOAD_FLAGS = ("hidden", "tokens_per_rank", "topk", "experts_per_rank", "routing", "seed", "dtype", "sms")
 NEAREST_EXPERTS_PER_RANK = 8  # Hybrid-EP's tests' NUM_LOCAL_EXPERTS: the variant used when 2/rank cannot fit
 
@@ -67,9 +68,11 @@ class RunRequest:
     collective_timeout_s: float = 300.0
     rdzv_endpoint: str | None = None
     node_rank: int | None = None
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
     backend_paths: Mapping[str, str] = field(default_factory=dict)
     trace: str = "none"
-    trace_iters: int = 5
+    trace_iters: int | None = None  # None: TRACE_ITERS_DEFAULT under --trace torch
     nsys_osrt: bool = False
     wrap: str | None = None
     bind: str | None = None
@@ -179,6 +182,26 @@ def check_request(req: RunRequest) -> None:
         raise SpecError("--require-healthy judges the health snapshot that --no-health turns off: give one")
     if req.nsys_osrt and req.trace != "nsys":
         raise SpecError(f"--nsys-osrt needs --trace nsys (--trace is {req.trace})")
+    if req.trace_iters is not None and req.trace != "torch":
+        raise SpecError(
+            f"--trace-iters counts the iterations --trace torch profiles (--trace is {req.trace})"
+        )
+    if req.node_rank is not None and req.launcher != "torchrun":
+        raise SpecError(f"--node-rank is torchrun's, across nodes (--launcher is {req.launcher})")
+    if req.rdzv_endpoint is not None and req.launcher not in ("torchrun", "mpirun"):
+        raise SpecError(f"--rdzv-endpoint is torchrun's or mpirun's (--launcher is {req.launcher})")
+    given = [
+        f
+        for f, v in (("--container-image", req.container_image), ("--container-mounts", req.container_mounts))
+        if v
+    ]
+    if given and req.launcher != "slurm":
+        raise SpecError(
+            f"{' and '.join(given)}: pyxis containers start under srun: give --launcher slurm or --sbatch "
+            f"(--launcher is {req.launcher})"
+        )
+    if req.container_mounts and req.container_image is None:
+        raise SpecError("--container-mounts mounts into the container of --container-image: give both")
     if req.nodes > 1 and req.launcher == "local":
         raise SpecError(
             f"--nodes {req.nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)"
@@ -384,6 +407,8 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
             collective_timeout_s=req.collective_timeout_s,
             rdzv_endpoint=req.rdzv_endpoint,
             node_rank=req.node_rank,
+            container_image=req.container_image,
+            container_mounts=tuple(req.container_mounts),
             backend_paths=dict(req.backend_paths),
             bind=req.bind,
             emulate_internode=req.emulate_internode,
@@ -395,7 +420,12 @@ def plan_run(req: RunRequest, host: HostFacts, *, new_run_id: str) -> PlannedRun
         if req.label is not None
         else None,  # stored in NFC, as it is looked up
         command=tuple(req.command),
-        trace=TraceSpec(mode=req.trace, iters=req.trace_iters, nsys_osrt=req.nsys_osrt, wrap=req.wrap),
+        trace=TraceSpec(
+            mode=req.trace,
+            iters=TRACE_ITERS_DEFAULT if req.trace_iters is None else req.trace_iters,
+            nsys_osrt=req.nsys_osrt,
+            wrap=req.wrap,
+        ),
         health=HealthSpec(snapshots=req.health, require_healthy=req.require_healthy),
         notes=tuple(notes),
     )

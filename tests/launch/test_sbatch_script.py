@@ -69,7 +69,7 @@ def test_only_a_bare_moelab_command_is_rewritten() -> None:
 def test_generated_script_runs_under_sbatch(
     tmp_path: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    script = _script(tmp_path, monkeypatch, "--run-id", "sbatch-real")
+    script = _script(tmp_path, monkeypatch, "--run-id", "sbatch-real", "--time", "10")  # stays in the header
     path = tmp_path / "run.sbatch"
     path.write_text(script)
     # PATH without the environment's bin folder: the script must not need the `moelab` entry point
