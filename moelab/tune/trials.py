@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.core.errors import SpecError
 from moelab.core.spec import LaunchSpec, RunSpec, TimingSpec
 from moelab.core.workload import Workload
 from moelab.launch.runner import execute, new_run_id
+from moelab.plan.case_list import planned_unsupported
 from moelab.plan.planning import HostFacts, RunRequest, plan_run
 from moelab.store.db import open_db
 from moelab.store.labels import set_label
@@ -127,7 +129,21 @@ def plan_trials(
         host=host,
     )
     spec = draft.spec_for(ROUNDS, first, final)
+    refuse_if_none_can_run(spec)
     return dataclasses.replace(draft, launch=spec.launch)
+
+
+def refuse_if_none_can_run(spec: RunSpec) -> None:
+    """Refuse a search whose every first-round trial a backend rules out from the plan alone (`--hidden 63
+    --dtype mxfp8`): that was found only after a whole round had started ranks and stored nothing."""
+    reasons: dict[str, str] = {}
+    for case in spec.cases:
+        reason = planned_unsupported(case, spec.launch)
+        if reason is None:
+            return
+        reasons.setdefault(case.backend, reason)
+    said = "; ".join(f"{backend}: {reason}" for backend, reason in reasons.items())
+    raise SpecError(f"tune: no trial can run at this shape ({said})")
 
 
 class TuneInterrupted(Exception):

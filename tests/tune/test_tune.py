@@ -275,6 +275,20 @@ def test_bad_flags_get_the_planners_one_line_error(tmp_path: Path, args: list[st
     assert not (tmp_path / "t.duckdb").exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_search_no_trial_of_can_run_is_refused_before_any_round(tmp_path: Path) -> None:
+    """`--hidden 63 --dtype mxfp8`: every trial unsupported, found only after round one had run."""
+    result = CliRunner().invoke(
+        app, ["tune", "--cpu", "--backend", "mxfp8-a2a", "--hidden", "63", "--dtype", "mxfp8",
+              "--db", str(tmp_path / "t.duckdb"), "--out", str(tmp_path / "runs")],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: tune: no trial can run at this shape (mxfp8-a2a: MXFP8 needs hidden divisible by 32, got 63)\n"
+    )
+    assert "tune round" not in result.stdout
+    assert not (tmp_path / "t.duckdb").exists() and not (tmp_path / "runs").exists()
+
+
 def test_rounds_are_planned_one_case_per_candidate_in_order(tmp_path: Path) -> None:
     timings = round_timings("cpu", 3, None)
     plan = plan_trials(
