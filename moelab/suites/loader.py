@@ -172,6 +172,9 @@ def parse_suite(data: Mapping[str, Any], source: str = "<suite>") -> Suite:
                 raise SpecError(f"{source}: unknown workload key {key!r} in [backend.{bname}.workload]")
         backend_axes[bname] = {k: _as_list(k, v) for k, v in dict(section.get("axes", {})).items()}
     _check_exclude(exclude, set(axes) | {k for a in backend_axes.values() for k in a} | CASE_KEYS, source)
+    _check_exclude_values(
+        exclude, [workload, *backend_workload.values()], [axes, *backend_axes.values()], source
+    )
     _check_every_value(source, "workload", workload, axes)
     for bname in backend_workload:
         _check_every_value(source, f"backend.{bname}", backend_workload[bname], backend_axes[bname])
@@ -226,6 +229,52 @@ def _check_exclude(exclude: list[dict[str, Any]], known: set[str], source: str) 
                 f"{source}: [[exclude]] number {i} names {', '.join(map(repr, unknown))}, which is no axis, "
                 f"workload key or knob of this suite (known: {', '.join(sorted(known))})"
             )
+
+
+def _match_value(key: str, value: Any) -> Any:
+    """A value as an [[exclude]] compares it: an SM count as the case holds it (`"default"` and `0` are
+    one setting), any other value as written."""
+    if key == "sms":
+        try:
+            return ("sms", _parse_sms(value))
+        except SpecError:
+            return ("bad sms", repr(value))
+    return value
+
+
+def _check_exclude_values(
+    exclude: list[dict[str, Any]],
+    workloads: list[Mapping[str, Any]],
+    axes: list[Mapping[str, list[Any]]],
+    source: str,
+) -> None:
+    """An [[exclude]] value that none of the file's own values of its key can equal excludes nothing
+    (`hidden = 512` beside an axis of 128 and 256, `sms = "16"` beside 16). Keys the file does not set
+    (their values come from flags or defaults) are not held to it."""
+    declared: dict[str, list[Any]] = {}
+    for section in workloads:
+        for key, value in section.items():
+            declared.setdefault(key, []).append(value)
+    for section in axes:
+        for key, values in section.items():
+            declared.setdefault(key, []).extend(values)
+    for i, ex in enumerate(exclude, 1):
+        for key, value in ex.items():
+            if key not in declared:
+                continue
+            own = [_match_value(key, v) for v in declared[key]]
+            if _match_value(key, value) not in own:
+                said = ", ".join(dict.fromkeys(repr(v) for v in declared[key]))
+                raise SpecError(
+                    f"{source}: [[exclude]] number {i}: {key} = {value!r} is none of this suite's values of "
+                    f"{key} ({said}): it would exclude nothing"
+                )
+
+
+def _excluded(values: Mapping[str, Any], exclude: list[dict[str, Any]]) -> bool:
+    return any(
+        all(_match_value(k, values.get(k)) == _match_value(k, v) for k, v in ex.items()) for ex in exclude
+    )
 
 
 def _parse_sms(value: Any) -> int | None:
@@ -292,7 +341,7 @@ def expand(
             values = dict(base)
             values.update(zip(names, combo, strict=True))
             values.update(explicit)
-            if any(all(values.get(k) == v for k, v in ex.items()) for ex in suite.exclude):
+            if _excluded(values, suite.exclude):
                 continue
             case = _case(suite, backend, values, world)
             if (backend, case.case_id) in seen:

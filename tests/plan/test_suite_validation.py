@@ -49,6 +49,16 @@ def _run(tmp_path: Path, body: str | None, *, suite: str | None = None) -> tuple
         (BASE + "[backend.nccl-a2a.axes]\nexchange = [07:32:00]\n", "a time is none of them"),
         (BASE + "[axes]\nsms = [8, 16]\n[[exclude]]\nsmz = 8\n", "[[exclude]] number 1 names 'smz'"),
         (BASE + "[[exclude]]\n", "[[exclude]] number 1 is empty"),
+        # a value none of the file's own can equal: it excluded nothing, without a word
+        (
+            BASE + "[axes]\nhidden = [128, 256]\n[[exclude]]\nhidden = 512\n",
+            "[[exclude]] number 1: hidden = 512 is none of this suite's values of hidden (128, 256)",
+        ),
+        (BASE + '[axes]\nsms = ["default", 16]\n[[exclude]]\nsms = "16"\n', "sms = '16' is none of"),
+        (
+            BASE + '[backend.nccl-a2a.axes]\nexchange = ["splits"]\n[[exclude]]\nexchange = "split"\n',
+            "exchange = 'split' is none of this suite's values of exchange ('splits')",
+        ),
         (BASE + "[axes]\nsms = [false]\n", "sms must be a whole number"),  # false == 0: was 'default'
         (BASE + "[axes]\nsms = [0.0]\n", "sms must be a whole number"),
         (
@@ -81,6 +91,18 @@ def test_an_exclude_naming_a_knob_or_axis_is_kept(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["run", "--cpu", "--list-cases", "--suite", str(tmp_path / "s.toml")])
     assert result.exit_code == 0, result.output
     assert "3 cases" in result.output
+
+
+@pytest.mark.parametrize(
+    ("axis", "exclude"), [('"default"', "0"), ("0", '"default"'), ('"default"', '"default"')]
+)
+def test_an_sm_exclude_matches_the_default_however_written(tmp_path: Path, axis: str, exclude: str) -> None:
+    """`sms = 0` and `sms = "default"` are one setting in a case: an exclude of either drops it."""
+    body = BASE + f"[axes]\nsms = [{axis}, 8]\n[[exclude]]\nsms = {exclude}\n"
+    (tmp_path / "s.toml").write_text(body)
+    result = CliRunner().invoke(app, ["run", "--cpu", "--list-cases", "--suite", str(tmp_path / "s.toml")])
+    assert result.exit_code == 0, result.output
+    assert "1 cases" in result.output and "smdef" not in result.output
 
 
 @pytest.mark.parametrize("path", ["/dev/zero", "/dev/null"])
