@@ -24,14 +24,26 @@ SnapshotFn = Callable[..., HealthSnapshot]
 
 
 def _read_snapshots(paths: list[Path]) -> list[HealthSnapshot]:
+    """Every snapshot of the files, each once: one snapshot read twice (a file given twice, or a report
+    holding a node's saved file) was judged as two nodes, and a node compared with itself hides an outlier."""
     snaps: list[HealthSnapshot] = []
+    seen: dict[tuple[str, str, int | None], Path] = {}
     for path in paths:
         try:
-            snaps += load_snapshots(json.loads(path.read_text()))
+            found = load_snapshots(json.loads(path.read_text()))
         except OSError as exc:
             raise MoelabError(f"cannot read {path}: {exc.strerror or exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise MoelabError(f"{path} is not a health snapshot or doctor report: {exc}") from None
+        for snap in found:
+            key = (snap.host, snap.taken_at, snap.local_gpu)
+            if key in seen:
+                raise MoelabError(
+                    f"the snapshot of {snap.host} taken at {snap.taken_at} is in {seen[key]} and again in "
+                    f"{path}: give each node's snapshot once"
+                )
+            seen[key] = path
+        snaps += found
     return snaps
 
 

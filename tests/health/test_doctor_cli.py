@@ -134,6 +134,27 @@ def test_a_from_file_of_no_snapshot_is_no_pass(tmp_path: Path) -> None:
         )
 
 
+def test_one_snapshot_given_twice_is_refused_not_judged_as_two_nodes(tmp_path: Path) -> None:
+    """The same file twice, or a report that holds a node's saved file beside it, counted 2 nodes, and the
+    node compared with itself."""
+    node = tmp_path / "node.json"
+    snap = recorded_snapshot(tmp_path, "healthy_h200x2").to_dict()
+    node.write_text(json.dumps(snap))
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"nodes": [snap]}))
+    for second in (node, report):
+        result = runner.invoke(doctor_app(), ["doctor", "--from", str(node), "--from", str(second)])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: the snapshot of ") and result.output.count("\n") == 1
+        assert f"is in {node} and again in {second}: give each node's snapshot once" in result.output
+    other = dict(snap, host="another-node")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    two = runner.invoke(
+        doctor_app(), ["doctor", "--json", "--from", str(node), "--from", str(tmp_path / "other.json")]
+    )
+    assert len(json.loads(two.stdout)["nodes"]) == 2, two.output
+
+
 def test_save_with_from_is_refused_not_ignored(tmp_path: Path) -> None:
     node = tmp_path / "node.json"
     node.write_text(json.dumps(recorded_snapshot(tmp_path, "healthy_h200x2").to_dict()))
