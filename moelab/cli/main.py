@@ -98,7 +98,8 @@ class NoEmptyValues(TyperCommand):
     "$DB"` with DB unset would write into the user's own store, `check --run ''` judge the newest run."""
 
     def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
-        opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        opts, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        _refuse_repeats(ctx, order)
         for param in self.get_params(ctx):
             given = opts.get(param.name) if param.name else None
             values = given if isinstance(given, list | tuple) else [given]
@@ -106,6 +107,22 @@ class NoEmptyValues(TyperCommand):
                 name = next((o for o in param.opts if o.startswith("--")), (param.name or "").upper())
                 raise _click.exceptions.UsageError(f"{name} is empty", ctx)
         return super().parse_args(ctx, args)
+
+
+def _refuse_repeats(ctx: _click.Context, order: list[_click.Parameter]) -> None:
+    """An option that takes one value, given twice, is refused: click keeps the last without a word, so
+    `check -B v1 -B v2` judged against v2 alone and `--health --no-health` read as whichever came last.
+    Options that take many (`--case`, `--from`, `--run`) are repeatable by design and left alone."""
+    seen: set[str] = set()
+    for param in order:
+        option = getattr(param, "param_type_name", None) == "option"  # typer's own or click's Option
+        if not option or param.multiple or getattr(param, "count", False) or param.name is None:
+            continue
+        if param.name in seen:
+            opts = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("-")]
+            names = "/".join(sorted(opts, key=lambda o: not o.startswith("--")))  # --baseline/-B
+            raise _click.exceptions.UsageError(f"{names} is given more than once: give it once", ctx)
+        seen.add(param.name)
 
 
 def _refuse_empty_values(command: _click.Command) -> None:

@@ -384,7 +384,13 @@ def _submit(spec: RunSpec, runs_root: Path, dry_run: bool, options: opt.SbatchOp
         account=options.account,
         time=options.time_limit or launchers.SbatchOptions().time,
     )
-    argv = without_flags(spec.command, ("--sbatch", "--dry-run"), ("--partition", "--account", "--time"))
+    # the run inside the allocation: without the flags only --sbatch reads, and with the launch this plan
+    # resolved in place of the user's own (a flag given twice is refused)
+    argv = without_flags(
+        spec.command,
+        ("--sbatch", "--dry-run"),
+        ("--partition", "--account", "--time", "--launcher", "--nodes", "--gpus-per-node", "--run-id"),
+    )
     nodes, per_node = str(spec.launch.nodes), str(spec.launch.nproc_per_node)
     body = [
         [*argv, "--launcher", "slurm", "--nodes", nodes, "--gpus-per-node", per_node, "--run-id", spec.run_id]

@@ -23,6 +23,7 @@ from moelab.backends import registry
 from moelab.cli.main import app
 from moelab.store.db import migrate
 from moelab.store.export import load_export
+from tests.argv import with_flags
 
 SMALL = ["--cpu", "--experts-per-rank", "8", "--tokens-per-rank", "32", "--hidden", "128", "--sms", "default",
          "--iters", "2", "--warmup", "0", "--no-health"]  # fmt: skip
@@ -160,8 +161,10 @@ def test_run_errors_are_one_line_and_leave_the_db_alone(
     out = tmp_path / "runs"
     before = _counts(db)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    # SMALL first: a later option replaces an earlier one, so each case changes one thing
-    _assert_user_error(_invoke(["run", *SMALL, *args, "--db", str(db), "--out", str(out)]), needle)
+    # each case changes one flag of SMALL (an option given twice is refused)
+    _assert_user_error(
+        _invoke(["run", *with_flags(SMALL, *args), "--db", str(db), "--out", str(out)]), needle
+    )
     assert _counts(db) == before
     assert not out.exists(), "a failed run left a run directory"
 

@@ -26,6 +26,32 @@ def test_usage_errors_are_one_line(argv: list[str], match: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and match in lines[0], res.output
 
 
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["check", "-B", "v1", "-B", "v2"], "--baseline/-B"),  # judged against v2 alone
+        (["check", "--baseline", "v1", "-B", "v2"], "--baseline/-B"),
+        (["run", "--cpu", "--dry-run", "--health", "--no-health"], "--health/--no-health"),
+        (["run", "--cpu", "--dry-run", "--iters", "2", "--iters=3"], "--iters"),
+        (["model", "--nodes", "2", "--nodes", "4"], "--nodes"),
+        (["report", "-o", "a.html", "-o", "b.html"], "--out/-o"),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused(argv: list[str], name: str) -> None:
+    """click keeps the last value without a word: `check -B v1 -B v2` read as two baselines to a user."""
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith(f"error: {name} is given more than once: give it once"), res.stderr
+    assert res.stderr.count("\n") == 1
+
+
+def test_an_option_that_takes_many_may_be_repeated(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app, ["run", "--cpu", "--dry-run", "--out", str(tmp_path), "--case", "a", "--case", "b"]
+    )
+    assert "given more than once" not in res.output and "no case 'a'" in res.stderr, res.output
+
+
 def test_help_still_works() -> None:
     res = CliRunner().invoke(app, ["run", "--help"])
     assert res.exit_code == 0 and "Workload" in res.output and "Launch" in res.output

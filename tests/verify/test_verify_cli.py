@@ -32,6 +32,7 @@ from moelab.store.db import connect
 from moelab.store.ingest import ingest
 from moelab.verify import measure
 from moelab.verify.plan import library_way_knobs
+from tests.argv import with_flags
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "verify"
 runner = CliRunner()
@@ -48,8 +49,9 @@ def _fake_binary(tmp_path: Path, rates: list[float], monkeypatch: pytest.MonkeyP
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["verify", "--cpu", "--no-health", "--hidden", "1024", "--tokens-per-rank", "64", "--db",
-            str(tmp_path / "m.duckdb"), "--out", str(tmp_path / "runs"), *extra]  # fmt: skip
+    base = ["--cpu", "--no-health", "--hidden", "1024", "--tokens-per-rank", "64", "--db",
+            str(tmp_path / "m.duckdb"), "--out", str(tmp_path / "runs")]  # fmt: skip
+    return ["verify", *with_flags(base, *extra)]
 
 
 def _stored(tmp_path: Path) -> list[tuple[Any, ...]]:
@@ -345,7 +347,7 @@ def test_bad_flags_get_the_planners_one_line_error(tmp_path: Path, extra: list[s
     """verify plans its run with plan_run: a flag `moelab run` refuses is refused here too, before anything
     runs (also under --dry-run, which prints nothing then)."""
     for dry in ([], ["--dry-run"]):
-        res = runner.invoke(app, _args(tmp_path, "--backend", "nccl-tests", *dry, *extra))
+        res = runner.invoke(app, _args(tmp_path, *with_flags(["--backend", "nccl-tests"], *dry, *extra)))
         assert res.exit_code == 2, res.output
         assert res.stderr.startswith("error: ") and message in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1 and "# moelab" not in res.stdout
