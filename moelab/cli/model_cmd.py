@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -492,12 +493,19 @@ def model(
     check_model_inputs(topo, workload, latency_us)
     latency = Latency(override_us=latency_us)
     if check_published:
+        unread = _given(topo, keep=("peaks",)) + _given(workload) + (["--family"] if family != "all" else [])
+        if unread or count:
+            raise SpecError(
+                f"--check-published holds each published row against its own hardware and workload: "
+                f"{', '.join(unread + (['--count'] if count else []))} would be ignored; give none of them"
+            )
         return _check_published(json_out, topo.peaks, latency)
     workload.check_combine_dtype()
     facts = topo.run_facts()
     topology = topo.topology(facts)
     stored = facts.workloads[0] if facts and facts.workloads else None
     wl = workload.workload(topology.world, stored)
+    _check_routing_flags(wl, workload, count)
     _check_generated_size(wl, topology.world, count)
     if facts and len(facts.workloads) > 1:  # a note, on stderr: --json's stdout stays JSON
         print(
@@ -557,6 +565,42 @@ def check_model_inputs(
             raise SpecError(f"{flag} {problem}")
     if latency_us is not None and not 0 <= latency_us <= MAX_LATENCY_US:
         raise SpecError(f"--latency-us must be between 0 and {MAX_LATENCY_US:,.0f} µs, got {latency_us:g}")
+
+
+def _given(options: TopologyOptions | ModelWorkloadOptions, keep: tuple[str, ...] = ()) -> list[str]:
+    """The flags of `options` set away from their defaults, by flag name (`--from-run`)."""
+    return [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(options)
+        if f.name not in keep and getattr(options, f.name) != f.default
+    ]
+
+
+# the routing each parameter shapes; given for another routing it would be ignored without a word
+ROUTING_PARAMS = {
+    "zipf_s": "zipf",
+    "hot_experts": "hot",
+    "hot_share": "hot",
+    "group_ranks": "grouped",
+    "topk_groups": "grouped",
+}
+
+
+def _check_routing_flags(wl: Workload, workload: ModelWorkloadOptions, count: bool) -> None:
+    kind = wl.routing.kind
+    defaults = {f.name: f.default for f in dataclasses.fields(workload)}
+    for name, owner in ROUTING_PARAMS.items():
+        if getattr(workload, name) != defaults[name] and owner != kind:
+            flag = "--" + name.replace("_", "-")
+            raise SpecError(
+                f"{flag} shapes {owner} routing; this model's routing is {kind}: give --routing {owner}"
+            )
+    if count and kind != "uniform":
+        raise SpecError(f"--count counts uniform routing token by token; {kind} routing is always counted so")
+    if kind == "uniform" and not count and workload.seed != defaults["seed"]:
+        raise SpecError(
+            "--seed: uniform routing is modelled by its closed form, which draws nothing: add --count"
+        )
 
 
 def _check_generated_size(wl: Workload, world: int, counted: bool) -> None:

@@ -182,6 +182,17 @@ def check_request(req: RunRequest) -> None:
         raise SpecError("--require-healthy judges the health snapshot that --no-health turns off: give one")
     if req.nsys_osrt and req.trace != "nsys":
         raise SpecError(f"--nsys-osrt needs --trace nsys (--trace is {req.trace})")
+    if req.iters is not None and (
+        stop := [
+            f
+            for f, v in (("--max-iters", req.max_iters), ("--noise-target", req.noise_target))
+            if v is not None
+        ]
+    ):
+        raise SpecError(
+            f"{' and '.join(stop)} {'bounds' if len(stop) == 1 else 'bound'} the stop on a stable median, which --iters {req.iters} replaces with "
+            "a fixed count: give one"
+        )
     if req.trace_iters is not None and req.trace != "torch":
         raise SpecError(
             f"--trace-iters counts the iterations --trace torch profiles (--trace is {req.trace})"

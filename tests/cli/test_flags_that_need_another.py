@@ -15,11 +15,15 @@ from typer.testing import CliRunner
 from moelab.cli.main import app
 from moelab.cli.run_cmd import without_flags
 from moelab.job.launchers import slurm_time_problem
+from tests.argv import with_flags
 from tests.launch.test_crash_isolation import SMALL
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
-    args = ["run", "--cpu", "--dry-run", "--no-health", "--out", str(tmp_path / "runs"), *SMALL, *extra]
+    args = [
+        "run",
+        *with_flags(["--cpu", "--dry-run", "--no-health", "--out", str(tmp_path / "runs"), *SMALL], *extra),
+    ]
     res = CliRunner().invoke(app, args)
     return res.exit_code, res.stdout, res.stderr
 
@@ -39,6 +43,11 @@ def _run(tmp_path: Path, *extra: str) -> tuple[int, str, str]:
         (["--trace-iters", "3"], "--trace-iters counts the iterations --trace torch profiles"),
         (["--trace", "nsys", "--trace-iters", "3"], "(--trace is nsys)"),
         (["--node-rank", "1"], "--node-rank is torchrun's"),
+        (["--iters", "3", "--max-iters", "10"], "--max-iters bounds the stop on a stable median"),
+        (
+            ["--iters", "3", "--noise-target", "0.1", "--max-iters", "9"],
+            "--max-iters and --noise-target bound",
+        ),
         (["--launcher", "slurm", "--rdzv-endpoint", "h:29500"], "--rdzv-endpoint is torchrun's or mpirun's"),
     ],
 )
@@ -69,6 +78,7 @@ def test_the_batch_script_keeps_its_header_flags_out_of_the_command_it_runs(
     args = [
         "run", "--sbatch", "--dry-run", "--cpu", "--no-health", "--out", str(tmp_path / "runs"), *SMALL,
         "--time=2-12:30", "--partition", "gpu", "--account", "moe", "--container-image", "img",
+        "--launcher", "slurm", "--nodes", "1", "--gpus-per-node", "2", "--run-id", "mine",
     ]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["moelab", *args])
     res = CliRunner().invoke(app, args)
@@ -81,6 +91,16 @@ def test_the_batch_script_keeps_its_header_flags_out_of_the_command_it_runs(
     # the command inside the allocation has no --sbatch, so it must not carry flags only --sbatch reads
     assert not {"--time", "--time=2-12:30", "--partition", "--account", "gpu", "moe"} & set(words)
     assert words[words.index("--container-image") + 1] == "img"  # its srun starts the ranks in it
+    # the launch it appends replaces the user's own: the run inside would refuse a flag given twice
+    for flag, value in (
+        ("--launcher", "slurm"),
+        ("--nodes", "1"),
+        ("--gpus-per-node", "2"),
+        ("--run-id", "mine"),
+    ):
+        assert words.count(flag) == 1 and words[words.index(flag) + 1] == value, words
+    inside = CliRunner().invoke(app, [*words[3:], "--dry-run"])  # as the allocation runs it, less the jobs
+    assert inside.exit_code == 0 and "--container-image img" in inside.stdout, inside.output
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,18 @@ def test_nic_rails_nic_and_pcie_figures_and_a_peaks_file(tmp_path: Path) -> None
         (["--pcie-only", "--pcie-gbps", "1e300"], "--pcie-gbps must be between 0.001 and 1,000,000 GB/s"),
         (["--nodes", "2", "--nic-gbps", "0"], "--nic-gbps must be a positive finite number"),
         (["--latency-us", "1e300"], "--latency-us must be between 0 and 1,000,000 µs, got 1e+300"),
+        # a flag the model would not read
+        (["--zipf-s", "2"], "--zipf-s shapes zipf routing; this model's routing is uniform"),
+        (["--routing", "zipf", "--hot-share", "0.3"], "--hot-share shapes hot routing"),
+        (["--routing", "hot", "--group-ranks", "4"], "--group-ranks shapes grouped routing"),
+        (["--routing", "zipf", "--count"], "zipf routing is always counted"),
+        (["--seed", "3"], "--seed: uniform routing is modelled by its closed form"),
+        (["--check-published", "--nodes", "4"], "--nodes would be ignored"),
+        (
+            ["--check-published", "--family", "flat", "--hidden", "4096"],
+            "--hidden, --family would be ignored",
+        ),
+        (["--check-published", "--count"], "--count would be ignored"),
     ],
 )
 def test_bad_input_is_one_error_line(args: list[str], needle: str) -> None:
