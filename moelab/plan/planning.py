@@ -118,6 +118,11 @@ FLAG_LIMITS: dict[str, float] = {
 }
 
 
+# the smallest each wall-clock flag takes: a job, a collective or a library test is not started, let alone
+# finished, in less than a second, so `--timeout 1e-300` (every job killed as it starts) is a typo
+FLAG_MINIMUMS: dict[str, float] = {"--timeout": 1.0, "--collective-timeout": 1.0, "--library-timeout": 1.0}
+
+
 def check_positive(name: str, value: float | None, allow_zero: bool = False) -> None:
     """A number flag: finite (NaN passes every `<=` test), above zero (or at it) and within FLAG_LIMITS."""
     if value is None:
@@ -126,6 +131,9 @@ def check_positive(name: str, value: float | None, allow_zero: bool = False) -> 
         raise SpecError(f"{name} must be a finite number, got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         raise SpecError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    least = FLAG_MINIMUMS.get(name)
+    if least is not None and value < least:
+        raise SpecError(f"{name} {value:g} is below the least this moelab waits, {least:g} s")
     limit = FLAG_LIMITS.get(name)
     if limit is not None and value > limit:
         raise SpecError(f"{name} {value} is above the largest this moelab plans, {limit:,.0f}")

@@ -50,6 +50,8 @@ def test_explicit_experts_per_rank_is_never_overridden() -> None:
         ({"gpus": 0}, "--gpus must be > 0"),
         ({"timeout_s": -1.0}, "--timeout must be > 0"),
         ({"timeout_s": float("nan")}, "--timeout must be a finite number"),
+        ({"timeout_s": 1e-300}, "--timeout 1e-300 is below the least this moelab waits, 1 s"),
+        ({"collective_timeout_s": 0.5}, "--collective-timeout 0.5 is below the least"),
         ({"iters": 0}, "--iters must be > 0"),
         ({"warmup": -1}, "--warmup must be >= 0"),
         ({"noise_target": 2.0}, "--noise-target must be between 0 and 1"),

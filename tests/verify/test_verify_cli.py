@@ -338,6 +338,7 @@ def test_dry_run_prints_cases_and_library_commands(tmp_path: Path) -> None:
         (["--library-timeout", "0"], "--library-timeout must be > 0"),
         (["--library-timeout", "nan"], "--library-timeout must be a finite number"),  # nan <= 0 is False
         (["--library-timeout", "1e300"], "--library-timeout 1e+300 is above the largest"),
+        (["--library-timeout", "0.1"], "--library-timeout 0.1 is below the least this moelab waits"),
         (["--backend", "nccl-tests,nccl-tests"], "names nccl-tests more than once"),
         (["--tokens-per-rank", "2097152"], "tokens-per-rank 2097152 is above"),
         (["--topk", "9", "--experts-per-rank", "2"], "topk 9 > total experts 4"),
