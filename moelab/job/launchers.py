@@ -27,7 +27,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SCRIPT_REFS = re.compile(r"(\$\{[A-Z_][A-Z0-9_]*\})")
 
 
-_SLURM_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_SLURM_TIME = re.compile(
+    r"([0-9]+)-([0-9]+)(?::([0-9]+)(?::([0-9]+))?)?|([0-9]+)(?::([0-9]+)(?::([0-9]+))?)?"
+)
 SLURM_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
 
 
@@ -36,7 +38,7 @@ def slurm_time_problem(text: str) -> str | None:
     36 hours); a figure after it must be a clock digit pair: 99:99:99 is a typo, not a time."""
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return None
-    m = _SLURM_TIME.match(text)
+    m = _SLURM_TIME.fullmatch(text)  # whole: `$` would let a trailing newline through
     if m is None:
         return f"not a SLURM time limit: give {SLURM_TIME_FORMS}"
     days, d_hours, d_minutes, d_seconds, lead, second, third = m.groups()

@@ -109,7 +109,7 @@ def test_the_batch_script_keeps_its_header_flags_out_of_the_command_it_runs(
         ("00:30:00", True), ("90", True), ("90:30", True), ("36:00:00", True), ("1-12", True),
         ("2-00:30", True), ("2-00:30:59", True), ("UNLIMITED", True), ("99:99:99", False),
         ("00:30:60", False), ("1-24", False), ("2-00:60", False), ("", False), ("-1", False),
-        ("1:2:3:4", False), ("1.5", False), (" 10", False),
+        ("1:2:3:4", False), ("1.5", False), (" 10", False), ("10\n", False), ("\u0661\u0660", False),
     ],
 )  # fmt: skip
 def test_slurm_time_forms(text: str, ok: bool) -> None:
