@@ -185,7 +185,30 @@ def check_request(req: RunRequest) -> None:
         raise SpecError(f"unknown --trace {req.trace!r}: choose none, torch or nsys")
     if req.bind not in (None, "numa"):
         raise SpecError(f"unknown --bind {req.bind!r}: the only binding is numa")
-    # a flag whose check or output needs another that is off would be ignored without a word
+    check_flags_read(req)
+    if req.nodes > 1 and req.launcher == "local":
+        raise SpecError(
+            f"--nodes {req.nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)"
+        )
+    if req.node_rank is not None and req.node_rank < 0:
+        raise SpecError(f"--node-rank must be >= 0, got {req.node_rank}")
+    resolve_kernel_cache(req.kernel_cache)
+    if req.run_id is not None:
+        validate_run_id(req.run_id)
+    if req.label is not None:
+        validate_label(req.label)
+    unknown = sorted(set(req.workload) - set(WORKLOAD_FLAGS))
+    if unknown:
+        raise SpecError(f"unknown workload axis {', '.join(unknown)}")
+    known = registry.entries()
+    for name in req.backends:
+        if name not in known:
+            raise SpecError(f"unknown backend {name!r}: known backends are {', '.join(known)}")
+
+
+def check_flags_read(req: RunRequest) -> None:
+    """Each flag that only another flag, or another launcher, reads: given without it, it would be
+    ignored without a word (`--time` is --sbatch's, checked by the CLI where that flag lives)."""
     if req.require_healthy and not req.health:
         raise SpecError("--require-healthy judges the health snapshot that --no-health turns off: give one")
     if req.nsys_osrt and req.trace != "nsys":
@@ -197,9 +220,10 @@ def check_request(req: RunRequest) -> None:
             if v is not None
         ]
     ):
+        verb = "bounds" if len(stop) == 1 else "bound"
         raise SpecError(
-            f"{' and '.join(stop)} {'bounds' if len(stop) == 1 else 'bound'} the stop on a stable median, which --iters {req.iters} replaces with "
-            "a fixed count: give one"
+            f"{' and '.join(stop)} {verb} the stop on a stable median, which --iters {req.iters} replaces "
+            "with a fixed count: give one"
         )
     if req.trace_iters is not None and req.trace != "torch":
         raise SpecError(
@@ -221,24 +245,6 @@ def check_request(req: RunRequest) -> None:
         )
     if req.container_mounts and req.container_image is None:
         raise SpecError("--container-mounts mounts into the container of --container-image: give both")
-    if req.nodes > 1 and req.launcher == "local":
-        raise SpecError(
-            f"--nodes {req.nodes} needs --launcher torchrun, slurm or mpirun (local runs one host)"
-        )
-    if req.node_rank is not None and req.node_rank < 0:
-        raise SpecError(f"--node-rank must be >= 0, got {req.node_rank}")
-    resolve_kernel_cache(req.kernel_cache)
-    if req.run_id is not None:
-        validate_run_id(req.run_id)
-    if req.label is not None:
-        validate_label(req.label)
-    unknown = sorted(set(req.workload) - set(WORKLOAD_FLAGS))
-    if unknown:
-        raise SpecError(f"unknown workload axis {', '.join(unknown)}")
-    known = registry.entries()
-    for name in req.backends:
-        if name not in known:
-            raise SpecError(f"unknown backend {name!r}: known backends are {', '.join(known)}")
 
 
 def check_suite_backends(suite: Suite) -> None:
