@@ -154,7 +154,7 @@ def check(
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
-    not_the_store(resolve_db_path(db), {"--summary": summary, "--junit": junit})
+    not_the_store(resolve_db_path(db), {"--summary": summary, "--junit": junit}, {"--baseline": baseline})
     if history:
         if baseline is not None or run is not None:
             raise MoelabError("--history reads the whole store: give neither --baseline nor --run with it")

@@ -77,7 +77,7 @@ def compare(
     run = [r for item in run for r in parse_list(item, name="run") or []]
     table_peaks = load_peaks(peaks)
     db_path = resolve_db_path(db)
-    not_the_store(db_path, {"--html": html})
+    not_the_store(db_path, {"--html": html}, {"--peaks": peaks})
     table, paged, ids = _build_table(db_path, run, by, metric, reference, table_peaks, groups, page)
     if len(table.groups) < 2:
         raise MoelabError(

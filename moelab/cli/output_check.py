@@ -13,15 +13,29 @@ from moelab.core.errors import MoelabError
 from moelab.store.db import wal_path
 
 
-def not_the_store(db_path: Path, outputs: Mapping[str, Path | str | None]) -> None:
-    """One MoelabError line when an output file (flag: path) is the database or its write-ahead log: a
-    report written there replaced the store, a summary appended to it corrupted it, every run lost."""
+def not_the_store(
+    db_path: Path,
+    outputs: Mapping[str, Path | str | None],
+    inputs: Mapping[str, Path | str | None] | None = None,
+) -> None:
+    """One MoelabError line when an output file (flag: path) is the database or its write-ahead log (a
+    report written there replaced the store, a summary appended to it corrupted it, every run lost), a
+    file the command reads (`run --suite s.toml --report s.toml` replaced the user's suite with HTML), or
+    another output (`check --summary x --junit x`: one overwrote the other)."""
     store = (db_path.expanduser(), wal_path(db_path.expanduser()))
-    for flag, out in outputs.items():
-        if out is not None and any(_same_file(Path(out).expanduser(), s) for s in store):
+    given = {flag: Path(out).expanduser() for flag, out in outputs.items() if out is not None}
+    read = {flag: Path(p).expanduser() for flag, p in (inputs or {}).items() if p is not None}
+    for n, (flag, out) in enumerate(given.items()):
+        if any(_same_file(out, s) for s in store):
             raise MoelabError(
                 f"{flag} {out} is the database (--db {db_path}): writing it would destroy every run"
             )
+        for in_flag, path in read.items():
+            if path.is_file() and _same_file(out, path):
+                raise MoelabError(f"{flag} {out} is the file {in_flag} reads: writing it would replace it")
+        for other_flag, other in list(given.items())[n + 1 :]:
+            if _same_file(out, other):
+                raise MoelabError(f"{flag} and {other_flag} name one file, {out}: give each its own")
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -28,6 +28,7 @@ from moelab.plan.case_list import case_rows
 from moelab.plan.planning import HostFacts, PlannedRun, RunRequest, plan_run
 from moelab.store.db import check_writable, open_db, resolve_db_path
 from moelab.store.labels import label_conflict, set_label
+from moelab.suites.loader import suite_file
 
 if TYPE_CHECKING:
     from moelab.reports.run_view import RunView
@@ -162,6 +163,8 @@ def run(
     if list_cases:
         return print_case_list(spec.cases, spec.launch)
     if store.report is not None and not dry_run:
+        inputs = {"--suite": suite_file(suite), "--nccl-tests-bin": backends.nccl_tests_bin}
+        not_the_store(resolve_db_path(store.db), {"--report": store.report}, inputs)
         check_output_file(Path(store.report), "--report")
     for note in planned.notes:
         console.print(note)

@@ -203,7 +203,7 @@ def _measure(
 ) -> tuple[list[VerifyRow], Path, Path, bool]:
     """moelab's run, then each library's test; the rows stored in the run. (rows, run dir, db, jobs ok)"""
     db_path = resolve_db_path(store.db)
-    not_the_store(db_path, {"--report": store.report})
+    not_the_store(db_path, {"--report": store.report}, {"--nccl-tests-bin": spec.launch.nccl_tests_bin})
     check_writable(db_path)
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, store.runs_root(), db_path, console.print)

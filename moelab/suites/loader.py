@@ -72,13 +72,17 @@ def builtin_suites() -> dict[str, Path]:
     return {Path(str(p)).stem: Path(str(p)) for p in folder.iterdir() if str(p).endswith(".toml")}
 
 
+def suite_file(name_or_path: str) -> Path:
+    """The file a suite name or path reads: a built-in suite's, else the path."""
+    return builtin_suites().get(name_or_path) or Path(name_or_path)
+
+
 def load_suite(name_or_path: str) -> Suite:
     """A built-in suite by name, or a suite file by path."""
-    builtins = builtin_suites()
-    path = builtins.get(name_or_path) or Path(name_or_path)
+    path = suite_file(name_or_path)
     if not path.exists():
         raise SpecError(
-            f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtins))}"
+            f"no suite {name_or_path!r}: not a file, and the built-in suites are {', '.join(sorted(builtin_suites()))}"
         )
     if not path.is_file():
         raise SpecError(f"cannot read suite file {path}: not a regular file")
