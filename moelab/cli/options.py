@@ -342,9 +342,14 @@ class StoreOptions(Options):
     )
 
     def runs_root(self) -> Path:
+        """The folder run directories go in: `--out`, else the data directory's `runs/`. A file there is
+        refused in one line before any job starts (it was `Not a directory: FILE/RUN`)."""
         from moelab.store.db import data_dir
 
-        return self.out or (data_dir() / "runs")
+        root = self.out or (data_dir() / "runs")
+        if root.exists() and not root.is_dir():
+            raise SpecError(f"--out {root} is a file: give the folder run directories go in")
+        return root
 
 
 @dataclass(frozen=True, kw_only=True)

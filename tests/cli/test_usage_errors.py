@@ -87,3 +87,15 @@ def test_an_empty_value_is_refused_not_taken_as_not_given(
 def test_an_empty_prefix_still_means_every_range() -> None:
     res = CliRunner().invoke(app, ["trace", "summarize", "missing.json", "--prefix", ""])
     assert "is empty" not in res.output
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "--cpu", "--no-health"], ["tune", "--cpu", "--backend", "nccl-a2a"]]
+)
+def test_an_out_that_is_a_file_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("kept\n")
+    res = CliRunner().invoke(app, [*command, "--out", str(afile), "--db", str(tmp_path / "m.duckdb")])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"error: --out {afile} is a file: give the folder run directories go in\n"
+    assert afile.read_text() == "kept\n" and not (tmp_path / "m.duckdb").exists()
