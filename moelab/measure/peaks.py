@@ -15,7 +15,10 @@ buffers, CPU runs on gloo); ingest stores it as it is.
 
 The same job measures each GPU's achievable rates for the e2e layer's roofline (RUN_DIR/rates.json,
 table measured_rates; moelab.measure.e2e.roofline): `dense_bf16_matmul` (a large square bf16 matmul,
-FLOPs over time) and `hbm_copy` (a large device-to-device copy, bytes read + written over time).
+FLOPs over time), `dense_bf16_matmul_sustained` (the same matmul back to back for about a second: the rate
+under the GPU's power limit, where a layer that runs for long is; results/h200x1-r19: 684 against 790-810
+TFLOP/s on one H200) and `hbm_copy` (a large device-to-device copy, bytes read + written over time).
+The roofline divides by the burst rate, the larger: a bound must not be beaten.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ CPU_PEAK_BYTES = (
 ITERS = 20
 MATMUL_N = 8192  # 2 x 8192^3 = 1.1 TFLOP a call: past the launch cost, the shape cuBLAS runs at its best
 COPY_BYTES = 1 << 30  # per copy: many times L2, so every byte comes from and goes to HBM
+SUSTAIN_CALLS = (
+    640  # back-to-back matmuls: about a second on an H200 (1.4-1.6 ms each), longer on slower GPUs
+)
 
 
 def _median_slowest(clock: Clock, fn: Callable[[], object]) -> float:
@@ -135,6 +141,30 @@ def _matmul_us(clock: Clock) -> float:
     return _median_slowest(clock, lambda: torch.matmul(a, b, out=c))
 
 
+def _sustained_matmul_us(clock: Clock) -> float:
+    """The slowest rank's median time of a matmul in the second half of SUSTAIN_CALLS queued back to back
+    (no flush, no barrier between them: the GPU never idles, so it reaches its power limit and the clock
+    it holds there; the first half is the clock coming down)."""
+    a = _random(MATMUL_N * MATMUL_N, 1, clock.device).view(MATMUL_N, MATMUL_N)
+    b = _random(MATMUL_N * MATMUL_N, 2, clock.device).view(MATMUL_N, MATMUL_N)
+    c = torch.empty_like(a)
+    clock.sync()
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(SUSTAIN_CALLS)
+    ]
+    for start, end in events:
+        start.record()
+        torch.matmul(a, b, out=c)
+        end.record()
+    torch.cuda.synchronize(clock.device)
+    times = [start.elapsed_time(end) * 1e3 for start, end in events[SUSTAIN_CALLS // 2 :]]
+    mine = statistics.median(times)
+    gathered: list[Any] = [None] * dist.get_world_size(clock.group)  # type: ignore[arg-type]
+    dist.all_gather_object(gathered, mine, group=clock.group)  # type: ignore[arg-type]
+    return float(max(gathered))
+
+
 def _copy_us(clock: Clock) -> float:
     src = _random(COPY_BYTES // 2, 3, clock.device)
     dst = torch.empty_like(src)
@@ -145,7 +175,7 @@ def measure_device_rates(clock: Clock) -> list[MeasuredRate]:
     """This GPU's dense bf16 matmul rate and HBM copy rate (every rank its own GPU, at the same time; the
     slowest rank's median). Each measurement's buffers are freed before the next."""
     flops, moved = 2.0 * MATMUL_N**3, 2.0 * COPY_BYTES
-    t_mm, t_copy = _matmul_us(clock), _copy_us(clock)
+    t_mm, t_copy, t_sustained = _matmul_us(clock), _copy_us(clock), _sustained_matmul_us(clock)
     return [
         MeasuredRate(
             name="dense_bf16_matmul",
@@ -153,6 +183,14 @@ def measure_device_rates(clock: Clock) -> list[MeasuredRate]:
             unit="TFLOP/s",
             work=flops,
             definition=f"torch.matmul of two {MATMUL_N}x{MATMUL_N} bf16 matrices: 2 n^3 FLOPs / the slowest rank's median time",
+        ),
+        MeasuredRate(
+            name="dense_bf16_matmul_sustained",
+            value=flops / (t_sustained * 1e-6) / 1e12,
+            unit="TFLOP/s",
+            work=flops,
+            definition=f"the same matmul {SUSTAIN_CALLS} times back to back: 2 n^3 FLOPs / the median time of the "
+            "second half's calls, slowest rank (the rate at the GPU's power limit)",
         ),
         MeasuredRate(
             name="hbm_copy",

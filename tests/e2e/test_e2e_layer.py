@@ -485,6 +485,8 @@ SPLIT = [
 ]
 ROOFLINE = [
     "dense_matmul_tflops",
+    "dense_matmul_sustained_tflops",
+    "gemm_share_of_sustained_matmul",
     "hbm_copy_gbps",
     "gemm_roofline_share",
     "permute_over_floor",

@@ -175,3 +175,38 @@ def test_a_ratio_outside_its_physical_range_is_no_figure() -> None:
     assert "read 0.6, below its physical floor of 1" in below["permute_over_floor"]["definition"]
     assert below["gemm_roofline_share"]["value"] is None
     assert "above its physical bound of 1" in below["gemm_roofline_share"]["definition"]
+
+
+def test_the_sustained_matmul_rate_reads_the_gemms_in_the_power_state_a_long_layer_runs_in(
+    tmp_path: Path,
+) -> None:
+    """A run from round 20 on stores the matmul back to back at the power limit beside its burst; the
+    GEMMs' share of it is no bound (a short layer at boost clocks may pass 1), so it is never cut at 1."""
+    matmul = MeasuredRate(name="dense_bf16_matmul", value=800.0, unit="TFLOP/s", work=1.0, definition="d")
+    sustained = MeasuredRate(
+        name="dense_bf16_matmul_sustained", value=680.0, unit="TFLOP/s", work=1.0, definition="d"
+    )
+    copy = MeasuredRate(name="hbm_copy", value=3000.0, unit="GB/s", work=2.0, definition="d")
+    write_rates(tmp_path / "rates.json", [matmul, sustained, copy])
+    rates, _ = run_rates(tmp_path)
+    assert rates == DeviceRates(matmul_tflops=800.0, copy_gbps=3000.0, matmul_sustained_tflops=680.0)
+    wl = Workload(hidden=8192, tokens_per_rank=4096)
+    settings = E2ESpec(mode="tbo", intermediate=2048, backward=True).resolve(wl)
+    w = LayerWork(pairs=32768, rows=4096, hidden=8192, intermediate=2048)
+    gemm_us = w.gemm_flops(False) / 700e12 * 1e6  # 700 TFLOP/s: above the sustained rate, below the burst
+    ops = _ops(
+        layer=9000.0, layer_serial=8900.0, compute_only=8000.0, compute_only_split=8200.0, gemm=gemm_us,
+        permute=2000.0, gemm_mb=2600.0, gemm_mb_under_comm=2600.0, dispatch=300.0, combine=200.0,
+        layer_fwd_bwd=24000.0, layer_fwd_bwd_serial=23800.0,
+    )  # fmt: skip
+    got = {
+        m["name"]: m for m in e2e_metrics(ops, settings, wl, [32768], {}, rows_per_rank=[4096], rates=rates)
+    }
+    assert got["dense_matmul_sustained_tflops"]["value"] == 680.0
+    assert got["gemm_share_of_sustained_matmul"]["value"] == pytest.approx(700.0 / 680.0)
+    # an older run's rates: the burst and the copy only, the sustained figure missing, not invented
+    write_rates(tmp_path / "rates.json", [matmul, copy])
+    old, _ = run_rates(tmp_path)
+    assert old is not None and old.matmul_sustained_tflops is None
+    got = {m["name"]: m for m in e2e_metrics(ops, settings, wl, [32768], {}, rows_per_rank=[4096], rates=old)}
+    assert got["gemm_share_of_sustained_matmul"]["value"] is None

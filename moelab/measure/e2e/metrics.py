@@ -100,6 +100,12 @@ def _gemm_tflops(m: MetricInputs) -> float | None:
     return m.flops_per_rank / (gemm * 1e-6) / 1e12 if gemm > 0 else None
 
 
+def _gemm_share_of_sustained(m: MetricInputs) -> float | None:
+    tflops = _gemm_tflops(m)
+    sustained = m.rates.matmul_sustained_tflops if m.rates else None
+    return tflops / sustained if tflops is not None and sustained else None
+
+
 def _gemm_slowdown(m: MetricInputs) -> float | None:
     alone = m.med["gemm_mb"]
     return m.med["gemm_mb_under_comm"] / alone - 1.0 if alone > 0 else None
@@ -212,6 +218,22 @@ ROOFLINE = (
         needs_rates=True,
         value=lambda m: m.rates.matmul_tflops if m.rates else None,
         definition="this GPU's dense bf16 matmul rate, measured once per run (table measured_rates)",
+    ),
+    MetricDef(
+        name="dense_matmul_sustained_tflops",
+        unit="TFLOP/s",
+        needs_rates=True,
+        value=lambda m: m.rates.matmul_sustained_tflops if m.rates else None,
+        definition="the same matmul back to back for about a second: its rate at the GPU's power limit, "
+        "measured once per run (table measured_rates; none in runs before round 20)",
+    ),
+    MetricDef(
+        name="gemm_share_of_sustained_matmul",
+        unit="ratio",
+        needs_rates=True,
+        value=_gemm_share_of_sustained,
+        definition="gemm_tflops_per_rank / dense_matmul_sustained_tflops: the expert GEMMs against a dense "
+        "matmul in the power state a long layer runs in (no bound: a short run at boost clocks may pass 1)",
     ),
     MetricDef(
         name="hbm_copy_gbps",

@@ -29,6 +29,7 @@ from moelab.job.rundir import RunDir
 
 ACT_BYTES = 2  # bf16 activations, whatever the dispatch payload
 MATMUL_RATE = "dense_bf16_matmul"
+SUSTAINED_MATMUL_RATE = "dense_bf16_matmul_sustained"  # runs before round 20 have none
 COPY_RATE = "hbm_copy"
 
 
@@ -36,13 +37,18 @@ COPY_RATE = "hbm_copy"
 class DeviceRates:
     matmul_tflops: float  # dense bf16 matmul, TFLOP/s
     copy_gbps: float  # HBM copy, bytes read + written per second / 1e9
+    matmul_sustained_tflops: float | None = None  # the same back to back, at the power limit
 
 
 def rates_from(measured: Sequence[MeasuredRate]) -> DeviceRates | None:
     by_name = {r.name: r.value for r in measured}
     if MATMUL_RATE not in by_name or COPY_RATE not in by_name:
         return None
-    return DeviceRates(matmul_tflops=by_name[MATMUL_RATE], copy_gbps=by_name[COPY_RATE])
+    return DeviceRates(
+        matmul_tflops=by_name[MATMUL_RATE],
+        copy_gbps=by_name[COPY_RATE],
+        matmul_sustained_tflops=by_name.get(SUSTAINED_MATMUL_RATE),
+    )
 
 
 def run_rates(run_dir: Path | None) -> tuple[DeviceRates | None, str]:
