@@ -14,13 +14,14 @@ import subprocess
 from collections.abc import Callable
 
 from moelab.store.schema import LATEST_VERSION
+from tests.argv import with_flags
 from tests.hostile.cases import Argv, case, with_db
 from tests.hostile.world import NEW_RUN, Outcome, World, rows_of
 from tests.launch.test_crash_isolation import SMALL
 
 
 def _run_argv(w: World, run_id: str) -> list[str]:
-    return ["run", "--cpu", *SMALL, "--iters", "30", "--no-health", "--run-id", run_id,
+    return ["run", "--cpu", *with_flags(SMALL, "--iters", "30"), "--no-health", "--run-id", run_id,
             "--db", str(w.db), "--out", str(w.runs)]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.argv import with_flags
 from tests.launch.test_crash_isolation import SMALL, _alive, _pids_from_logs
 
 pytestmark = pytest.mark.slow
@@ -27,10 +28,7 @@ def _run(tmp_path: Path, backend: str, *extra: str) -> tuple[int, Path]:
         "--out",
         str(runs),
         "--no-health",
-        "--iters",
-        "2",
-        *SMALL,
-        *extra,
+        *with_flags(SMALL, *extra),
     ]
     result = CliRunner().invoke(app, args)
     return result.exit_code, next(runs.iterdir()) / backend

@@ -16,15 +16,12 @@ from tests.launch.test_crash_isolation import SMALL
 @pytest.mark.slow
 def test_repeats_run_in_rotated_order_and_are_stored(tmp_path: Path, db_path: Path) -> None:
     out = tmp_path / "runs"
+    # SMALL's own --iters 2 and --sms default, as they always ran (a flag given twice is refused now)
     args = [
         "run",
         "--cpu",
         "--backend",
         "nccl-a2a,mxfp8-a2a",
-        "--sms",
-        "default",
-        "--iters",
-        "6",
         "--repeat",
         "2",
         "--no-health",

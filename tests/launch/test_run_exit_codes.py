@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.argv import with_flags
 from tests.launch.test_crash_isolation import SMALL
 
 
@@ -33,7 +34,7 @@ def test_bad_input_is_refused_before_anything_runs(
     tmp_path: Path, db_path: Path, extra: list[str], message: str
 ) -> None:
     out = tmp_path / "deep" / "runs"
-    result = CliRunner().invoke(app, ["run", "--cpu", "--out", str(out), *SMALL, *extra])
+    result = CliRunner().invoke(app, ["run", "--cpu", "--out", str(out), *with_flags(SMALL, *extra)])
     assert result.exit_code == 2, result.output
     assert message in result.output and "\x1b" not in result.output
     assert not (tmp_path / "deep").exists() and not (tmp_path / "escaped-run").exists()
@@ -44,7 +45,7 @@ def test_bad_input_is_refused_before_anything_runs(
 def test_nothing_measured_exits_1_unless_allowed(tmp_path: Path, db_path: Path) -> None:
     """mxfp8 needs a hidden size that is a multiple of 32: the only case is unsupported at run time."""
     args = ["run", "--cpu", "--backend", "mxfp8-a2a", "--out", str(tmp_path / "runs"), "--no-health",
-            *SMALL, "--hidden", "100"]  # fmt: skip
+            *with_flags(SMALL, "--hidden", "100")]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1, result.output
     assert (

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.argv import with_flags
 from tests.launch.test_crash_isolation import SMALL
 
 pytestmark = pytest.mark.slow  # real gloo ranks under torch.profiler
@@ -20,7 +21,7 @@ def test_every_traced_case_stores_each_ranks_trace(tmp_path: Path, db_path: Path
     out = tmp_path / "runs"
     timing = ["--sms", "default", "--iters", "2", "--warmup", "1", "--no-health", "--quiet"]
     traced = ["--trace", "torch", "--trace-iters", "1", "--run-id", "traced", "--out", str(out)]
-    args = ["run", "--cpu", "--suite", suite, *timing, *traced, *SMALL]
+    args = ["run", "--cpu", "--suite", suite, *with_flags([*timing, *traced], *SMALL)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     with duckdb.connect(str(db_path), read_only=True) as con:

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.argv import with_flags
 from tests.launch.test_crash_isolation import SMALL
 
 pytestmark = pytest.mark.slow  # real gloo ranks, each under the stand-in nsys
@@ -38,7 +39,17 @@ def _fake_nsys_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: st
 def _run(tmp_path: Path) -> tuple[int, str, Path]:
     out = tmp_path / "runs"
     timing = ["--sms", "default", "--iters", "2", "--warmup", "1", "--no-health", "--quiet"]
-    args = ["run", "--cpu", "--trace", "nsys", *timing, "--out", str(out), "--run-id", "nsys-run", *SMALL]
+    args = [
+        "run",
+        "--cpu",
+        "--trace",
+        "nsys",
+        *with_flags(timing, *SMALL),
+        "--out",
+        str(out),
+        "--run-id",
+        "nsys-run",
+    ]
     result = CliRunner().invoke(app, args)
     return result.exit_code, result.output, out / "nsys-run" / "nccl-a2a"
 
