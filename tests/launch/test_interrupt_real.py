@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelab.cli.main import app
+from tests.argv import with_flags
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TOKENS = (64, 72, 80)
@@ -245,7 +246,12 @@ def test_kill_9_of_torchrun_takes_its_ranks_along(make_run) -> None:  # type: ig
 
 
 def test_progress_lines_in_a_log_and_none_under_quiet(tmp_path: Path, db_path: Path) -> None:
-    args = ["run", "--backend", "nccl-a2a", *WORKLOAD, "--tokens-per-rank", "64,72", "--iters", "5"]
+    args = [
+        "run",
+        "--backend",
+        "nccl-a2a",
+        *with_flags(WORKLOAD, "--tokens-per-rank", "64,72", "--iters", "5"),
+    ]
     loud = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert loud.exit_code == 0, loud.output
     lines = loud.output.splitlines()
