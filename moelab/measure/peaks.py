@@ -40,16 +40,20 @@ CPU_PEAK_BYTES = (
 ITERS = 20
 MATMUL_N = 8192  # 2 x 8192^3 = 1.1 TFLOP a call: past the launch cost, the shape cuBLAS runs at its best
 COPY_BYTES = 1 << 30  # per copy: many times L2, so every byte comes from and goes to HBM
-SUSTAIN_CALLS = (
-    640  # back-to-back matmuls: about a second on an H200 (1.4-1.6 ms each), longer on slower GPUs
-)
+# back-to-back matmuls: about a second on an H200 (1.4-1.6 ms each), longer on slower GPUs
+SUSTAIN_CALLS = 640
+
+
+def _every_rank(clock: Clock, mine: Any) -> list[Any]:
+    """`mine` from every rank of the clock's group, in rank order."""
+    gathered: list[Any] = [None] * dist.get_world_size(clock.group)  # type: ignore[arg-type]
+    dist.all_gather_object(gathered, mine, group=clock.group)  # type: ignore[arg-type]
+    return gathered
 
 
 def _median_slowest(clock: Clock, fn: Callable[[], object]) -> float:
     times = clock.sample(fn, ITERS, 3)
-    gathered: list[Any] = [None] * dist.get_world_size(clock.group)  # type: ignore[arg-type]
-    dist.all_gather_object(gathered, times, group=clock.group)  # type: ignore[arg-type]
-    return float(statistics.median(max(v) for v in zip(*gathered, strict=True)))
+    return float(statistics.median(max(v) for v in zip(*_every_rank(clock, times), strict=True)))
 
 
 def _exchange(
@@ -134,20 +138,20 @@ def _random(n: int, seed: int, device: torch.device) -> torch.Tensor:
     return torch.randn(n, generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
 
 
-def _matmul_us(clock: Clock) -> float:
+def _matmul_us(clock: Clock) -> tuple[float, float]:
+    """The matmul's time as a burst (the slowest rank's median of ITERS calls, each from a flushed L2 and
+    aligned ranks) and sustained (_sustained_us), on one set of operands."""
     a = _random(MATMUL_N * MATMUL_N, 1, clock.device).view(MATMUL_N, MATMUL_N)
     b = _random(MATMUL_N * MATMUL_N, 2, clock.device).view(MATMUL_N, MATMUL_N)
     c = torch.empty_like(a)
-    return _median_slowest(clock, lambda: torch.matmul(a, b, out=c))
+    burst = _median_slowest(clock, lambda: torch.matmul(a, b, out=c))
+    return burst, _sustained_us(clock, a, b, c)
 
 
-def _sustained_matmul_us(clock: Clock) -> float:
+def _sustained_us(clock: Clock, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> float:
     """The slowest rank's median time of a matmul in the second half of SUSTAIN_CALLS queued back to back
     (no flush, no barrier between them: the GPU never idles, so it reaches its power limit and the clock
     it holds there; the first half is the clock coming down)."""
-    a = _random(MATMUL_N * MATMUL_N, 1, clock.device).view(MATMUL_N, MATMUL_N)
-    b = _random(MATMUL_N * MATMUL_N, 2, clock.device).view(MATMUL_N, MATMUL_N)
-    c = torch.empty_like(a)
     clock.sync()
     events = [
         (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -159,10 +163,7 @@ def _sustained_matmul_us(clock: Clock) -> float:
         end.record()
     torch.cuda.synchronize(clock.device)
     times = [start.elapsed_time(end) * 1e3 for start, end in events[SUSTAIN_CALLS // 2 :]]
-    mine = statistics.median(times)
-    gathered: list[Any] = [None] * dist.get_world_size(clock.group)  # type: ignore[arg-type]
-    dist.all_gather_object(gathered, mine, group=clock.group)  # type: ignore[arg-type]
-    return float(max(gathered))
+    return float(max(_every_rank(clock, statistics.median(times))))
 
 
 def _copy_us(clock: Clock) -> float:
@@ -175,7 +176,7 @@ def measure_device_rates(clock: Clock) -> list[MeasuredRate]:
     """This GPU's dense bf16 matmul rate and HBM copy rate (every rank its own GPU, at the same time; the
     slowest rank's median). Each measurement's buffers are freed before the next."""
     flops, moved = 2.0 * MATMUL_N**3, 2.0 * COPY_BYTES
-    t_mm, t_copy, t_sustained = _matmul_us(clock), _copy_us(clock), _sustained_matmul_us(clock)
+    (t_mm, t_sustained), t_copy = _matmul_us(clock), _copy_us(clock)
     return [
         MeasuredRate(
             name="dense_bf16_matmul",
