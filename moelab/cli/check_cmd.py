@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, print_table, user_errors
-from moelab.cli.output_check import not_the_store
+from moelab.cli.output_check import check_outputs
 from moelab.core.display import safe_text
 from moelab.core.errors import MoelabError
 from moelab.gate import outputs
@@ -154,7 +154,7 @@ def check(
     """
     if not 0 < threshold < 1000:
         raise MoelabError(f"--threshold is a percentage between 0 and 1000, got {threshold}")
-    not_the_store(resolve_db_path(db), {"--summary": summary, "--junit": junit}, {"--baseline": baseline})
+    check_outputs(resolve_db_path(db), {"--summary": summary, "--junit": junit}, {"--baseline": baseline})
     if history:
         if baseline is not None or run is not None:
             raise MoelabError("--history reads the whole store: give neither --baseline nor --run with it")

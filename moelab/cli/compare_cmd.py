@@ -11,7 +11,7 @@ from duckdb import DuckDBPyConnection
 
 from moelab.cli.common import DB_OPTION_HELP, PEAKS_OPTION_HELP, console, parse_list, user_errors
 from moelab.cli.compare_view import FORMATS, as_text, print_compare
-from moelab.cli.output_check import not_the_store
+from moelab.cli.output_check import check_outputs
 from moelab.core.errors import MoelabError
 from moelab.model.links import PeakTable, load_peaks
 from moelab.reports import bounds, compare_select, hardware, query
@@ -77,7 +77,7 @@ def compare(
     run = [r for item in run for r in parse_list(item, name="run") or []]
     table_peaks = load_peaks(peaks)
     db_path = resolve_db_path(db)
-    not_the_store(db_path, {"--html": html}, {"--peaks": peaks})
+    check_outputs(db_path, {"--html": html}, {"--peaks": peaks})
     table, paged, ids = _build_table(db_path, run, by, metric, reference, table_peaks, groups, page)
     if len(table.groups) < 2:
         raise MoelabError(

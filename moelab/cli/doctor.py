@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from moelab.cli.common import console, print_table, user_errors
-from moelab.cli.output_check import not_the_store
+from moelab.cli.output_check import check_outputs
 from moelab.core.errors import MoelabError
 from moelab.health.model import STATUS_RANK, HealthSnapshot, worst_status
 from moelab.health.snapshot import load_snapshots, merge, take_snapshot
@@ -110,7 +110,7 @@ def build_doctor(take: SnapshotFn = take_snapshot) -> Callable[..., None]:
         else:
             if not 0 <= load_ms <= MAX_LOAD_MS:  # nan fails both comparisons
                 raise MoelabError(f"--load-ms must be a number from 0 to {MAX_LOAD_MS:,}, got {load_ms}")
-            not_the_store(resolve_db_path(None), {"--save": save})  # the store a run would write (MOELAB_DB)
+            check_outputs(resolve_db_path(None), {"--save": save})  # the store a run would write (MOELAB_DB)
             snaps = [take(load_ms=load_ms, sysfs_root=sysfs_root)]
             if save is not None:
                 save.write_text(json.dumps(snaps[0].to_dict(), indent=2, sort_keys=True) + "\n")

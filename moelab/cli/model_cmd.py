@@ -578,26 +578,24 @@ def _given(options: TopologyOptions | ModelWorkloadOptions, keep: tuple[str, ...
 
 # the routing each parameter shapes; given for another routing it would be ignored without a word
 ROUTING_PARAMS = {
-    "zipf_s": "zipf",
-    "hot_experts": "hot",
-    "hot_share": "hot",
-    "group_ranks": "grouped",
-    "topk_groups": "grouped",
+    "--zipf-s": "zipf",
+    "--hot-experts": "hot",
+    "--hot-share": "hot",
+    "--group-ranks": "grouped",
+    "--topk-groups": "grouped",
 }
 
 
 def _check_routing_flags(wl: Workload, workload: ModelWorkloadOptions, count: bool) -> None:
-    kind = wl.routing.kind
-    defaults = {f.name: f.default for f in dataclasses.fields(workload)}
-    for name, owner in ROUTING_PARAMS.items():
-        if getattr(workload, name) != defaults[name] and owner != kind:
-            flag = "--" + name.replace("_", "-")
+    kind, given = wl.routing.kind, set(_given(workload))
+    for flag, owner in ROUTING_PARAMS.items():
+        if flag in given and owner != kind:
             raise SpecError(
                 f"{flag} shapes {owner} routing; this model's routing is {kind}: give --routing {owner}"
             )
     if count and kind != "uniform":
         raise SpecError(f"--count counts uniform routing token by token; {kind} routing is always counted so")
-    if kind == "uniform" and not count and workload.seed != defaults["seed"]:
+    if kind == "uniform" and not count and "--seed" in given:
         raise SpecError(
             "--seed: uniform routing is modelled by its closed form, which draws nothing: add --count"
         )

@@ -13,7 +13,7 @@ from moelab.core.errors import MoelabError
 from moelab.store.db import wal_path
 
 
-def not_the_store(
+def check_outputs(
     db_path: Path,
     outputs: Mapping[str, Path | str | None],
     inputs: Mapping[str, Path | str | None] | None = None,

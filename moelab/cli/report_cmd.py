@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from moelab.cli.common import DB_OPTION_HELP, console, parse_list, user_errors
-from moelab.cli.output_check import not_the_store
+from moelab.cli.output_check import check_outputs
 from moelab.core.errors import MoelabError
 from moelab.store.db import resolve_db_path
 
@@ -87,7 +87,7 @@ def report(
             _report(path, run or ids, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
         return
     db_path = resolve_db_path(db)
-    not_the_store(db_path, {"--out": out})
+    check_outputs(db_path, {"--out": out})
     _report(db_path, run, out, fmt, history, since, label, backend, gpu, metric, x_axis, baseline)
 
 

@@ -16,7 +16,7 @@ from moelab.backends.base import HostJob
 from moelab.cli import options as opt
 from moelab.cli.common import console, cuda_devices, interrupted_exit, print_table, user_errors
 from moelab.cli.failures import nothing_measured_reason, print_failures
-from moelab.cli.output_check import check_output_file, not_the_store
+from moelab.cli.output_check import check_output_file, check_outputs
 from moelab.core.display import format_pct, format_time_us, safe_text
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS
@@ -164,7 +164,7 @@ def run(
         return print_case_list(spec.cases, spec.launch)
     if store.report is not None and not dry_run:
         inputs = {"--suite": suite_file(suite), "--nccl-tests-bin": backends.nccl_tests_bin}
-        not_the_store(resolve_db_path(store.db), {"--report": store.report}, inputs)
+        check_outputs(resolve_db_path(store.db), {"--report": store.report}, inputs)
         check_output_file(Path(store.report), "--report")
     for note in planned.notes:
         console.print(note)
@@ -198,7 +198,6 @@ def _measure(planned: PlannedRun, store: opt.StoreOptions, quiet: bool, allow_em
     """Run the planned jobs, store them, print the results; the exit code says how it went."""
     spec, runs_root = planned.spec, store.runs_root()
     db_path = resolve_db_path(store.db)
-    not_the_store(db_path, {"--report": store.report})
     if is_launching_host(spec):
         check_writable(db_path)  # fail now, not after measuring; other nodes never open the database
         if store.label:

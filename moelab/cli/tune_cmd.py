@@ -18,7 +18,7 @@ from moelab.cli.common import (
     print_table,
     user_errors,
 )
-from moelab.cli.output_check import check_output_file, not_the_store
+from moelab.cli.output_check import check_output_file, check_outputs
 from moelab.core.e2e_spec import MODES, default_intermediate
 from moelab.core.errors import MoelabError, SpecError
 from moelab.core.models import MODELS, ModelShape, model_shape
@@ -170,7 +170,7 @@ def tune_command(
     sm_control = device == "cuda"
     timings = round_timings(device, timing.iters, timing.warmup)
     db_path = resolve_db_path(store.db)
-    not_the_store(db_path, {"--suite-out": suite_out})
+    check_outputs(db_path, {"--suite-out": suite_out})
     plan = plan_trials(
         request=request,
         host=host,

@@ -20,7 +20,7 @@ from moelab.cli.common import (
     print_table,
     user_errors,
 )
-from moelab.cli.output_check import not_the_store
+from moelab.cli.output_check import check_outputs
 from moelab.core.errors import SpecError
 from moelab.core.library_figures import FAILING, VerifyRow
 from moelab.core.spec import RunSpec
@@ -203,7 +203,7 @@ def _measure(
 ) -> tuple[list[VerifyRow], Path, Path, bool]:
     """moelab's run, then each library's test; the rows stored in the run. (rows, run dir, db, jobs ok)"""
     db_path = resolve_db_path(store.db)
-    not_the_store(db_path, {"--report": store.report}, {"--nccl-tests-bin": spec.launch.nccl_tests_bin})
+    check_outputs(db_path, {"--report": store.report}, {"--nccl-tests-bin": spec.launch.nccl_tests_bin})
     check_writable(db_path)
     console.print(f"verify run {spec.run_id}: {len(spec.cases)} moelab cases, then each library's own test")
     outcome = measure.run_moelab(spec, store.runs_root(), db_path, console.print)
